@@ -1,0 +1,112 @@
+// The narrow door between the model and the hardware. The model code calls these ops on
+// activations and weight views; it never learns where the weights live or which device runs
+// the arithmetic. Pointers passed to a backend are in that backend's memory (host memory for
+// the CPU backend, device memory for CUDA).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quant/types.h"
+
+namespace nt {
+
+// A weight matrix of `rows` rows of `cols` elements (ggml's ne1 x ne0), stored row-major in
+// GGML blocks. Vectors (norm weights) have rows == 1.
+struct WeightView {
+    GgmlType type = GgmlType::F32;
+    int64_t cols = 0;
+    int64_t rows = 0;
+    const void* data = nullptr;
+    size_t nbytes = 0;
+};
+
+// One step's batch: entry i is token `tokens[i]` of sequence `seq[i]` at position `pos[i]`.
+// Entries of one sequence appear in increasing position order. Logits are produced for the
+// entries whose `want_logits` flag is set, in batch order.
+struct Batch {
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> pos;
+    std::vector<int32_t> seq;
+    std::vector<uint8_t> want_logits;
+    int size() const { return int(tokens.size()); }
+    int n_logits() const;
+    void clear();
+    void add(int32_t token, int32_t position, int32_t sequence, bool logits);
+};
+
+struct RopeParams {
+    int n_rot = 0;             // rotated dims per head (== head_dim for Llama)
+    float freq_base = 10000.f;
+    float freq_scale = 1.f;    // linear scaling (1/factor)
+    // Llama 3.1 scaling: per-dimension frequency factors (rope_freqs.weight or computed from
+    // rope.scaling.* keys); empty when absent. Size n_rot / 2. Frequencies are divided by them.
+    std::vector<float> freq_factors;
+};
+
+// Shapes a backend needs to size its scratch and KV cache.
+struct ModelShape {
+    int n_embd = 0, n_layer = 0, n_head = 0, n_head_kv = 0, head_dim = 0, n_ff = 0, n_vocab = 0;
+    float norm_eps = 1e-5f;
+    RopeParams rope;
+};
+
+// Activation buffers for one step, allocated by the backend for a maximum batch size.
+// Layout: row-major [batch][width].
+struct Activations {
+    int max_batch = 0;
+    float* x = nullptr;       // residual stream [B][n_embd]
+    float* xn = nullptr;      // normed input     [B][n_embd]
+    float* q = nullptr;       // [B][n_head*head_dim]
+    float* k = nullptr;       // [B][n_head_kv*head_dim]
+    float* v = nullptr;       // [B][n_head_kv*head_dim]
+    float* att = nullptr;     // attention output [B][n_head*head_dim]
+    float* gate = nullptr;    // [B][n_ff]
+    float* up = nullptr;      // [B][n_ff]
+    float* logits = nullptr;  // [n_logits][n_vocab]
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+
+    // Sizes scratch for `max_batch` entries and a KV cache of n_seq sequences x n_ctx positions
+    // (F16). Throws nt::Error when it cannot fit, saying how much is missing.
+    virtual void init(const ModelShape& shape, int max_batch, int n_seq, int n_ctx) = 0;
+    virtual Activations& acts() = 0;
+
+    // Makes this batch the current step (uploads tokens/positions/sequences as needed).
+    virtual void begin_step(const Batch& batch) = 0;
+
+    // x[i] = embedding row of token i of the current batch.
+    virtual void embed(const WeightView& tok_embd, float* x) = 0;
+    // out[i] = x[i] / rms(x[i]) * w, for n rows of width `dim`.
+    virtual void rmsnorm(const float* x, const WeightView& w, int n, int dim, float* out) = 0;
+    // y[i][r] = sum_c W[r][c] * x[i][c] for n rows of x. Small n is a GEMV, large n a GEMM.
+    virtual void matmul(const WeightView& w, const float* x, int n, float* y) = 0;
+    // Rotary embedding in place on q [B][n_head][head_dim] and k [B][n_head_kv][head_dim],
+    // adjacent pairs (GGML's "normal" rope, which Llama GGUF files expect).
+    virtual void rope(float* q, float* k) = 0;
+    // Stores k and v of the current batch into layer `layer`'s cache, then computes causal
+    // attention of every q row over its sequence's cached positions 0..pos (GQA).
+    virtual void attention(int layer, const float* q, const float* k, const float* v, float* out) = 0;
+    // out[i] = silu(gate[i]) * up[i], n elements.
+    virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
+    // x += y, n elements.
+    virtual void add(float* x, const float* y, int64_t n) = 0;
+    // Copies the rows of x whose want_logits is set to the first rows of dst (compacting).
+    virtual void gather_logit_rows(const float* x, int dim, float* dst) = 0;
+    // Copies n floats from backend memory to host memory (waits for pending work).
+    virtual void download(const float* src, float* host_dst, size_t n) = 0;
+    // Forgets a sequence's cached positions from `from` on (they will be rewritten).
+    virtual void kv_truncate(int seq, int from) = 0;
+
+    // Weight memory: the CPU backend uses the mapped file directly; a GPU backend uploads.
+    virtual const void* upload_weight(const void* host, size_t nbytes) = 0;
+    virtual void end_step() {}
+};
+
+}  // namespace nt
