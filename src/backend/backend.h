@@ -107,6 +107,10 @@ public:
     // Weight memory: the CPU backend uses the mapped file directly; a GPU backend uploads.
     virtual const void* upload_weight(const void* host, size_t nbytes) = 0;
     virtual void end_step() {}
+
+    // Measured streaming-read bandwidth of the memory the weights live in, GB/s (the decode
+    // roofline's denominator); 0 when the backend cannot measure it.
+    virtual double measure_read_bandwidth() { return 0; }
 };
 
 }  // namespace nt

@@ -1,0 +1,121 @@
+// bench: llama-bench-like throughput table, plus the decode step's bytes, bandwidth and the
+// fraction of the measured memory ceiling it reaches.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "cli/common.h"
+#include "core/error.h"
+
+namespace nt::cli {
+
+namespace {
+
+struct Stat {
+    double mean = 0, sd = 0;
+};
+Stat stats(const std::vector<double>& v) {
+    Stat s;
+    for (double x : v) s.mean += x;
+    s.mean /= double(v.size());
+    for (double x : v) s.sd += (x - s.mean) * (x - s.mean);
+    s.sd = v.size() > 1 ? std::sqrt(s.sd / double(v.size() - 1)) : 0.0;
+    return s;
+}
+
+// Bytes of weights one decode step reads: every layer, the final norm and the output matrix
+// (the token embedding contributes one row).
+size_t decode_bytes(const ModelWeights& w) {
+    size_t b = w.output_norm.nbytes + w.output.nbytes;
+    for (const auto& l : w.layers) b += l.nbytes();
+    b += row_bytes(w.tok_embd.type, w.tok_embd.cols);
+    return b;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+    std::vector<Opt> opts = model_opts();
+    opts.push_back({"-p,--n-prompt", "N", "prompt tokens for the pp test (0: skip)", "512"});
+    opts.push_back({"-n,--n-gen", "N", "generated tokens for the tg test (0: skip)", "128"});
+    opts.push_back({"-r,--repetitions", "N", "repetitions of each test", "3"});
+    opts.push_back({"--ceiling", "GB/s", "memory bandwidth ceiling (default: measured now)", ""});
+    opts.push_back({"--json", "", "print the results as JSON", ""});
+    Args a("bench", opts);
+    a.set_summary("Measures prompt processing (pp) and text generation (tg) throughput on random tokens.");
+    if (!a.parse(argc, argv, 2)) return 0;
+    const int n_prompt = a.integer("--n-prompt", 512), n_gen = a.integer("--n-gen", 128);
+    const int reps = a.integer("--repetitions", 3);
+    if (n_prompt < 0 || n_gen < 0 || reps < 1) fail("-p and -n must be 0 or more and -r at least 1.");
+
+    Loaded l = load_model(a);
+    Engine& eng = *l.engine;
+    if (n_prompt + 1 > eng.n_ctx() || n_gen + 1 > eng.n_ctx())
+        fail("the tests need %d tokens of context but it holds %d; raise -c.", std::max(n_prompt, n_gen) + 1, eng.n_ctx());
+    const double ceiling = a.has("--ceiling") ? a.number("--ceiling", 0) : eng.backend().measure_read_bandwidth();
+    std::mt19937 rng(1234);
+    std::uniform_int_distribution<int32_t> tok_dist(0, eng.n_vocab() - 1);
+    std::vector<float> logits;
+
+    using clock = std::chrono::steady_clock;
+    std::vector<double> pp, tg;
+    // One untimed warm-up of each kind (page faults, kernel selection, graph capture).
+    for (int r = -1; r < reps; r++) {
+        if (n_prompt > 0) {
+            std::vector<int32_t> toks(size_t(n_prompt));
+            for (auto& t : toks) t = tok_dist(rng);
+            eng.backend().kv_truncate(0, 0);
+            auto t0 = clock::now();
+            eng.prefill(0, 0, toks);
+            const double s = std::chrono::duration<double>(clock::now() - t0).count();
+            if (r >= 0) pp.push_back(n_prompt / s);
+        }
+        if (n_gen > 0) {
+            eng.backend().kv_truncate(0, 0);
+            Batch b;
+            auto t0 = clock::now();
+            for (int i = 0; i < n_gen; i++) {
+                b.clear();
+                b.add(tok_dist(rng), i, 0, true);
+                eng.eval(b, logits);
+            }
+            const double s = std::chrono::duration<double>(clock::now() - t0).count();
+            if (r >= 0) tg.push_back(n_gen / s);
+        }
+    }
+    const LlamaHParams& hp = l.model->hp;
+    const size_t bytes = decode_bytes(l.model->weights);
+    const double size_gib = double(l.model->file->file_size()) / double(1 << 30);
+    const std::string backend = eng.backend().name();
+    Stat sp = pp.empty() ? Stat{} : stats(pp), st = tg.empty() ? Stat{} : stats(tg);
+    const double gbs = st.mean * double(bytes) / 1e9;
+    if (a.has("--json")) {
+        std::printf("{\"model\": \"%s\", \"size_gib\": %.3f, \"params\": %lld, \"backend\": \"%s\", \"threads\": %d,\n",
+                    hp.name.c_str(), size_gib, (long long)hp.n_params(), backend.c_str(), a.integer("--threads", 0));
+        std::printf(" \"pp\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f},\n", n_prompt, sp.mean, sp.sd);
+        std::printf(" \"tg\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f},\n", n_gen, st.mean, st.sd);
+        std::printf(" \"decode_bytes_per_token\": %zu, \"decode_gb_s\": %.3f, \"ceiling_gb_s\": %.3f, \"roofline_tok_s\": %.3f, "
+                    "\"fraction_of_ceiling\": %.4f}\n",
+                    bytes, gbs, ceiling, ceiling > 0 ? ceiling * 1e9 / double(bytes) : 0.0, ceiling > 0 ? gbs / ceiling : 0.0);
+        return 0;
+    }
+    std::printf("| model | size | params | backend | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: |\n");
+    if (!pp.empty())
+        std::printf("| %s | %.2f GiB | %.2f B | %s | pp%d | %.2f ± %.2f |\n", hp.name.c_str(), size_gib,
+                    double(hp.n_params()) / 1e9, backend.c_str(), n_prompt, sp.mean, sp.sd);
+    if (!tg.empty())
+        std::printf("| %s | %.2f GiB | %.2f B | %s | tg%d | %.2f ± %.2f |\n", hp.name.c_str(), size_gib,
+                    double(hp.n_params()) / 1e9, backend.c_str(), n_gen, st.mean, st.sd);
+    if (!tg.empty()) {
+        std::printf("\ndecode: %.1f MiB of weights per token, %.1f GB/s", double(bytes) / (1 << 20), gbs);
+        if (ceiling > 0)
+            std::printf(" = %.1f%% of the %.0f GB/s ceiling (roofline %.1f tok/s)", 100.0 * gbs / ceiling, ceiling,
+                        ceiling * 1e9 / double(bytes));
+        std::printf("\n");
+    }
+    return 0;
+}
+
+}  // namespace nt::cli

@@ -1,0 +1,27 @@
+// What the model-loading subcommands share: load a model, pick a backend, build an engine.
+#pragma once
+#include <memory>
+
+#include "cli/args.h"
+#include "engine/engine.h"
+
+namespace nt::cli {
+
+struct Loaded {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Engine> engine;
+};
+
+// Loads -m with the engine options from the shared flags; `logits_all` sizes for perplexity.
+Loaded load_model(const Args& a, int n_seq = 1);
+std::string require_model_path(const Args& a);
+std::unique_ptr<Backend> make_backend_for(const Args& a, int threads);
+
+int cmd_generate(int argc, char** argv);
+int cmd_chat(int argc, char** argv);
+int cmd_perplexity(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
+int cmd_info(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
+
+}  // namespace nt::cli
