@@ -36,7 +36,23 @@ struct GgufValue {
     double as_float() const;    // ints convert too
     const std::string& as_string() const;
     const GgufArray& as_array() const;
+
+    // Builders that keep `type` and the held alternative consistent; they throw nt::Error when
+    // the value does not fit the type (e.g. of_uint(UINT8, 300)).
+    static GgufValue of_uint(GgufValueType t, uint64_t x);   // t: UINT8/16/32/64
+    static GgufValue of_int(GgufValueType t, int64_t x);     // t: INT8/16/32/64
+    static GgufValue of_float(GgufValueType t, double x);    // t: FLOAT32/64
+    static GgufValue of_bool(bool x);
+    static GgufValue of_string(std::string s);
+    static GgufValue of_array(GgufValueType elem_type, std::vector<GgufValue> items);
 };
+
+// "uint8", "string", "array", ...; "unknown" for ids outside the enum.
+const char* gguf_type_name(GgufValueType t);
+
+// Renders a value for display (`ntransformer info`): arrays show their first max_items items and
+// then "..." with the item count; strings are quoted and escaped, and cut after max_string_bytes.
+std::string describe_value(const GgufValue& v, size_t max_items, size_t max_string_bytes = 200);
 
 struct GgufTensorInfo {
     std::string name;
@@ -52,7 +68,8 @@ class GgufFile {
 public:
     // Opens, maps and validates. Throws nt::Error("<path>: <problem>.") on any defect.
     static std::unique_ptr<GgufFile> open(const std::string& path);
-    // Parses a file image in memory (for the fuzzer and tests); no mapping.
+    // Parses a file image in memory (for the fuzzer and tests); no mapping and no copy: `data`
+    // must outlive the returned object.
     static std::unique_ptr<GgufFile> parse(const uint8_t* data, size_t size, const std::string& name);
     ~GgufFile();
 
@@ -110,6 +127,8 @@ public:
     void add_tensor(const std::string& name, GgmlType type, std::vector<int64_t> ne,
                     const void* data, size_t nbytes);
     void write(const std::string& path, size_t alignment = 32) const;  // throws nt::Error
+    // The same file image in memory (tests, fuzz seeds).
+    std::vector<uint8_t> to_bytes(size_t alignment = 32) const;
 
 private:
     std::vector<std::pair<std::string, GgufValue>> kv_;
