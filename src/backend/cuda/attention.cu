@@ -1,0 +1,729 @@
+// Causal attention over the F16 KV cache.
+//
+// Decode (few rows, each its own sequence): split-K flash decoding. Each block takes one row, one
+// KV head (all the query heads of its GQA group, so K and V are read once per group) and one
+// slice of the context; K/V tiles of 64 positions stream through shared memory with cp.async,
+// double-buffered; an online softmax keeps the partial (max, sum, acc) per head; a second kernel
+// merges the slices. The split count depends only on the row count, so the launch shape is fixed
+// for a CUDA graph; the slice bounds come from the positions read on the device.
+//
+// Prompt (runs of consecutive positions of one sequence): flash attention on tensor cores.
+// A block takes 64 query rows of one head; each of its 4 warps owns 16 rows and keeps Q, the
+// scores and the output accumulator in mma.sync m16n8k16 fragments (F16 inputs, F32
+// accumulation); K and V tiles of 64 positions come through shared memory (cp.async, the V
+// load overlapping Q*K^T and the next K load overlapping P*V).
+//
+// A generic decode kernel (any even head_dim up to 256, any group size) backs both up.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/ops.cuh"
+#include "core/error.h"
+
+namespace nt::cuda {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kThreads = 128;     // every attention kernel runs 4 warps
+constexpr int kMaxSplits = 64;    // context slices per (row, kv head) in decode
+constexpr int kMaxGroup = 16;     // query heads per KV head the tiled decode kernel handles
+constexpr int kGenericMaxHd = 256;
+
+// ---- PTX wrappers ------------------------------------------------------------------------------
+
+// 16-byte global -> shared copy that bypasses registers; valid == false writes 16 zero bytes.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) {
+    const unsigned a = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* p) {
+    const unsigned a = unsigned(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+// d += a * b for a 16x16 (row-major) by 16x8 (column-major) F16 product, F32 accumulators.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);  // lo goes to the lower 16 bits (lower index)
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---- KV store ----------------------------------------------------------------------------------
+
+__global__ void kv_store_kernel(const float* k, const float* v, const int32_t* pos, const int32_t* seq,
+                                int kv_dim, int n_ctx, __half* kc, __half* vc) {
+    const int i = blockIdx.x;
+    const size_t cell = (size_t(seq[i]) * size_t(n_ctx) + size_t(pos[i])) * size_t(kv_dim);
+    const float2* k2 = reinterpret_cast<const float2*>(k + size_t(i) * kv_dim);
+    const float2* v2 = reinterpret_cast<const float2*>(v + size_t(i) * kv_dim);
+    __half2* kd = reinterpret_cast<__half2*>(kc + cell);
+    __half2* vd = reinterpret_cast<__half2*>(vc + cell);
+    for (int j = threadIdx.x; j < kv_dim / 2; j += blockDim.x) {
+        kd[j] = __float22half2_rn(k2[j]);  // round to nearest even, as nt::f32_to_f16
+        vd[j] = __float22half2_rn(v2[j]);
+    }
+}
+
+// ---- decode ------------------------------------------------------------------------------------
+
+struct DecodeArgs {
+    const float* q;
+    const __half* kc;
+    const __half* vc;
+    const int32_t* pos;
+    const int32_t* seq;
+    const int32_t* rows;
+    float* part_acc;  // [n_rows][n_head][splits][head_dim]
+    float2* part_ml;  // [n_rows][n_head][splits] (running max in log2 units, sum)
+    float* out;
+    int n_head, head_dim, n_ctx, kv_dim, group, splits;
+    float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
+};
+
+// Slice `split` of a context of `len` positions: slices of equal length rounded up to `align`.
+__device__ __forceinline__ void split_range(int len, int splits, int split, int align, int& start, int& end) {
+    int chunk = (len + splits - 1) / splits;
+    chunk = (chunk + align - 1) / align * align;
+    start = split * chunk;
+    end = min(len, start + chunk);
+}
+
+// Generic: one block per (slice, query head, row); each warp walks every 4th position with a
+// lane-parallel dot product and its own online softmax; the 4 warps merge at the end.
+__global__ void __launch_bounds__(kThreads) attn_decode_generic(DecodeArgs a) {
+    __shared__ float qs[kGenericMaxHd];
+    __shared__ float wm[4], wl[4];
+    __shared__ float wacc[4][kGenericMaxHd];
+    const int split = blockIdx.x, h = blockIdx.y, z = blockIdx.z;
+    const int row = a.rows[z];
+    const int hd = a.head_dim, kvh = h / a.group;
+    int start, end;
+    split_range(a.pos[row] + 1, a.splits, split, 32, start, end);
+    const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
+    if (start >= end) {  // only when splits > 1: this slice lies past the sequence's end
+        if (threadIdx.x == 0) a.part_ml[idx] = make_float2(-INFINITY, 0.f);
+        return;
+    }
+    for (int d = threadIdx.x; d < hd; d += kThreads)
+        qs[d] = a.q[size_t(row) * a.n_head * hd + size_t(h) * hd + d] * a.scale_log2;
+    __syncthreads();
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * hd;
+    float m = -INFINITY, l = 0.f, acc[kGenericMaxHd / 32];
+#pragma unroll
+    for (int j = 0; j < kGenericMaxHd / 32; j++) acc[j] = 0.f;
+    for (int p = start + warp; p < end; p += 4) {
+        const __half* kr = a.kc + base + size_t(p) * a.kv_dim;
+        const __half* vr = a.vc + base + size_t(p) * a.kv_dim;
+        float s = 0.f;
+        for (int d = lane; d < hd; d += 32) s += qs[d] * __half2float(kr[d]);
+        s = warp_sum(s);
+        const float m_new = fmaxf(m, s);
+        const float c = exp2f(m - m_new), e = exp2f(s - m_new);
+        l = l * c + e;
+#pragma unroll
+        for (int j = 0; j < kGenericMaxHd / 32; j++) {
+            const int d = lane + 32 * j;
+            if (d < hd) acc[j] = acc[j] * c + e * __half2float(vr[d]);
+        }
+        m = m_new;
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < kGenericMaxHd / 32; j++)
+        if (lane + 32 * j < hd) wacc[warp][lane + 32 * j] = acc[j];
+    __syncthreads();
+    const float M = fmaxf(fmaxf(wm[0], wm[1]), fmaxf(wm[2], wm[3]));  // warp 0 saw `start`
+    float w[4], L = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        w[i] = exp2f(wm[i] - M);  // 0 for a warp that saw no position (wm = -inf)
+        L += wl[i] * w[i];
+    }
+    for (int d = threadIdx.x; d < hd; d += kThreads) {
+        const float o = wacc[0][d] * w[0] + wacc[1][d] * w[1] + wacc[2][d] * w[2] + wacc[3][d] * w[3];
+        if (a.splits == 1)
+            a.out[size_t(row) * a.n_head * hd + size_t(h) * hd + d] = o / L;
+        else
+            a.part_acc[idx * hd + d] = o;
+    }
+    if (a.splits > 1 && threadIdx.x == 0) a.part_ml[idx] = make_float2(M, L);
+}
+
+template <int HD>
+struct DecodeTile {
+    static constexpr int TP = 64;                  // positions per tile
+    static constexpr int ROW = HD + 8;             // padded smem row: conflict-free 16-byte reads
+    static constexpr int SETS_S = kThreads / TP;   // head sets in the score phase (2)
+    static constexpr int SETS_PV = kThreads / (HD / 2);  // head sets in the P*V phase (2 or 4)
+    static constexpr int MAXJ_S = kMaxGroup / SETS_S;
+    static constexpr int MAXJ_PV = kMaxGroup / SETS_PV;
+    static size_t smem_bytes(int group) {
+        return size_t(2 * 2 * TP * ROW) * sizeof(__half) + size_t(group * HD + group * TP + 3 * group) * sizeof(float);
+    }
+};
+
+// Tiled: one block per (slice, KV head, row) and all `group` query heads of that KV head.
+// Scores: thread t takes position t % 64 for heads t / 64, t / 64 + 2, ... (q broadcast from
+// shared memory, K rows read conflict-free thanks to the padding). Softmax: warp w takes heads
+// w, w + 4, ... P*V: thread t takes dims 2(t % (HD/2)) and +1 for heads t / (HD/2), ... .
+template <int HD>
+__global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
+    using C = DecodeTile<HD>;
+    constexpr int TP = C::TP, ROW = C::ROW;
+    static_assert(TP == 64, "the softmax phase has each lane own positions lane and lane + 32");
+    extern __shared__ __align__(16) unsigned char smem[];
+    __half* kbuf = reinterpret_cast<__half*>(smem);  // [2][TP][ROW]
+    __half* vbuf = kbuf + 2 * TP * ROW;              // [2][TP][ROW]
+    const int G = a.group;
+    float* qs = reinterpret_cast<float*>(vbuf + 2 * TP * ROW);  // [G][HD], pre-scaled
+    float* ps = qs + G * HD;                                     // [G][TP] scores, then weights
+    float* ms = ps + G * TP;                                     // [G] running max
+    float* ls = ms + G;                                          // [G] running sum
+    float* cs = ls + G;                                          // [G] this tile's rescale factor
+
+    const int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+    const int t = threadIdx.x;
+    const int row = a.rows[z];
+    const int h0 = kvh * G;
+    int start, end;
+    split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
+    if (start >= end) {
+        if (t < G) a.part_ml[(size_t(z) * a.n_head + h0 + t) * a.splits + split] = make_float2(-INFINITY, 0.f);
+        return;
+    }
+    const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
+    const __half* kg = a.kc + base;
+    const __half* vg = a.vc + base;
+    const int n_tiles = (end - start + TP - 1) / TP;
+
+    // Positions past `end` are zero-filled: their weights are 0, and 0 * garbage could be NaN.
+    auto load_tile = [&](int tile, int buf) {
+        constexpr int CH = HD / 8;
+        const int p0 = start + tile * TP;
+        for (int c = t; c < TP * CH; c += kThreads) {
+            const int r = c / CH, cc = c % CH;
+            const bool valid = p0 + r < end;
+            const size_t off = size_t(valid ? p0 + r : start) * a.kv_dim + cc * 8;
+            cp_async16(kbuf + (buf * TP + r) * ROW + cc * 8, kg + off, valid);
+            cp_async16(vbuf + (buf * TP + r) * ROW + cc * 8, vg + off, valid);
+        }
+        cp_async_commit();
+    };
+    load_tile(0, 0);
+
+    const float* qrow = a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD;
+    for (int i = t; i < G * HD; i += kThreads) qs[i] = qrow[i] * a.scale_log2;
+    if (t < G) {
+        ms[t] = -INFINITY;
+        ls[t] = 0.f;
+    }
+
+    const int sp = t % TP, sg = t / TP;                  // score phase
+    const int d2 = t % (HD / 2), pg = t / (HD / 2);      // P*V phase
+    const int warp = t / 32, lane = t % 32;              // softmax phase
+    float2 acc[C::MAXJ_PV];
+#pragma unroll
+    for (int j = 0; j < C::MAXJ_PV; j++) acc[j] = make_float2(0.f, 0.f);
+
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int buf = tile & 1;
+        if (tile + 1 < n_tiles) {
+            load_tile(tile + 1, buf ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+
+        // scores
+        {
+            const __half* kr = kbuf + (buf * TP + sp) * ROW;
+            float sc[C::MAXJ_S];
+#pragma unroll
+            for (int j = 0; j < C::MAXJ_S; j++) sc[j] = 0.f;
+#pragma unroll
+            for (int c = 0; c < HD; c += 8) {
+                const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
+                const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+                const float2 k1 = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+                const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
+                const float2 k3 = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+#pragma unroll
+                for (int j = 0; j < C::MAXJ_S; j++) {
+                    const int g = sg + C::SETS_S * j;
+                    if (g < G) {
+                        const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + c);
+                        const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + c + 4);
+                        sc[j] += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y + qb.x * k2.x +
+                                 qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
+                    }
+                }
+            }
+            const bool valid = start + tile * TP + sp < end;
+#pragma unroll
+            for (int j = 0; j < C::MAXJ_S; j++) {
+                const int g = sg + C::SETS_S * j;
+                if (g < G) ps[g * TP + sp] = valid ? sc[j] : -INFINITY;
+            }
+        }
+        __syncthreads();
+
+        // online softmax per head
+        for (int g = warp; g < G; g += kThreads / 32) {
+            const float s0 = ps[g * TP + lane], s1 = ps[g * TP + lane + 32];
+            const float m_old = ms[g];
+            const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));  // finite: the tile has a valid position
+            const float e0 = exp2f(s0 - m_new), e1 = exp2f(s1 - m_new);
+            const float sum = warp_sum(e0 + e1);
+            ps[g * TP + lane] = e0;
+            ps[g * TP + lane + 32] = e1;
+            if (lane == 0) {
+                const float c = exp2f(m_old - m_new);
+                cs[g] = c;
+                ls[g] = ls[g] * c + sum;
+                ms[g] = m_new;
+            }
+        }
+        __syncthreads();
+
+        // acc = acc * c + P * V
+        {
+            const __half* vr = vbuf + buf * TP * ROW + 2 * d2;
+#pragma unroll
+            for (int j = 0; j < C::MAXJ_PV; j++) {
+                const int g = pg + C::SETS_PV * j;
+                if (g < G) {
+                    const float c = cs[g];
+                    acc[j].x *= c;
+                    acc[j].y *= c;
+                }
+            }
+#pragma unroll 8
+            for (int p = 0; p < TP; p++) {
+                const float2 vf = __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
+#pragma unroll
+                for (int j = 0; j < C::MAXJ_PV; j++) {
+                    const int g = pg + C::SETS_PV * j;
+                    if (g < G) {
+                        const float w = ps[g * TP + p];
+                        acc[j].x += w * vf.x;
+                        acc[j].y += w * vf.y;
+                    }
+                }
+            }
+        }
+        __syncthreads();  // the next iteration's load overwrites the buffer just read
+    }
+
+#pragma unroll
+    for (int j = 0; j < C::MAXJ_PV; j++) {
+        const int g = pg + C::SETS_PV * j;
+        if (g >= G) continue;
+        const int h = h0 + g;
+        if (a.splits == 1) {
+            const float inv = 1.f / ls[g];
+            *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h) * HD + 2 * d2) =
+                make_float2(acc[j].x * inv, acc[j].y * inv);
+        } else {
+            const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
+            *reinterpret_cast<float2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
+            if (d2 == 0) a.part_ml[idx] = make_float2(ms[g], ls[g]);
+        }
+    }
+}
+
+// Merges the slices of one (row, head): out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M).
+__global__ void __launch_bounds__(kThreads) attn_merge_kernel(const float* part_acc, const float2* part_ml,
+                                                              const int32_t* rows, int n_head, int hd,
+                                                              int splits, float* out) {
+    __shared__ float w[kMaxSplits];
+    __shared__ float inv_l;
+    const int z = blockIdx.x, h = blockIdx.y;
+    const size_t idx0 = (size_t(z) * n_head + h) * splits;
+    if (threadIdx.x < 32) {
+        float M = -INFINITY;
+        for (int s = threadIdx.x; s < splits; s += 32) M = fmaxf(M, part_ml[idx0 + s].x);
+        M = warp_max(M);  // finite: slice 0 always holds position 0
+        float L = 0.f;
+        for (int s = threadIdx.x; s < splits; s += 32) {
+            const float2 ml = part_ml[idx0 + s];
+            w[s] = exp2f(ml.x - M);  // 0 for empty slices (m = -inf, l = 0)
+            L += ml.y * w[s];
+        }
+        L = warp_sum(L);
+        if (threadIdx.x == 0) inv_l = 1.f / L;
+    }
+    __syncthreads();
+    float* o = out + size_t(rows[z]) * n_head * hd + size_t(h) * hd;
+    for (int d = threadIdx.x; d < hd; d += kThreads) {
+        float acc = 0.f;
+        for (int s = 0; s < splits; s++)
+            if (w[s] != 0.f) acc += part_acc[(idx0 + s) * hd + d] * w[s];
+        o[d] = acc * inv_l;
+    }
+}
+
+// ---- prefill -----------------------------------------------------------------------------------
+
+struct PrefillArgs {
+    const float* q;
+    const __half* kc;
+    const __half* vc;
+    const AttnTile* tiles;
+    float* out;
+    int n_head, n_ctx, kv_dim, group, n_tiles;
+    float scale_log2;
+};
+
+template <int HD>
+struct PrefillTile {
+    static constexpr int BR = kPrefillTileRows;  // query rows per block (16 per warp)
+    static constexpr int BC = 64;                 // keys per tile
+    static constexpr int ROW = HD + 8;            // padded smem row: conflict-free ldmatrix
+    static constexpr size_t smem_bytes() { return size_t(BR + 2 * BC) * ROW * sizeof(__half); }
+};
+
+// Fragment layouts (PTX ISA, mma.m16n8k16): lane = 4 * g + t4. A (16x16): a0 = (g, 2t4..+1),
+// a1 = (g+8, 2t4..), a2 = (g, 2t4+8..), a3 = (g+8, 2t4+8..). B (16x8): b0 = (k 2t4..+1, n g),
+// b1 = (k 2t4+8.., n g). C (16x8): c0,c1 = (g, 2t4..+1), c2,c3 = (g+8, 2t4..+1).
+template <int HD>
+__global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
+    using C = PrefillTile<HD>;
+    constexpr int BR = C::BR, BC = C::BC, ROW = C::ROW;
+    constexpr int KD = HD / 16;  // k-steps of Q*K^T over the head dimension
+    constexpr int ND = HD / 8;   // n-tiles of the output
+    constexpr int NT = BC / 8;   // n-tiles of the scores
+    extern __shared__ __align__(16) unsigned char smem[];
+    __half* qsm = reinterpret_cast<__half*>(smem);  // [BR][ROW]
+    __half* ksm = qsm + BR * ROW;                   // [BC][ROW]
+    __half* vsm = ksm + BC * ROW;                   // [BC][ROW]
+
+    // The longest tiles (latest positions) first, so the tail of the grid is short work.
+    const AttnTile tile = a.tiles[a.n_tiles - 1 - blockIdx.y];
+    const int h = blockIdx.x, kvh = h / a.group;
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int q_dim = a.n_head * HD;
+    const int kv_len = tile.pos0 + tile.n_rows;
+    const size_t base = size_t(tile.seq) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
+    const __half* kg = a.kc + base;
+    const __half* vg = a.vc + base;
+
+    // Keys past kv_len are zero-filled (finite), and only padded query rows can weight them.
+    auto load = [&](__half* dst, const __half* src, int k0) {
+        constexpr int CH = HD / 8;
+        for (int c = t; c < BC * CH; c += kThreads) {
+            const int r = c / CH, cc = c % CH;
+            const bool valid = k0 + r < kv_len;
+            cp_async16(dst + r * ROW + cc * 8, src + size_t(valid ? k0 + r : 0) * a.kv_dim + cc * 8, valid);
+        }
+        cp_async_commit();
+    };
+    load(ksm, kg, 0);
+
+    // Q tile to F16, pre-scaled by log2(e)/sqrt(HD); padded rows are zero.
+    {
+        constexpr int C4 = HD / 4;
+        const float s = a.scale_log2;
+        for (int c = t; c < BR * C4; c += kThreads) {
+            const int r = c / C4, col = (c % C4) * 4;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r < tile.n_rows)
+                v = *reinterpret_cast<const float4*>(a.q + size_t(tile.row0 + r) * q_dim + size_t(h) * HD + col);
+            __half2* dst = reinterpret_cast<__half2*>(qsm + r * ROW + col);
+            dst[0] = __floats2half2_rn(v.x * s, v.y * s);
+            dst[1] = __floats2half2_rn(v.z * s, v.w * s);
+        }
+    }
+    __syncthreads();
+    uint32_t qf[KD][4];
+#pragma unroll
+    for (int kd = 0; kd < KD; kd++)
+        ldmatrix_x4(qf[kd], qsm + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW + kd * 16 + (lane >> 4) * 8);
+
+    float o[ND][4];
+#pragma unroll
+    for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8 of the warp
+    const int warp_first = tile.pos0 + warp * 16;               // position of the warp's first row
+    const int qp0 = warp_first + g, qp1 = qp0 + 8;
+    const int n_kt = (kv_len + BC - 1) / BC;
+
+    for (int kt = 0; kt < n_kt; kt++) {
+        const int k0 = kt * BC;
+        cp_async_wait<0>();
+        __syncthreads();  // K tile kt landed; every warp is done with the previous V tile
+        load(vsm, vg, k0);
+        // A warp whose rows all precede this tile has nothing to add (tile 0 is never skipped,
+        // so m0/m1 are finite from then on).
+        const bool active = k0 <= warp_first + 15;
+        uint32_t pf[BC / 16][4];
+        if (active) {
+            float s[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+            for (int kd = 0; kd < KD; kd++) {
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    uint32_t b[4];
+                    ldmatrix_x4(b, ksm + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * ROW + kd * 16 + ((lane >> 3) & 1) * 8);
+                    mma_16816(s[2 * np], qf[kd], b[0], b[1]);
+                    mma_16816(s[2 * np + 1], qf[kd], b[2], b[3]);
+                }
+            }
+            if (k0 + BC - 1 > warp_first) {  // the causal diagonal crosses this tile
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    const int key = k0 + nt * 8 + 2 * t4;
+                    if (key > qp0) s[nt][0] = -INFINITY;
+                    if (key + 1 > qp0) s[nt][1] = -INFINITY;
+                    if (key > qp1) s[nt][2] = -INFINITY;
+                    if (key + 1 > qp1) s[nt][3] = -INFINITY;
+                }
+            }
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+            }
+            // The 4 lanes of a quad share a row.
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            const float c0 = exp2f(m0 - mn0), c1 = exp2f(m1 - mn1);
+            m0 = mn0;
+            m1 = mn1;
+            l0 *= c0;
+            l1 *= c1;
+#pragma unroll
+            for (int nd = 0; nd < ND; nd++) {
+                o[nd][0] *= c0;
+                o[nd][1] *= c0;
+                o[nd][2] *= c1;
+                o[nd][3] *= c1;
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                s[nt][0] = exp2f(s[nt][0] - m0);
+                s[nt][1] = exp2f(s[nt][1] - m0);
+                s[nt][2] = exp2f(s[nt][2] - m1);
+                s[nt][3] = exp2f(s[nt][3] - m1);
+                l0 += s[nt][0] + s[nt][1];  // per-lane partial sums; the quad adds them up at the end
+                l1 += s[nt][2] + s[nt][3];
+            }
+            // The score accumulators of n-tiles 2kk and 2kk+1 are exactly the A fragment of P
+            // for k-step kk.
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) {
+                pf[kk][0] = pack_half2(s[2 * kk][0], s[2 * kk][1]);
+                pf[kk][1] = pack_half2(s[2 * kk][2], s[2 * kk][3]);
+                pf[kk][2] = pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pf[kk][3] = pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+        }
+        cp_async_wait<0>();
+        __syncthreads();  // V tile kt landed; every warp is done with K tile kt
+        if (kt + 1 < n_kt) load(ksm, kg, k0 + BC);
+        if (active) {
+#pragma unroll
+            for (int kk = 0; kk < BC / 16; kk++) {
+#pragma unroll
+                for (int dp = 0; dp < ND / 2; dp++) {
+                    uint32_t b[4];
+                    ldmatrix_x4_trans(b, vsm + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + dp * 16 + (lane >> 4) * 8);
+                    mma_16816(o[2 * dp], pf[kk], b[0], b[1]);
+                    mma_16816(o[2 * dp + 1], pf[kk], b[2], b[3]);
+                }
+            }
+        }
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = 1.f / l0, i1 = 1.f / l1;
+    const int r0 = warp * 16 + g, r1 = r0 + 8;
+    if (r0 < tile.n_rows) {
+        float* dst = a.out + size_t(tile.row0 + r0) * q_dim + size_t(h) * HD + 2 * t4;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++)
+            *reinterpret_cast<float2*>(dst + nd * 8) = make_float2(o[nd][0] * i0, o[nd][1] * i0);
+    }
+    if (r1 < tile.n_rows) {
+        float* dst = a.out + size_t(tile.row0 + r1) * q_dim + size_t(h) * HD + 2 * t4;
+#pragma unroll
+        for (int nd = 0; nd < ND; nd++)
+            *reinterpret_cast<float2*>(dst + nd * 8) = make_float2(o[nd][2] * i1, o[nd][3] * i1);
+    }
+}
+
+float scale_log2(int head_dim) { return kLog2e / std::sqrt(float(head_dim)); }
+
+void check_shape(const AttnShape& s) {
+    if (s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0)
+        fail("attention needs n_head (%d) to be a multiple of n_head_kv (%d).", s.n_head, s.n_head_kv);
+    if (s.head_dim <= 0 || s.head_dim % 2 != 0 || s.head_dim > kGenericMaxHd)
+        fail("head_dim %d is not supported by the CUDA attention kernels (even, at most %d).", s.head_dim,
+             kGenericMaxHd);
+}
+
+}  // namespace
+
+bool attn_has_fast_decode(const AttnShape& s) {
+    return (s.head_dim == 64 || s.head_dim == 128) && s.group() <= kMaxGroup;
+}
+bool attn_has_prefill(const AttnShape& s) { return s.head_dim == 64 || s.head_dim == 128; }
+
+void attn_init() {
+    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tiled<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(DecodeTile<64>::smem_bytes(kMaxGroup))),
+                  "cudaFuncSetAttribute attn_decode_tiled<64>");
+    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tiled<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(DecodeTile<128>::smem_bytes(kMaxGroup))),
+                  "cudaFuncSetAttribute attn_decode_tiled<128>");
+    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(PrefillTile<64>::smem_bytes())),
+                  "cudaFuncSetAttribute attn_prefill_kernel<64>");
+    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(PrefillTile<128>::smem_bytes())),
+                  "cudaFuncSetAttribute attn_prefill_kernel<128>");
+}
+
+void kv_store(const AttnShape& s, const float* k, const float* v, const int32_t* pos, const int32_t* seq, int n,
+              __half* k_cache, __half* v_cache, cudaStream_t stream) {
+    if (n <= 0) return;
+    kv_store_kernel<<<n, 256, 0, stream>>>(k, v, pos, seq, s.kv_dim(), s.n_ctx, k_cache, v_cache);
+    NT_CUDA_CHECK(cudaGetLastError(), "kv_store kernel");
+}
+
+int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count) {
+    if (n_rows <= 0) return 1;
+    // About two blocks per SM in flight, each slice at least 128 positions of a full context.
+    const int64_t target = 2 * int64_t(std::max(sm_count, 1));
+    const int64_t per_split = int64_t(n_rows) * s.n_head_kv;
+    int64_t splits = (target + per_split - 1) / per_split;
+    const int64_t max_splits = std::min<int64_t>(kMaxSplits, std::max(1, (s.n_ctx + 127) / 128));
+    return int(std::clamp<int64_t>(splits, 1, max_splits));
+}
+
+size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
+    if (splits <= 1) return 0;
+    return size_t(n_rows) * size_t(s.n_head) * size_t(splits) * size_t(s.head_dim + 2);
+}
+
+void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
+                 const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows, int splits,
+                 float* scratch, float* out, cudaStream_t stream, int version) {
+    if (n_rows <= 0) return;
+    check_shape(s);
+    if (splits < 1 || splits > kMaxSplits) fail("attention: %d context slices (1..%d).", splits, kMaxSplits);
+    if (n_rows > 65535) fail("attention: %d decode rows in one launch (at most 65535).", n_rows);
+    DecodeArgs a;
+    a.q = q;
+    a.kc = k_cache;
+    a.vc = v_cache;
+    a.pos = pos;
+    a.seq = seq;
+    a.rows = rows;
+    a.part_acc = scratch;
+    a.part_ml = reinterpret_cast<float2*>(scratch + size_t(n_rows) * s.n_head * splits * s.head_dim);
+    a.out = out;
+    a.n_head = s.n_head;
+    a.head_dim = s.head_dim;
+    a.n_ctx = s.n_ctx;
+    a.kv_dim = s.kv_dim();
+    a.group = s.group();
+    a.splits = splits;
+    a.scale_log2 = scale_log2(s.head_dim);
+    const bool tiled = version == 2 || (version == 0 && attn_has_fast_decode(s));
+    if (tiled && !attn_has_fast_decode(s)) fail("attention: no tiled decode kernel for head_dim %d.", s.head_dim);
+    if (tiled) {
+        const dim3 grid(unsigned(splits), unsigned(s.n_head_kv), unsigned(n_rows));
+        if (s.head_dim == 64)
+            attn_decode_tiled<64><<<grid, kThreads, DecodeTile<64>::smem_bytes(a.group), stream>>>(a);
+        else
+            attn_decode_tiled<128><<<grid, kThreads, DecodeTile<128>::smem_bytes(a.group), stream>>>(a);
+        NT_CUDA_CHECK(cudaGetLastError(), "attention decode kernel (tiled)");
+    } else {
+        const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));
+        attn_decode_generic<<<grid, kThreads, 0, stream>>>(a);
+        NT_CUDA_CHECK(cudaGetLastError(), "attention decode kernel (generic)");
+    }
+    if (splits > 1) {
+        attn_merge_kernel<<<dim3(unsigned(n_rows), unsigned(s.n_head)), kThreads, 0, stream>>>(
+            a.part_acc, a.part_ml, rows, s.n_head, s.head_dim, splits, out);
+        NT_CUDA_CHECK(cudaGetLastError(), "attention merge kernel");
+    }
+}
+
+void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
+                  const AttnTile* tiles, int n_tiles, float* out, cudaStream_t stream) {
+    if (n_tiles <= 0) return;
+    check_shape(s);
+    if (!attn_has_prefill(s)) fail("attention: no prefill kernel for head_dim %d.", s.head_dim);
+    PrefillArgs a;
+    a.q = q;
+    a.kc = k_cache;
+    a.vc = v_cache;
+    a.tiles = tiles;
+    a.out = out;
+    a.n_head = s.n_head;
+    a.n_ctx = s.n_ctx;
+    a.kv_dim = s.kv_dim();
+    a.group = s.group();
+    a.n_tiles = n_tiles;
+    a.scale_log2 = scale_log2(s.head_dim);
+    const dim3 grid(unsigned(s.n_head), unsigned(n_tiles));
+    if (s.head_dim == 64)
+        attn_prefill_kernel<64><<<grid, kThreads, PrefillTile<64>::smem_bytes(), stream>>>(a);
+    else
+        attn_prefill_kernel<128><<<grid, kThreads, PrefillTile<128>::smem_bytes(), stream>>>(a);
+    NT_CUDA_CHECK(cudaGetLastError(), "attention prefill kernel");
+}
+
+}  // namespace nt::cuda

@@ -1,0 +1,161 @@
+// The CUDA backend: every Backend op on one NVIDIA GPU (compute capability 8.0+). Memory is
+// planned once in init() (F16 KV cache, activations for the largest batch, attention and
+// matmul scratch) and checked against the free memory first; weights are uploaded into one
+// reservation or per tensor. Decode steps (at most kGraphMaxBatch rows) are recorded once as a
+// CUDA graph per (batch size, logit rows) and replayed: the step's tokens, positions and
+// sequences live in device tables that begin_step refreshes, so the graph stays valid while
+// they change. NT_CUDA_GRAPHS=0 in the environment turns graphs off (debugging,
+// compute-sanitizer).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/device_info.h"
+
+namespace nt {
+
+namespace cuda {
+struct MatmulWorkspace;
+}
+
+class CudaBackend : public Backend {
+public:
+    static constexpr int kGraphMaxBatch = 8;  // steps of at most this many rows use CUDA graphs
+
+    // Throws nt::Error when there is no usable GPU `device`.
+    explicit CudaBackend(int device = 0);
+    ~CudaBackend() override;
+    CudaBackend(const CudaBackend&) = delete;
+    CudaBackend& operator=(const CudaBackend&) = delete;
+
+    std::string name() const override { return "cuda"; }
+    void init(const ModelShape& shape, int max_batch, int n_seq, int n_ctx) override;
+    Activations& acts() override { return acts_; }
+    void begin_step(const Batch& batch) override;
+    void embed(const WeightView& tok_embd, float* x) override;
+    void rmsnorm(const float* x, const WeightView& w, int n, int dim, float* out) override;
+    void matmul(const WeightView& w, const float* x, int n, float* y) override;
+    void rope(float* q, float* k) override;
+    void attention(int layer, const float* q, const float* k, const float* v, float* out) override;
+    void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+    void add(float* x, const float* y, int64_t n) override;
+    void gather_logit_rows(const float* x, int dim, float* dst) override;
+    void download(const float* src, float* host_dst, size_t n) override;
+    void kv_truncate(int seq, int from) override;
+    const void* upload_weight(const void* host, size_t nbytes) override;
+    void end_step() override;
+    double measure_read_bandwidth() override;
+
+    // ---- beyond the Backend interface ----
+    // Reserves device memory for weights once (the sum of weight_footprint() of every tensor to
+    // be uploaded); throws nt::Error naming both sizes when it does not fit. Uploads then carve
+    // from it; without a reservation each upload allocates for itself.
+    void reserve_weights(size_t total_bytes);
+    // Device bytes one upload of nbytes takes in a reservation (rounded up to 256).
+    static size_t weight_footprint(size_t nbytes) { return (nbytes + 255) / 256 * 256; }
+    // Copies bytes from host memory to backend (device) memory and waits (tests, tools).
+    void upload(void* dst, const void* host_src, size_t bytes);
+
+    void set_graphs(bool on);
+    bool graphs() const { return graphs_on_; }
+    struct GraphStats {
+        int captures = 0;   // graphs recorded
+        int replays = 0;    // steps served by a recorded graph
+        int fallbacks = 0;  // steps that left their recorded op sequence and ran eagerly
+    };
+    const GraphStats& graph_stats() const { return stats_; }
+
+    const CudaDeviceInfo& device() const { return dev_; }
+    cudaStream_t stream() const { return stream_; }
+    size_t kv_cache_bytes() const { return kv_bytes_; }
+    // Context slices of the decode attention kernel for a step of n_rows decode rows.
+    int decode_splits(int n_rows) const;
+
+private:
+    enum class OpKind : int32_t { Embed, RmsNorm, Matmul, Rope, Attention, Swiglu, Add, Gather };
+    // One backend op with its arguments: executed at once, recorded into a graph, or compared
+    // with the recorded sequence when a graph is replayed.
+    struct Op {
+        OpKind kind = OpKind::Embed;
+        int32_t i0 = 0, i1 = 0;  // rows / layer / dim, by kind
+        int64_t n = 0;           // element count (swiglu, add)
+        const void* p[4] = {};
+        WeightView w;
+        bool operator==(const Op& o) const;
+    };
+    enum class Mode { Eager, Capture, Replay };
+    struct Graph {
+        cudaGraphExec_t exec = nullptr;
+        std::vector<Op> ops;
+        int failures = 0;  // steps that left `ops`; past a few the key stays eager
+    };
+    using GraphKey = std::pair<int, int>;  // (batch rows, logit rows)
+
+    void submit(const Op& op);
+    void run(const Op& op);
+    void flush();          // ends a capture or replays the graph; afterwards the stream is eager
+    void capture_failed();  // a capture broke: give up graphs for this key, run the step eagerly
+    void leave_graph();    // the step left its recorded sequence: catch up eagerly
+    void drop_graphs();
+    void release();        // frees everything init() allocated
+    void require_init(const char* op) const;
+    void* device_alloc(size_t bytes, const char* what);
+    void* alloc_weight(size_t bytes);
+
+    CudaDeviceInfo dev_;
+    cudaStream_t stream_ = nullptr;       // every op
+    cudaStream_t copy_stream_ = nullptr;  // weight uploads
+    bool ready_ = false;
+
+    ModelShape shape_;
+    int max_batch_ = 0, n_seq_ = 0, n_ctx_ = 0, n_rot_ = 0;
+    void* kv_ = nullptr;  // K cache then V cache, each [layer][seq * n_ctx + pos][kv_dim] F16
+    size_t kv_bytes_ = 0;
+    size_t kv_layer_elems_ = 0;
+    void* scratch_ = nullptr;  // activations, step tables, rope table, attention and matmul scratch
+    Activations acts_;
+    float* rope_inv_freq_ = nullptr;
+    float* attn_scratch_ = nullptr;
+    std::unique_ptr<cuda::MatmulWorkspace> mm_;
+
+    // The step's tables: device copies at fixed addresses (graphs bake them in), filled from
+    // a pinned host mirror. Regions: tokens, pos, seq, logit rows, decode rows (int32 x
+    // max_batch each), then attention tiles (AttnTile x max_batch).
+    int32_t* d_step_ = nullptr;
+    int32_t* h_step_ = nullptr;
+    size_t step_bytes_ = 0;
+    cudaEvent_t step_uploaded_ = nullptr;
+    int n_rows_ = 0, n_logits_ = 0, n_dec_ = 0, n_tiles_ = 0, splits_ = 1;
+
+    float* h_download_ = nullptr;  // pinned bounce buffer for download()
+
+    struct Arena {
+        char* base = nullptr;
+        size_t size = 0, used = 0;
+    };
+    std::vector<Arena> arenas_;         // weight reservations (bump-allocated)
+    std::vector<void*> weight_allocs_;  // per-tensor allocations made without a reservation
+    std::unordered_map<const void*, std::pair<const void*, size_t>> uploaded_;  // host -> device
+    void* h_upload_[2] = {nullptr, nullptr};
+    cudaEvent_t upload_done_[2] = {nullptr, nullptr};
+
+    bool graphs_on_ = true;
+    Mode mode_ = Mode::Eager;
+    std::map<GraphKey, Graph> graphs_;
+    GraphKey key_{0, 0};
+    std::vector<Op> recording_;  // Capture: ops of this step, in order
+    std::vector<Op> pending_;    // Replay: ops matched so far, not yet executed
+    size_t replay_pos_ = 0;
+    GraphStats stats_;
+};
+
+}  // namespace nt

@@ -1,0 +1,427 @@
+// Embedding lookup (every weight type), RMSNorm, rope, SwiGLU, residual add and row gathers.
+// All are memory-bound and tiny next to the matmuls; they aim at one pass over their data with
+// coalesced accesses, and at the CPU backend's arithmetic, operation for operation: products
+// and sums that the CPU rounds separately use the _rn intrinsics so that --use_fast_math's
+// contraction into FMAs does not change the last bit (embed is bit-identical to
+// nt::dequantize_row, rope and rmsnorm agree to an ulp or two).
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/ops.cuh"
+#include "core/error.h"
+#include "quant/types.h"
+
+namespace nt::cuda {
+
+namespace {
+
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float addf(float a, float b) { return __fadd_rn(a, b); }
+
+// ---- dequantization of one element of a GGML block ---------------------------------------------
+// Deq<T>::at(block, j) returns element j (< QK) of the block at `b`, computed exactly as
+// llama.cpp's dequantize_row_* (and gguf-py) compute it. Blocks are packed structs, so the
+// compiler reads their fields with byte loads whatever the alignment.
+template <GgmlType T>
+struct Deq;
+
+template <>
+struct Deq<GgmlType::F32> {
+    static constexpr int QK = 1, BYTES = 4;
+    __device__ static float at(const uint8_t* b, int) { return *reinterpret_cast<const float*>(b); }
+};
+template <>
+struct Deq<GgmlType::F16> {
+    static constexpr int QK = 1, BYTES = 2;
+    __device__ static float at(const uint8_t* b, int) { return h2f(*reinterpret_cast<const uint16_t*>(b)); }
+};
+template <>
+struct Deq<GgmlType::BF16> {
+    static constexpr int QK = 1, BYTES = 2;
+    __device__ static float at(const uint8_t* b, int) {
+        return __uint_as_float(uint32_t(*reinterpret_cast<const uint16_t*>(b)) << 16);
+    }
+};
+template <>
+struct Deq<GgmlType::Q4_0> {
+    static constexpr int QK = QK4_0, BYTES = sizeof(block_q4_0);
+    __device__ static float at(const uint8_t* b, int j) {
+        const block_q4_0* x = reinterpret_cast<const block_q4_0*>(b);
+        const int q = j < 16 ? (x->qs[j] & 0xF) : (x->qs[j - 16] >> 4);
+        return mul(float(q - 8), h2f(x->d));
+    }
+};
+template <>
+struct Deq<GgmlType::Q4_1> {
+    static constexpr int QK = QK4_1, BYTES = sizeof(block_q4_1);
+    __device__ static float at(const uint8_t* b, int j) {
+        const block_q4_1* x = reinterpret_cast<const block_q4_1*>(b);
+        const int q = j < 16 ? (x->qs[j] & 0xF) : (x->qs[j - 16] >> 4);
+        return addf(mul(float(q), h2f(x->d)), h2f(x->m));
+    }
+};
+__device__ __forceinline__ uint32_t load_qh(const uint8_t* qh) {
+    return uint32_t(qh[0]) | uint32_t(qh[1]) << 8 | uint32_t(qh[2]) << 16 | uint32_t(qh[3]) << 24;
+}
+template <>
+struct Deq<GgmlType::Q5_0> {
+    static constexpr int QK = QK5_0, BYTES = sizeof(block_q5_0);
+    __device__ static float at(const uint8_t* b, int j) {
+        const block_q5_0* x = reinterpret_cast<const block_q5_0*>(b);
+        const int lo = j < 16 ? (x->qs[j] & 0xF) : (x->qs[j - 16] >> 4);
+        const int hi = int((load_qh(x->qh) >> j) & 1u) << 4;  // element j's fifth bit is bit j
+        return mul(float((lo | hi) - 16), h2f(x->d));
+    }
+};
+template <>
+struct Deq<GgmlType::Q5_1> {
+    static constexpr int QK = QK5_1, BYTES = sizeof(block_q5_1);
+    __device__ static float at(const uint8_t* b, int j) {
+        const block_q5_1* x = reinterpret_cast<const block_q5_1*>(b);
+        const int lo = j < 16 ? (x->qs[j] & 0xF) : (x->qs[j - 16] >> 4);
+        const int hi = int((load_qh(x->qh) >> j) & 1u) << 4;
+        return addf(mul(float(lo | hi), h2f(x->d)), h2f(x->m));
+    }
+};
+template <>
+struct Deq<GgmlType::Q8_0> {
+    static constexpr int QK = QK8_0, BYTES = sizeof(block_q8_0);
+    __device__ static float at(const uint8_t* b, int j) {
+        const block_q8_0* x = reinterpret_cast<const block_q8_0*>(b);
+        return mul(float(x->qs[j]), h2f(x->d));
+    }
+};
+// K-quants: 256 elements in halves of 128 (Q2_K, Q3_K, Q6_K) or groups of 64 (Q4_K, Q5_K).
+template <>
+struct Deq<GgmlType::Q2_K> {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q2_K);
+    __device__ static float at(const uint8_t* b, int e) {
+        const block_q2_K* x = reinterpret_cast<const block_q2_K*>(b);
+        const int n = e / 128, r = e % 128, j = r / 32, l = r % 32;
+        const uint8_t sc = x->scales[n * 8 + j * 2 + l / 16];
+        const int q = (x->qs[n * 32 + l] >> (2 * j)) & 3;
+        const float dl = mul(h2f(x->d), float(sc & 0xF));
+        const float ml = mul(h2f(x->dmin), float(sc >> 4));
+        return sub(mul(dl, float(q)), ml);
+    }
+};
+template <>
+struct Deq<GgmlType::Q3_K> {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q3_K);
+    __device__ static float at(const uint8_t* b, int e) {
+        const block_q3_K* x = reinterpret_cast<const block_q3_K*>(b);
+        const int n = e / 128, r = e % 128, j = r / 32, l = r % 32;
+        const int is = n * 8 + j * 2 + l / 16;  // which of the 16 six-bit scales
+        const int sc_lo = (x->scales[is % 8] >> (4 * (is / 8))) & 0xF;
+        const int sc_hi = (x->scales[8 + is % 4] >> (2 * (is / 4))) & 3;
+        const int sc = int(int8_t(uint8_t(sc_lo | sc_hi << 4))) - 32;
+        const int hbit = x->hmask[l] & (1 << (n * 4 + j));
+        const int q = ((x->qs[n * 32 + l] >> (2 * j)) & 3) - (hbit ? 0 : 4);
+        return mul(mul(h2f(x->d), float(sc)), float(q));
+    }
+};
+// llama.cpp's get_scale_min_k4: six-bit scale and min of sub-block j (0..7) of Q4_K/Q5_K.
+__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
+    if (j < 4) {
+        sc = q[j] & 63;
+        m = q[j + 4] & 63;
+    } else {
+        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+template <>
+struct Deq<GgmlType::Q4_K> {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q4_K);
+    __device__ static float at(const uint8_t* b, int e) {
+        const block_q4_K* x = reinterpret_cast<const block_q4_K*>(b);
+        const int g = e / 64, hi = (e % 64) / 32, l = e % 32;
+        int sc, m;
+        scale_min_k4(g * 2 + hi, x->scales, sc, m);
+        const uint8_t byte = x->qs[g * 32 + l];
+        const int q = hi ? byte >> 4 : byte & 0xF;
+        return sub(mul(mul(h2f(x->d), float(sc)), float(q)), mul(h2f(x->dmin), float(m)));
+    }
+};
+template <>
+struct Deq<GgmlType::Q5_K> {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q5_K);
+    __device__ static float at(const uint8_t* b, int e) {
+        const block_q5_K* x = reinterpret_cast<const block_q5_K*>(b);
+        const int g = e / 64, hi = (e % 64) / 32, l = e % 32;
+        int sc, m;
+        scale_min_k4(g * 2 + hi, x->scales, sc, m);
+        const uint8_t byte = x->qs[g * 32 + l];
+        const int q = (hi ? byte >> 4 : byte & 0xF) + ((x->qh[l] >> (2 * g + hi)) & 1 ? 16 : 0);
+        return sub(mul(mul(h2f(x->d), float(sc)), float(q)), mul(h2f(x->dmin), float(m)));
+    }
+};
+template <>
+struct Deq<GgmlType::Q6_K> {
+    static constexpr int QK = QK_K, BYTES = sizeof(block_q6_K);
+    __device__ static float at(const uint8_t* b, int e) {
+        const block_q6_K* x = reinterpret_cast<const block_q6_K*>(b);
+        const int n = e / 128, r = e % 128, quad = r / 32, l = r % 32;
+        const uint8_t lbyte = x->ql[n * 64 + l + (quad & 1) * 32];
+        const int lo = quad < 2 ? lbyte & 0xF : lbyte >> 4;
+        const int hi = (x->qh[n * 32 + l] >> (2 * quad)) & 3;
+        const int q = int(int8_t(uint8_t(lo | hi << 4))) - 32;
+        const int sc = x->scales[n * 8 + l / 16 + quad * 2];
+        return mul(mul(h2f(x->d), float(sc)), float(q));
+    }
+};
+
+template <GgmlType T>
+__device__ __forceinline__ float elem(const uint8_t* row, int64_t j) {
+    using D = Deq<T>;
+    return D::at(row + (j / D::QK) * D::BYTES, int(j % D::QK));
+}
+
+// Calls f(std::integral_constant<GgmlType, T>) for the run-time type t; false if unsupported.
+template <class F>
+bool dispatch_type(GgmlType t, F&& f) {
+    switch (t) {
+#define NT_CASE(T)                                          \
+    case GgmlType::T:                                       \
+        f(std::integral_constant<GgmlType, GgmlType::T>{}); \
+        return true;
+        NT_CASE(F32)
+        NT_CASE(F16)
+        NT_CASE(BF16)
+        NT_CASE(Q4_0)
+        NT_CASE(Q4_1)
+        NT_CASE(Q5_0)
+        NT_CASE(Q5_1)
+        NT_CASE(Q8_0)
+        NT_CASE(Q2_K)
+        NT_CASE(Q3_K)
+        NT_CASE(Q4_K)
+        NT_CASE(Q5_K)
+        NT_CASE(Q6_K)
+#undef NT_CASE
+        default: return false;
+    }
+}
+
+// ---- kernels -----------------------------------------------------------------------------------
+
+constexpr int kThreads = 256;
+
+template <GgmlType T>
+__global__ void embed_kernel(const uint8_t* table, size_t row_bytes, const int32_t* tokens,
+                             int64_t cols, float* x) {
+    const int i = blockIdx.x;
+    const int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+    if (j >= cols) return;
+    x[int64_t(i) * cols + j] = elem<T>(table + size_t(tokens[i]) * row_bytes, j);
+}
+
+// Sum over the block; every thread gets the result. `red` holds one float per warp.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? red[lane] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// One block per row. The row is read twice (sum of squares, then scale); the second read hits L1/L2.
+template <GgmlType T>
+__global__ void rmsnorm_kernel(const float* x, const uint8_t* w, int dim, float eps, float* out) {
+    __shared__ float red[32];
+    const float* xr = x + int64_t(blockIdx.x) * dim;
+    float* o = out + int64_t(blockIdx.x) * dim;
+    float s = 0.f;
+    if ((dim & 3) == 0) {
+        const float4* x4 = reinterpret_cast<const float4*>(xr);
+        for (int j = threadIdx.x; j < dim / 4; j += blockDim.x) {
+            const float4 v = x4[j];
+            s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else {
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) s += xr[j] * xr[j];
+    }
+    s = block_sum(s, red);
+    // As the CPU: scale = 1 / sqrt(mean + eps), then (x * scale) * w, each rounded.
+    const float scale = __frcp_rn(__fsqrt_rn(addf(__fdiv_rn(s, float(dim)), eps)));
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) o[j] = mul(mul(xr[j], scale), elem<T>(w, j));
+}
+
+// One block per batch row: the row's cos/sin table first (double precision, so the only
+// difference from the CPU's cosf/sinf of the same float angle is the final rounding), then every
+// pair of every q and k head.
+__global__ void rope_kernel(float* q, float* k, const int32_t* pos, int n_head, int n_head_kv,
+                            int head_dim, int half, const float* inv_freq) {
+    extern __shared__ float cs[];  // [half] cos, then [half] sin
+    const int i = blockIdx.x;
+    const float p = float(pos[i]);
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        double s, c;
+        sincos(double(mul(p, inv_freq[j])), &s, &c);
+        cs[j] = float(c);
+        cs[half + j] = float(s);
+    }
+    __syncthreads();
+    const int pairs = (n_head + n_head_kv) * half;
+    for (int t = threadIdx.x; t < pairs; t += blockDim.x) {
+        const int h = t / half, j = t % half;
+        float* v = h < n_head ? q + (int64_t(i) * n_head + h) * head_dim
+                              : k + (int64_t(i) * n_head_kv + (h - n_head)) * head_dim;
+        v += 2 * j;
+        const float a = v[0], b = v[1], c = cs[j], s = cs[half + j];
+        v[0] = sub(mul(a, c), mul(b, s));
+        v[1] = addf(mul(a, s), mul(b, c));
+    }
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return mul(__fdiv_rn(g, addf(1.f, __expf(-g))), u);
+}
+
+__global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        out[i] = silu_mul(gate[i], up[i]);
+}
+__global__ void swiglu4_kernel(const float4* gate, const float4* up, int64_t n4, float4* out) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const float4 g = gate[i], u = up[i];
+        out[i] = make_float4(silu_mul(g.x, u.x), silu_mul(g.y, u.y), silu_mul(g.z, u.z),
+                             silu_mul(g.w, u.w));
+    }
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += int64_t(gridDim.x) * blockDim.x)
+        x[i] += y[i];
+}
+__global__ void add4_kernel(float4* x, const float4* y, int64_t n4) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        float4 a = x[i];
+        const float4 b = y[i];
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+        x[i] = a;
+    }
+}
+
+__global__ void gather_kernel(const float* x, int dim, const int32_t* rows, float* dst) {
+    const float* src = x + int64_t(rows[blockIdx.x]) * dim;
+    float* d = dst + int64_t(blockIdx.x) * dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = src[j];
+}
+// In-place compaction: rows[j] >= j, so copying rows in increasing j never overwrites a row that
+// is still to be read; one block walks the rows in order.
+__global__ void gather_inplace_kernel(float* x, int dim, const int32_t* rows, int n) {
+    for (int j = 0; j < n; j++) {
+        const int r = rows[j];
+        if (r != j)
+            for (int c = threadIdx.x; c < dim; c += blockDim.x) x[int64_t(j) * dim + c] = x[int64_t(r) * dim + c];
+        __syncthreads();
+    }
+}
+
+__global__ void read_kernel(const uint4* buf, size_t n, uint32_t* sink) {
+    uint32_t acc = 0;
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        const uint4 v = __ldcs(buf + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+    if (threadIdx.x == 0) sink[blockIdx.x] = acc;
+}
+
+// Grid for elementwise loops: enough blocks to fill any current GPU, grid-stride beyond.
+int grid_for(int64_t n) { return int(std::min<int64_t>((n + kThreads - 1) / kThreads, 8192)); }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+bool elementwise_supports(GgmlType t) {
+    return dispatch_type(t, [](auto) {});
+}
+
+void embed(const WeightView& tok_embd, const int32_t* tokens, int n, float* x, cudaStream_t stream) {
+    if (n <= 0) return;
+    const size_t rb = row_bytes(tok_embd.type, tok_embd.cols);
+    const dim3 grid(unsigned(n), unsigned((tok_embd.cols + kThreads - 1) / kThreads));
+    const bool ok = dispatch_type(tok_embd.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        embed_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(tok_embd.data), rb,
+                                                      tokens, tok_embd.cols, x);
+    });
+    if (!ok) fail("token embeddings of type %s are not supported by the CUDA backend.", type_name(tok_embd.type));
+    NT_CUDA_CHECK(cudaGetLastError(), "embed kernel");
+}
+
+void rmsnorm(const float* x, const WeightView& w, int n, int dim, float eps, float* out, cudaStream_t stream) {
+    if (n <= 0) return;
+    const int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+    const bool ok = dispatch_type(w.type, [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        rmsnorm_kernel<T><<<n, threads, 0, stream>>>(x, static_cast<const uint8_t*>(w.data), dim, eps, out);
+    });
+    if (!ok) fail("norm weights of type %s are not supported by the CUDA backend.", type_name(w.type));
+    NT_CUDA_CHECK(cudaGetLastError(), "rmsnorm kernel");
+}
+
+void rope(float* q, float* k, const int32_t* pos, int n, int n_head, int n_head_kv, int head_dim,
+          int n_rot, const float* inv_freq, cudaStream_t stream) {
+    if (n <= 0) return;
+    const int half = n_rot / 2;
+    rope_kernel<<<n, 256, size_t(2 * half) * sizeof(float), stream>>>(q, k, pos, n_head, n_head_kv,
+                                                                      head_dim, half, inv_freq);
+    NT_CUDA_CHECK(cudaGetLastError(), "rope kernel");
+}
+
+void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
+    if (n <= 0) return;
+    if ((n & 3) == 0 && aligned16(gate) && aligned16(up) && aligned16(out))
+        swiglu4_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(
+            reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), n / 4,
+            reinterpret_cast<float4*>(out));
+    else
+        swiglu_kernel<<<grid_for(n), kThreads, 0, stream>>>(gate, up, n, out);
+    NT_CUDA_CHECK(cudaGetLastError(), "swiglu kernel");
+}
+
+void add(float* x, const float* y, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    if ((n & 3) == 0 && aligned16(x) && aligned16(y))
+        add4_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<float4*>(x),
+                                                             reinterpret_cast<const float4*>(y), n / 4);
+    else
+        add_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
+    NT_CUDA_CHECK(cudaGetLastError(), "add kernel");
+}
+
+void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* dst, cudaStream_t stream) {
+    if (n <= 0) return;
+    if (dst == x)
+        gather_inplace_kernel<<<1, 1024, 0, stream>>>(dst, dim, rows, n);
+    else
+        gather_kernel<<<n, kThreads, 0, stream>>>(x, dim, rows, dst);
+    NT_CUDA_CHECK(cudaGetLastError(), "gather_logit_rows kernel");
+}
+
+void read_bandwidth_kernel(const void* buf, size_t bytes, uint32_t* sink, int blocks, cudaStream_t stream) {
+    read_kernel<<<blocks, 512, 0, stream>>>(static_cast<const uint4*>(buf), bytes / 16, sink);
+    NT_CUDA_CHECK(cudaGetLastError(), "read bandwidth kernel");
+}
+
+}  // namespace nt::cuda

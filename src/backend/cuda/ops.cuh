@@ -1,0 +1,93 @@
+// The CUDA backend's kernels behind plain host launchers: elementwise ops (elementwise.cu) and
+// attention (attention.cu). CudaBackend strings them together; the harnesses in bench/cuda call
+// them directly. Every launcher only enqueues work on `stream` (no host synchronisation), so all
+// of them can be captured into a CUDA graph; none launches anything when its row count is 0.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace nt::cuda {
+
+// ---- elementwise.cu ----------------------------------------------------------------------------
+
+// True when embed/rmsnorm can read weights of this type.
+bool elementwise_supports(GgmlType t);
+
+// x[i] = row tokens[i] of tok_embd, dequantized (bit-identical to nt::dequantize_row).
+void embed(const WeightView& tok_embd, const int32_t* tokens, int n, float* x, cudaStream_t stream);
+// out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w for n rows of `dim`; out may be x.
+void rmsnorm(const float* x, const WeightView& w, int n, int dim, float eps, float* out,
+             cudaStream_t stream);
+// GGML "normal" rope in place on n rows of q [n_head][head_dim] and k [n_head_kv][head_dim]:
+// pair (2j, 2j+1), j < n_rot/2, turns by pos[i] * inv_freq[j]. inv_freq is in device memory.
+void rope(float* q, float* k, const int32_t* pos, int n, int n_head, int n_head_kv, int head_dim,
+          int n_rot, const float* inv_freq, cudaStream_t stream);
+// out = silu(gate) * up; out may be gate or up.
+void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+// x += y.
+void add(float* x, const float* y, int64_t n, cudaStream_t stream);
+// dst[j] = x[rows[j]] for j < n (rows increasing); dst may be x itself (in-place compaction).
+void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* dst,
+                 cudaStream_t stream);
+// Streaming read of `bytes` bytes (a multiple of 16); sink receives one value per block so the
+// reads cannot be optimised away. Used to measure memory bandwidth.
+void read_bandwidth_kernel(const void* buf, size_t bytes, uint32_t* sink, int blocks,
+                           cudaStream_t stream);
+
+// ---- attention.cu ------------------------------------------------------------------------------
+
+// Layout of one layer's F16 KV cache (K and V separately): cell (seq * n_ctx + pos) holds the
+// n_head_kv * head_dim values of that position, the same layout as the CPU backend's.
+struct AttnShape {
+    int n_head = 0, n_head_kv = 0, head_dim = 0, n_ctx = 0;
+    int kv_dim() const { return n_head_kv * head_dim; }
+    int q_dim() const { return n_head * head_dim; }
+    int group() const { return n_head / n_head_kv; }
+};
+
+// A run of query rows of one sequence at consecutive positions: batch rows row0..row0+n_rows-1
+// at positions pos0..pos0+n_rows-1 of sequence seq (n_rows <= kPrefillTileRows).
+struct AttnTile {
+    int32_t row0, n_rows, seq, pos0;
+};
+constexpr int kPrefillTileRows = 64;
+
+// Whether the fast kernels (tiled split-K decode, tensor-core prefill) handle this shape; the
+// generic decode kernel handles any head_dim <= 256 (even) and any group size.
+bool attn_has_fast_decode(const AttnShape& s);
+bool attn_has_prefill(const AttnShape& s);
+
+// Called once per process and device before the first launch (raises shared-memory limits).
+void attn_init();
+
+// Stores row i of k and v (f32, [n][kv_dim]) as F16 at cell seq[i] * n_ctx + pos[i].
+void kv_store(const AttnShape& s, const float* k, const float* v, const int32_t* pos,
+              const int32_t* seq, int n, __half* k_cache, __half* v_cache, cudaStream_t stream);
+
+// How many pieces the decode kernel splits each (row, kv head)'s context into, for n_rows rows
+// (enough blocks to fill the GPU). A function of the row count only, so a captured graph stays
+// valid while positions change; blocks past a sequence's length exit at once.
+int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count);
+// Floats of scratch the decode kernel needs for n_rows rows split `splits` ways (0 when 1 way).
+size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
+
+// Causal attention for the batch rows listed in rows[0..n_rows): row r attends to positions
+// 0..pos[r] of sequence seq[r] in the cache (split-K flash decoding, then a reduction).
+// q and out are [batch][n_head * head_dim]. `version`: 0 = best for the shape, 1 = generic,
+// 2 = tiled (the harness compares them).
+void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
+                 const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
+                 int splits, float* scratch, float* out, cudaStream_t stream, int version = 0);
+
+// Causal attention for whole tiles of consecutive positions (flash attention on tensor cores,
+// online softmax, GQA). Needs attn_has_prefill(s).
+void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache,
+                  const __half* v_cache, const AttnTile* tiles, int n_tiles, float* out,
+                  cudaStream_t stream);
+
+}  // namespace nt::cuda
