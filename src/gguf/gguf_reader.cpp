@@ -30,7 +30,7 @@ namespace nt {
 namespace {
 
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian u32
-constexpr size_t kDefaultAlignment = 32;
+constexpr uint64_t kMaxAlignment = uint64_t(1) << 31;
 constexpr uint32_t kMaxDims = 4;
 // Arrays of arrays are legal; the limit keeps recursion (parse and destruction) shallow.
 constexpr int kMaxArrayDepth = 16;
@@ -261,11 +261,13 @@ private:
         const uint64_t* u = std::get_if<uint64_t>(&a->v);
         const int64_t signed_value = u ? 0 : std::get<int64_t>(a->v);
         if (!u && signed_value <= 0)
-            fail("%s: general.alignment is %" PRId64 ", which is not a non-zero power of two.", name_,
-                 signed_value);
+            fail("%s: general.alignment is %" PRId64 ", which is not a power of two from 1 to 2^31.",
+                 name_, signed_value);
         const uint64_t al = u ? *u : uint64_t(signed_value);
-        if (!std::has_single_bit(al))
-            fail("%s: general.alignment is %" PRIu64 ", which is not a non-zero power of two.", name_, al);
+        // The spec stores it as a uint32; anything larger is corruption, not a layout.
+        if (!std::has_single_bit(al) || al > kMaxAlignment)
+            fail("%s: general.alignment is %" PRIu64 ", which is not a power of two from 1 to 2^31.",
+                 name_, al);
         f_.alignment_ = size_t(al);
     }
 

@@ -131,8 +131,8 @@ struct TensorView {
 
 void emit(const Sink& out, const std::vector<std::pair<std::string, GgufValue>>& kv_in,
           const std::vector<TensorView>& tensors, size_t alignment) {
-    if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > UINT32_MAX)
-        fail("GGUF writer: alignment %zu is not a power of two that fits in 32 bits.", alignment);
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > (size_t(1) << 31))
+        fail("GGUF writer: alignment %zu is not a power of two from 1 to 2^31.", alignment);
 
     // general.alignment must say what the layout uses; the default needs no key.
     std::vector<std::pair<std::string, GgufValue>> kv = kv_in;
@@ -181,7 +181,7 @@ void emit(const Sink& out, const std::vector<std::pair<std::string, GgufValue>>&
         put<uint64_t>(sink, offset);
         offset += t.bytes->size() + padding(t.bytes->size(), alignment);
     }
-    pad();
+    if (!tensors.empty()) pad();  // without tensors the file ends with the metadata
     for (const TensorView& t : tensors) {
         counted(t.bytes->data(), t.bytes->size());
         pad();

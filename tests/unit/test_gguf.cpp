@@ -266,9 +266,12 @@ TEST(GgufMalformed, MisalignedAndOverlappingTensors) {
 
 TEST(GgufMalformed, BadAlignment) {
     EXPECT_EQ(parse_error(make_file(1, Raw().kv_u32("general.alignment", 48), 2, valid_infos(), 196)),
-              "bad.gguf: general.alignment is 48, which is not a non-zero power of two.");
+              "bad.gguf: general.alignment is 48, which is not a power of two from 1 to 2^31.");
     EXPECT_GGUF_ERROR(make_file(1, Raw().kv_u32("general.alignment", 0), 2, valid_infos(), 196),
-                      "general.alignment is 0, which is not a non-zero power of two");
+                      "general.alignment is 0, which is not a power of two from 1 to 2^31");
+    EXPECT_GGUF_ERROR(make_file(1, Raw().str("general.alignment").u32(uint32_t(VT::UINT64)).u64(uint64_t(1) << 32),
+                                2, valid_infos(), 196),
+                      "general.alignment is 4294967296, which is not a power of two from 1 to 2^31");
     EXPECT_EQ(parse_error(make_file(1, Raw().kv_str("general.alignment", "64"), 2, valid_infos(), 196)),
               "bad.gguf: general.alignment is a string, expected an unsigned integer.");
     // A valid custom alignment moves the data section and is enforced on offsets.
@@ -514,6 +517,18 @@ TEST(GgufRoundTrip, EveryValueAndTensorTypeThroughAFile) {
     }
 }
 
+TEST(GgufRoundTrip, MetadataOnlyFileEndsAfterTheMetadata) {
+    GgufWriter w;
+    w.set_string("general.architecture", "llama");
+    const std::vector<uint8_t> b = w.to_bytes(4096);  // no tensors: no padding to 4096
+    // header 24 + architecture (8 + 20 + 4 + 8 + 5) + general.alignment (8 + 17 + 4 + 4)
+    EXPECT_EQ(b.size(), 24u + 45u + 33u);
+    auto f = GgufFile::parse(b.data(), b.size(), "meta.gguf");
+    EXPECT_EQ(f->alignment(), 4096u);
+    EXPECT_TRUE(f->tensors().empty());
+    EXPECT_EQ(f->get_int("general.alignment", 0), 4096);
+}
+
 // Tensor data is served from a read-only file mapping, not a copy.
 TEST(GgufRoundTrip, TensorDataIsMappedFromTheFile) {
     TempFile tmp("map");
@@ -567,7 +582,7 @@ TEST(GgufWriter, RefusesWhatTheReaderWouldRefuse) {
     EXPECT_EQ(err([&] { w.add_tensor("q", GgmlType::F32, {2}, data.data(), 8); }),
               "GGUF writer: tensor 'q' is added twice.");
     EXPECT_EQ(err([&] { w.to_bytes(48); }),
-              "GGUF writer: alignment 48 is not a power of two that fits in 32 bits.");
+              "GGUF writer: alignment 48 is not a power of two from 1 to 2^31.");
     w.set_u32("general.alignment", 64);
     EXPECT_EQ(err([&] { w.to_bytes(32); }),
               "GGUF writer: general.alignment is 64 but the file is written with alignment 32.");
