@@ -1,0 +1,61 @@
+// Matrix products with GGML-quantized weights on the GPU: y[i][r] = sum_c W[r][c] * x[i][c].
+//
+// Two paths, chosen by the batch size n:
+//  - n <= kGemvMaxBatch (decode): GEMV. Quantized weights meet activations quantized to int8
+//    (per 32 elements: d = amax/127, q = round(x/d), stored with d and d*sum(q), like ggml's
+//    q8_1) in integer dot products; F32/F16/BF16 weights meet the float activations. Every
+//    weight byte is read once for all n rows. Asynchronous, no allocation, no host sync: safe
+//    to capture in a CUDA graph.
+//  - n > kGemvMaxBatch (prompt): the weight is dequantized to FP16 into the workspace (in row
+//    slices when it does not fit whole), x is converted to FP16, and cuBLAS multiplies on the
+//    tensor cores with FP32 accumulation. F16 and BF16 weights are used in place (x converted
+//    to the weight's type), F32 weights go through an FP32 cuBLAS GEMM.
+//
+// Host-only header: the CUDA backend and tests include it from plain C++.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace nt::cuda {
+
+constexpr int kGemvMaxBatch = 8;
+
+// Scratch for one stream's matmuls. Calls sharing a workspace must be ordered (same stream).
+struct MatmulWorkspace {
+    void* buf = nullptr;         // device memory, 256-byte aligned (cudaMalloc)
+    size_t bytes = 0;
+    cublasHandle_t cublas = nullptr;
+    int sm_count = 0;            // multiprocessors of the current device (launch shapes)
+};
+
+// Bytes of workspace that let matmul() run on any weight with at most max_cols columns and
+// max_rows rows, for batches up to max_batch. The dominant term is the FP16 copy of a weight
+// slice for the GEMM path: up to kGemmSliceRows x max_cols x 2 bytes (a 70B ffn matrix,
+// 28672 x 8192, is 470 MB; 8B's largest, 14336 x 4096, is 117 MB); larger matrices (the vocab
+// projection) are multiplied slice by slice, so the workspace never needs to hold them whole.
+// A smaller workspace also works, with more slices, as long as it holds 128 rows.
+constexpr int64_t kGemmSliceRows = 28672;
+size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch);
+
+// Takes `bytes` of device memory at `buf` (the caller keeps ownership) and creates the cuBLAS
+// handle, bound to `stream`. Throws nt::Error on CUDA/cuBLAS failure.
+void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stream);
+void matmul_free(MatmulWorkspace& ws);
+
+// y[i][r] = sum_c W[r][c] * x[i][c] for i < n. W.data: device pointer to GGML blocks, row-major,
+// 16-byte aligned; x [n][W.cols] and y [n][W.rows]: device float32, row-major. Asynchronous on
+// `stream`. Throws nt::Error (before launching anything) for an unsupported type, a column
+// count that is not a multiple of the type's block, a misaligned weight, or a workspace too
+// small for this call.
+void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
+            cudaStream_t stream);
+
+// Whether matmul() supports weights of this type.
+bool matmul_supports(GgmlType t);
+
+}  // namespace nt::cuda

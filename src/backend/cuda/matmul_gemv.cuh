@@ -1,0 +1,307 @@
+// GEMV kernels for quantized weights and int8 activations (internal; instantiated per type
+// family in matmul_gemv_*.cu).
+//
+// Work split: a CTA of 4 warps covers 4/ksplit groups of RW consecutive weight rows; the
+// ksplit warps of a group take alternate column chunks of those rows (ksplit > 1 gives small
+// matrices enough warps). Inside a warp, Quant<T>::kLanesPerBlock lanes share a block, so a
+// warp covers 32/kLanesPerBlock consecutive blocks per unit. Each weight block is loaded once
+// and multiplied with all NX activation rows; lanes' partial sums meet in a shuffle reduction,
+// then across the group's warps in shared memory.
+//
+// Staged kernel: the RW rows' bytes of a chunk (kUnits units of blocks) are contiguous per
+// row; lanes copy them into the warp's shared-memory stage with 16-byte cp.async from the
+// 16-byte aligned address at or below the chunk start, so every global load is a full, aligned,
+// coalesced 16 bytes whatever the block size (Q8_0's 34 bytes, Q6_K's 210). Three stages keep
+// two chunks in flight while the warp computes on the third. Blocks keep their global address
+// modulo 16 in shared memory, so the type's aligned loads stay valid.
+//
+// Direct kernel (blocks that are 16-byte aligned: Q4_K, Q5_K): 16-byte loads straight into
+// registers, kDirectUnroll units in flight per warp.
+#pragma once
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/matmul_kernels.cuh"
+#include "backend/cuda/matmul_quant.cuh"
+
+namespace nt::cuda::detail {
+
+constexpr int kGemvWarps = 4;
+constexpr int kGemvThreads = kGemvWarps * 32;
+constexpr int kGemvStages = 3;
+constexpr int kDirectUnroll = 2;
+// At least 4 CTAs (16 warps) per multiprocessor: caps registers at 128 per thread.
+constexpr int kGemvMinBlocks = 4;
+
+template <GgmlType T>
+struct Staging {
+    using Q = Quant<T>;
+    static constexpr int kBlocksPerUnit = 32 / Q::kLanesPerBlock;
+    static constexpr int kBlocksPerChunk = kBlocksPerUnit * Q::kUnits;
+    static constexpr int kChunkBytes = kBlocksPerChunk * Q::kBlockBytes;
+    // An unaligned start adds at most one 16-byte vector, a partial end one more.
+    static constexpr int kStageBytes = (kChunkBytes / 16 + 2) * 16;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sums acc over the warp, then over the ksplit warps of each row group, and writes y.
+// `red` holds kGemvWarps * RW * NX floats of shared memory.
+template <int NX, int RW>
+__device__ __forceinline__ void gemv_reduce_store(float (&acc)[RW][NX], float* red, int ksplit,
+                                                  int64_t rows, int n, float* __restrict__ y) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int k = 0; k < NX; ++k) acc[r][k] = warp_sum(acc[r][k]);
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < RW; ++r)
+#pragma unroll
+            for (int k = 0; k < NX; ++k) red[(warp * RW + r) * NX + k] = acc[r][k];
+    }
+    __syncthreads();
+    const int groups = kGemvWarps / ksplit;
+    const int t = threadIdx.x;
+    if (t < groups * RW * NX) {
+        const int g = t / (RW * NX), idx = t % (RW * NX), r = idx / NX, k = idx % NX;
+        float s = 0.f;
+        for (int kp = 0; kp < ksplit; ++kp) s += red[((g * ksplit + kp) * RW + r) * NX + k];
+        const int64_t row = (int64_t(blockIdx.x) * groups + g) * RW + r;
+        if (row < rows && k < n) y[int64_t(k) * rows + row] = s;
+    }
+}
+
+template <GgmlType T, int NX, int RW>
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
+    gemv_q8_staged(const uint8_t* __restrict__ w, int64_t rows, int nb, const int8_t* __restrict__ xq,
+                   const float2* __restrict__ xd, int64_t cols, int n, float* __restrict__ y, int ksplit) {
+    using Q = Quant<T>;
+    using S = Staging<T>;
+    constexpr int kLPB = Q::kLanesPerBlock;
+    constexpr int kBB = Q::kBlockBytes;
+    extern __shared__ __align__(16) uint8_t smem[];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kpart = warp % ksplit;
+    const int64_t row0 = (int64_t(blockIdx.x) * (kGemvWarps / ksplit) + warp / ksplit) * RW;
+    const size_t row_bytes = size_t(nb) * kBB;
+    const uint8_t* wend = w + size_t(rows) * row_bytes;
+    uint8_t* buf = smem + warp * (kGemvStages * RW * S::kStageBytes);
+    float* red = reinterpret_cast<float*>(smem + kGemvWarps * kGemvStages * RW * S::kStageBytes);
+
+    const uint8_t* wrow[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) wrow[r] = w + size_t(min(row0 + r, rows - 1)) * row_bytes;
+
+    const int nchunks = (nb + S::kBlocksPerChunk - 1) / S::kBlocksPerChunk;
+    const int my_chunks = kpart < nchunks ? (nchunks - kpart + ksplit - 1) / ksplit : 0;
+
+    // Starts the copy of this warp's it-th chunk into stage it % kGemvStages. Always commits a
+    // group (possibly empty) so that wait_group counts stay uniform.
+    auto issue = [&](int it) {
+        if (it < my_chunks) {
+            const int kb0 = (kpart + it * ksplit) * S::kBlocksPerChunk;
+            const int len = min(S::kBlocksPerChunk, nb - kb0) * kBB;
+            uint8_t* dst = buf + (it % kGemvStages) * RW * S::kStageBytes;
+#pragma unroll
+            for (int r = 0; r < RW; ++r) {
+                const uint8_t* src = wrow[r] + size_t(kb0) * kBB;
+                const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15));
+                const int nv = (int(src - a0) + len + 15) >> 4;
+                for (int v = lane; v < nv; v += 32) {
+                    const uint8_t* g = a0 + 16 * v;
+                    const int avail = wend - g < 16 ? int(wend - g) : 16;
+                    cp_async16(dst + r * S::kStageBytes + 16 * v, g, avail);
+                }
+            }
+        }
+        cp_async_commit();
+    };
+
+#pragma unroll
+    for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
+
+    float acc[RW][NX];
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int k = 0; k < NX; ++k) acc[r][k] = 0.f;
+
+    const int part = lane % kLPB;
+    const int64_t xd_stride = cols / 32;
+    for (int it = 0; it < my_chunks; ++it) {
+        issue(it + kGemvStages - 1);
+        cp_async_wait<kGemvStages - 1>();
+        __syncwarp();
+        const int kb0 = (kpart + it * ksplit) * S::kBlocksPerChunk;
+        const uint8_t* stage = buf + (it % kGemvStages) * RW * S::kStageBytes;
+#pragma unroll
+        for (int u = 0; u < Q::kUnits; ++u) {
+            const int j = u * S::kBlocksPerUnit + lane / kLPB;
+            const int kb = kb0 + j;
+            if (kb < nb) {
+                typename Q::W wr[RW];
+#pragma unroll
+                for (int r = 0; r < RW; ++r) {
+                    const int off = int(reinterpret_cast<uintptr_t>(wrow[r] + size_t(kb0) * kBB) & 15);
+                    Q::load_w(stage + r * S::kStageBytes + off + j * kBB, part, wr[r]);
+                }
+#pragma unroll
+                for (int k = 0; k < NX; ++k) {
+                    const int64_t xr = k < n ? k : n - 1;
+                    typename Q::X xv;
+                    Q::load_x(xq + xr * cols + int64_t(kb) * Q::kBlockElems,
+                              xd + xr * xd_stride + int64_t(kb) * (Q::kBlockElems / 32), part, xv);
+#pragma unroll
+                    for (int r = 0; r < RW; ++r) acc[r][k] += Q::dot(wr[r], xv);
+                }
+            }
+        }
+        __syncwarp();
+    }
+    cp_async_wait<0>();
+    gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y);
+}
+
+template <GgmlType T, int NX, int RW>
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
+    gemv_q8_direct(const uint8_t* __restrict__ w, int64_t rows, int nb, const int8_t* __restrict__ xq,
+                   const float2* __restrict__ xd, int64_t cols, int n, float* __restrict__ y, int ksplit) {
+    using Q = Quant<T>;
+    constexpr int kLPB = Q::kLanesPerBlock;
+    constexpr int kBPU = 32 / kLPB;
+    constexpr int kBB = Q::kBlockBytes;
+    static_assert(kBB % 16 == 0, "the direct kernel needs 16-byte aligned blocks");
+    __shared__ float red[kGemvWarps * RW * NX];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int kpart = warp % ksplit;
+    const int64_t row0 = (int64_t(blockIdx.x) * (kGemvWarps / ksplit) + warp / ksplit) * RW;
+    const size_t row_bytes = size_t(nb) * kBB;
+    const uint8_t* wrow[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) wrow[r] = w + size_t(min(row0 + r, rows - 1)) * row_bytes;
+
+    float acc[RW][NX];
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int k = 0; k < NX; ++k) acc[r][k] = 0.f;
+
+    const int part = lane % kLPB;
+    const int64_t xd_stride = cols / 32;
+    const int nunits = (nb + kBPU - 1) / kBPU;
+    for (int u0 = kpart; u0 < nunits; u0 += kDirectUnroll * ksplit) {
+        typename Q::W wr[kDirectUnroll][RW];
+#pragma unroll
+        for (int uu = 0; uu < kDirectUnroll; ++uu) {
+            const int kb = (u0 + uu * ksplit) * kBPU + lane / kLPB;
+            if (kb < nb) {
+#pragma unroll
+                for (int r = 0; r < RW; ++r) Q::load_w(wrow[r] + size_t(kb) * kBB, part, wr[uu][r]);
+            }
+        }
+#pragma unroll
+        for (int uu = 0; uu < kDirectUnroll; ++uu) {
+            const int kb = (u0 + uu * ksplit) * kBPU + lane / kLPB;
+            if (kb < nb) {
+#pragma unroll
+                for (int k = 0; k < NX; ++k) {
+                    const int64_t xr = k < n ? k : n - 1;
+                    typename Q::X xv;
+                    Q::load_x(xq + xr * cols + int64_t(kb) * Q::kBlockElems,
+                              xd + xr * xd_stride + int64_t(kb) * (Q::kBlockElems / 32), part, xv);
+#pragma unroll
+                    for (int r = 0; r < RW; ++r) acc[r][k] += Q::dot(wr[uu][r], xv);
+                }
+            }
+        }
+    }
+    gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y);
+}
+
+template <GgmlType T, int NX, int RW>
+void launch_staged(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
+                   int n, float* y, int ksplit, cudaStream_t stream) {
+    using S = Staging<T>;
+    constexpr size_t smem = size_t(kGemvWarps) * kGemvStages * RW * S::kStageBytes +
+                            size_t(kGemvWarps) * RW * NX * sizeof(float);
+    auto* kernel = gemv_q8_staged<T, NX, RW>;
+    if constexpr (smem > 48 * 1024) {
+        // Raised once per instantiation; cudaFuncSetAttribute is not a stream operation, so
+        // this is also fine while a graph is being captured.
+        static const cudaError_t raised =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        NT_CUDA_CHECK(raised, "gemv shared memory limit");
+    }
+    const int64_t rows_per_cta = int64_t(kGemvWarps / ksplit) * RW;
+    const dim3 grid(unsigned((rows + rows_per_cta - 1) / rows_per_cta));
+    kernel<<<grid, kGemvThreads, smem, stream>>>(static_cast<const uint8_t*>(w), rows,
+                                                  int(cols / Quant<T>::kBlockElems), xq, xd, cols, n,
+                                                  y, ksplit);
+    NT_CUDA_CHECK(cudaGetLastError(), "gemv (staged)");
+}
+
+template <GgmlType T, int NX, int RW>
+void launch_direct(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
+                   int n, float* y, int ksplit, cudaStream_t stream) {
+    const int64_t rows_per_cta = int64_t(kGemvWarps / ksplit) * RW;
+    const dim3 grid(unsigned((rows + rows_per_cta - 1) / rows_per_cta));
+    gemv_q8_direct<T, NX, RW><<<grid, kGemvThreads, 0, stream>>>(
+        static_cast<const uint8_t*>(w), rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y, ksplit);
+    NT_CUDA_CHECK(cudaGetLastError(), "gemv (direct)");
+}
+
+// The (nx, rows_per_warp) pairs compiled for every quantized type (the others spill registers
+// under the 128-register cap), and those the direct kernel also has.
+constexpr bool gemv_pair_compiled(int nx, int rw) {
+    return ((nx == 1 || nx == 2 || nx == 4) && (rw == 1 || rw == 2)) || (nx == 8 && rw == 1);
+}
+constexpr bool direct_pair_compiled(int nx, int rw) { return (nx == 1 && rw <= 2) || (nx == 2 && rw == 1); }
+
+template <GgmlType T>
+constexpr bool direct_compiled() {
+    return Quant<T>::kBlockBytes % 16 == 0;
+}
+
+// Runs the GEMV for type T with a fully specified config (checked by the caller).
+template <GgmlType T>
+void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
+                    int n, float* y, const GemvConfig& c, cudaStream_t stream) {
+#define NT_GEMV_CASE(NX, RW)                                                                   \
+    if (c.nx == NX && c.rows_per_warp == RW) {                                                 \
+        if constexpr (direct_compiled<T>() && direct_pair_compiled(NX, RW)) {                  \
+            if (c.kernel == GemvKernel::Direct)                                                \
+                return launch_direct<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, stream); \
+        }                                                                                      \
+        return launch_staged<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, stream);        \
+    }
+    NT_GEMV_CASE(1, 1)
+    NT_GEMV_CASE(1, 2)
+    NT_GEMV_CASE(2, 1)
+    NT_GEMV_CASE(2, 2)
+    NT_GEMV_CASE(4, 1)
+    NT_GEMV_CASE(4, 2)
+    NT_GEMV_CASE(8, 1)
+#undef NT_GEMV_CASE
+    nt::fail("gemv: no kernel compiled for nx=%d rows_per_warp=%d.", c.nx, c.rows_per_warp);
+}
+
+}  // namespace nt::cuda::detail

@@ -1,0 +1,13 @@
+// GEMV instantiations for Q6_K (split across files so the build runs in parallel).
+#include "backend/cuda/matmul_gemv.cuh"
+
+namespace nt::cuda::detail {
+
+#define NT_INSTANTIATE(T)                                                                        \
+    template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*,    \
+                                              const float2*, int, float*, const GemvConfig&, \
+                                              cudaStream_t);
+NT_INSTANTIATE(Q6_K)
+#undef NT_INSTANTIATE
+
+}  // namespace nt::cuda::detail

@@ -1,0 +1,85 @@
+// The kernels behind matmul() with their launch knobs exposed, for matmul.cu's dispatcher and
+// for the harnesses (bench/cuda/bench_gemv.cu, bench_gemm.cu) that compare variants.
+// Internal to the CUDA backend. Every launcher is asynchronous on `stream` and checks the launch.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "quant/types.h"
+
+namespace nt::cuda::detail {
+
+// ---- activations ---------------------------------------------------------------------------
+
+// x [n][cols] fp32 (cols a multiple of 32) -> xq [n][cols] int8 and xd [n][cols/32] float2,
+// per 32 elements: d = amax / 127, q = rint(x * (127 / amax)) (IEEE division, round to nearest
+// even, q = 0 where amax = 0), xd = (d, d * sum(q)). Tests reproduce this on the CPU exactly.
+void quantize_q8(const float* x, int n, int64_t cols, int8_t* xq, float2* xd, cudaStream_t stream);
+size_t q8_bytes(int n, int64_t cols);  // xq then xd, each 256-byte aligned
+
+// count fp32 -> fp16 / bf16 (round to nearest even).
+void convert_to_f16(const float* x, int64_t count, __half* out, cudaStream_t stream);
+void convert_to_bf16(const float* x, int64_t count, __nv_bfloat16* out, cudaStream_t stream);
+
+// ---- GEMV, n <= 8 --------------------------------------------------------------------------
+
+enum class GemvKernel : int {
+    Staged = 0,  // weights streamed through shared memory by cp.async, 3 stages (any type)
+    Direct = 1,  // 16-byte loads straight into registers (Q4_K and Q5_K, whose blocks are
+                 // 16-byte aligned)
+};
+
+// A GEMV launch shape. Zeros mean "choose": gemv_config() fills them in.
+struct GemvConfig {
+    GemvKernel kernel = GemvKernel::Staged;
+    int nx = 0;             // activation rows per pass over the weights: 1, 2, 4 or 8 (>= n)
+    int rows_per_warp = 0;  // weight rows a warp holds at once: 1, 2 or 4
+    int ksplit = 0;         // warps of the 4-warp CTA that share rows, splitting the columns: 1, 2, 4
+};
+
+// The dispatcher's choice for this shape (used when a GemvConfig field is 0).
+GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count,
+                       GemvConfig want = {});
+// Whether a (kernel, nx, rows_per_warp) combination is compiled for type t.
+bool gemv_config_available(GgmlType t, const GemvConfig& c);
+
+// y[i][r] = sum_c W[r][c] * x[i][c] for i < n <= 8, x given as quantize_q8's output.
+// Quantized types only; w 16-byte aligned; cols a multiple of the block size.
+void gemv_q8(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+             const float2* xd, int n, float* y, const GemvConfig& cfg, cudaStream_t stream);
+
+// Per-type entry behind gemv_q8 (defined in matmul_gemv.cuh, instantiated in matmul_gemv_*.cu);
+// cfg must be fully specified and available.
+template <GgmlType T>
+void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
+                    int n, float* y, const GemvConfig& cfg, cudaStream_t stream);
+#define NT_GEMV_EXTERN(T)                                                                          \
+    extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
+                                                     const float2*, int, float*, const GemvConfig&, \
+                                                     cudaStream_t);
+NT_GEMV_EXTERN(Q4_0)
+NT_GEMV_EXTERN(Q4_1)
+NT_GEMV_EXTERN(Q5_0)
+NT_GEMV_EXTERN(Q5_1)
+NT_GEMV_EXTERN(Q8_0)
+NT_GEMV_EXTERN(Q2_K)
+NT_GEMV_EXTERN(Q3_K)
+NT_GEMV_EXTERN(Q4_K)
+NT_GEMV_EXTERN(Q5_K)
+NT_GEMV_EXTERN(Q6_K)
+#undef NT_GEMV_EXTERN
+
+// The same for F32, F16 and BF16 weights with float activations (any cols).
+void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,
+                float* y, int sm_count, cudaStream_t stream);
+
+// ---- GEMM path -----------------------------------------------------------------------------
+
+// rows x cols quantized weights -> FP16 [rows][cols].
+void dequant_to_f16(GgmlType t, const void* w, int64_t rows, int64_t cols, __half* out,
+                    cudaStream_t stream);
+
+}  // namespace nt::cuda::detail

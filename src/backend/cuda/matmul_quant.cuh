@@ -1,0 +1,557 @@
+// Per-type arithmetic on GGML blocks for the matmul kernels (internal to matmul_*.cu).
+//
+// For every quantized weight type, Quant<T> says how one lane of a warp takes its share of a
+// block (`part`, one of kLanesPerBlock) into registers, takes the matching int8 activations,
+// and forms its partial dot product; and how any 8 consecutive elements of a block dequantize
+// (the GEMM path's FP16 copy). Every function is __host__ __device__ so a host build can check
+// the bit manipulation against nt::dequantize_row without a GPU.
+//
+// Activations (x) for the integer path: per row, xq = int8 quants, xd = one float2 per 32
+// elements: (d, d * sum(q)). A block of 256 weights meets 8 consecutive float2.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "quant/types.h"
+
+#include "core/f16.h"
+
+#ifdef __CUDACC__
+#include <cuda_fp16.h>
+#define NT_HD __host__ __device__ __forceinline__
+#else
+#define NT_HD inline
+#endif
+
+namespace nt::cuda::detail {
+
+#ifndef __CUDACC__
+struct float2 {
+    float x, y;
+};
+#endif
+
+// ---- loads that work on shared, global and host memory ----------------------------------
+
+NT_HD float h2f(uint32_t h) {
+#ifdef __CUDA_ARCH__
+    return __half2float(__ushort_as_half((unsigned short)h));
+#else
+    return nt::f16_to_f32(uint16_t(h));
+#endif
+}
+
+NT_HD uint32_t ld_u16(const uint8_t* p) {  // p 2-byte aligned
+#ifdef __CUDA_ARCH__
+    return *reinterpret_cast<const uint16_t*>(p);
+#else
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return v;
+#endif
+}
+NT_HD uint32_t ld_u32(const uint8_t* p) {  // p 4-byte aligned
+#ifdef __CUDA_ARCH__
+    return *reinterpret_cast<const uint32_t*>(p);
+#else
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+#endif
+}
+NT_HD uint32_t ld_u32_a2(const uint8_t* p) {  // p only 2-byte aligned
+    return ld_u16(p) | (ld_u16(p + 2) << 16);
+}
+// Four consecutive 32-bit words from a 16-byte aligned address.
+NT_HD void ld_u32x4(const uint8_t* p, uint32_t v[4]) {
+#ifdef __CUDA_ARCH__
+    const uint4 t = *reinterpret_cast<const uint4*>(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+#else
+    std::memcpy(v, p, 16);
+#endif
+}
+// 16 activation quants (16-byte aligned, read-only for the kernel's lifetime).
+NT_HD void ld_x16(const int8_t* p, int v[4]) {
+#ifdef __CUDA_ARCH__
+    const int4 t = __ldg(reinterpret_cast<const int4*>(p));
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+#else
+    std::memcpy(v, p, 16);
+#endif
+}
+NT_HD float2 ld_xd(const float2* p) {
+#ifdef __CUDA_ARCH__
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
+
+// Four int8 products summed into c.
+NT_HD int dp4a(uint32_t a, int b, int c) {
+#ifdef __CUDA_ARCH__
+    return __dp4a(int(a), b, c);
+#else
+    for (int i = 0; i < 4; ++i) c += int(int8_t(uint8_t(a >> (8 * i)))) * int(int8_t(uint8_t(uint32_t(b) >> (8 * i))));
+    return c;
+#endif
+}
+
+// Byte-wise a - b for bytes whose true difference lies in [-128, 127] and a < 128: setting the
+// top bit of each byte of a stops borrows crossing bytes; the xor puts the sign right.
+NT_HD uint32_t sub_bytes(uint32_t a, uint32_t b) { return ((a | 0x80808080u) - b) ^ 0x80808080u; }
+
+// Bits 0..3 of b moved to bit 4 of bytes 0..3 (the fifth bit of Q5_0/Q5_1 quants).
+NT_HD uint32_t spread4_to_bit4(uint32_t b) {
+    return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
+}
+
+// K-quant 6-bit scale and min j (0..7) from the 12 packed bytes (ggml's get_scale_min_k4).
+NT_HD void scale_min_k4(int j, const uint8_t* s, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// The same from the packed bytes held as three little-endian words (bytes 0-3, 4-7, 8-11),
+// without indexing an array by a run-time value (which would put it in local memory).
+NT_HD void scale_min_k4_words(int j, uint32_t v0, uint32_t v1, uint32_t v2, int& sc, int& m) {
+    const int k = (j & 3) * 8;
+    const int b0 = (v0 >> k) & 0xFF, b1 = (v1 >> k) & 0xFF, b2 = (v2 >> k) & 0xFF;
+    if (j < 4) {
+        sc = b0 & 63;
+        m = b1 & 63;
+    } else {
+        sc = (b2 & 0xF) | ((b0 >> 6) << 4);
+        m = (b2 >> 4) | ((b1 >> 6) << 4);
+    }
+}
+
+// Q3_K 6-bit signed scale s (0..15), minus 32, from the 12 packed bytes as three words.
+NT_HD int scale_q3k_words(int s, uint32_t v0, uint32_t v1, uint32_t v2) {
+    const int i = s & 3, g = s >> 2;
+    const int lo = (((g & 1) ? v1 : v0) >> (8 * i + 4 * (g >> 1))) & 0xF;
+    const int hi = (v2 >> (8 * i + 2 * g)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+NT_HD int scale_q3k(int s, const uint8_t* sc) {
+    const int i = s & 3, g = s >> 2;
+    const int lo = (sc[(g & 1) * 4 + i] >> (4 * (g >> 1))) & 0xF;
+    const int hi = (sc[8 + i] >> (2 * g)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+template <GgmlType T>
+struct Quant;
+
+// Every type defines:
+//   kBlockElems, kBlockBytes, kLanesPerBlock, kUnits (blocks a lane visits per staged chunk),
+//   struct W (a lane's weights), struct X (its activations for one x row),
+//   load_w(block, part, W&), load_x(xq at block start, xd at block start, part, X&),
+//   dot(W, X) -> float, dequant8(block, group, float[8]) for elements 8*group .. 8*group+7.
+
+// ---- 32-element types: one lane per block (Q8_0: two) ------------------------------------
+
+template <>
+struct Quant<GgmlType::Q4_0> {
+    static constexpr int kBlockElems = 32, kBlockBytes = 18, kLanesPerBlock = 1, kUnits = 2;
+    struct W { uint32_t q[4]; float d; };
+    struct X { int lo[4], hi[4]; float2 d; };
+    NT_HD static void load_w(const uint8_t* b, int, W& w) {
+        w.d = h2f(ld_u16(b));
+        for (int i = 0; i < 4; ++i) w.q[i] = ld_u32_a2(b + 2 + 4 * i);
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int, X& x) {
+        ld_x16(xq, x.lo);
+        ld_x16(xq + 16, x.hi);
+        x.d = ld_xd(xd);
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        int s = 0;
+        for (int i = 0; i < 4; ++i) {
+            s = dp4a(w.q[i] & 0x0F0F0F0Fu, x.lo[i], s);
+            s = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.hi[i], s);
+        }
+        return w.d * (x.d.x * float(s) - 8.f * x.d.y);
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const float d = h2f(ld_u16(b));
+        const int sh = (g >> 1) * 4;
+        for (int l = 0; l < 8; ++l) out[l] = d * float(int((b[2 + (g & 1) * 8 + l] >> sh) & 15) - 8);
+    }
+};
+
+template <>
+struct Quant<GgmlType::Q4_1> {
+    static constexpr int kBlockElems = 32, kBlockBytes = 20, kLanesPerBlock = 1, kUnits = 2;
+    struct W { uint32_t q[4]; float d, m; };
+    using X = Quant<GgmlType::Q4_0>::X;
+    NT_HD static void load_w(const uint8_t* b, int, W& w) {
+        w.d = h2f(ld_u16(b));
+        w.m = h2f(ld_u16(b + 2));
+        for (int i = 0; i < 4; ++i) w.q[i] = ld_u32(b + 4 + 4 * i);
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
+        Quant<GgmlType::Q4_0>::load_x(xq, xd, part, x);
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        int s = 0;
+        for (int i = 0; i < 4; ++i) {
+            s = dp4a(w.q[i] & 0x0F0F0F0Fu, x.lo[i], s);
+            s = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.hi[i], s);
+        }
+        return w.d * x.d.x * float(s) + w.m * x.d.y;
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
+        const int sh = (g >> 1) * 4;
+        for (int l = 0; l < 8; ++l) out[l] = d * float((b[4 + (g & 1) * 8 + l] >> sh) & 15) + m;
+    }
+};
+
+template <>
+struct Quant<GgmlType::Q5_0> {
+    static constexpr int kBlockElems = 32, kBlockBytes = 22, kLanesPerBlock = 1, kUnits = 2;
+    struct W { uint32_t lo[4], hi[4]; float d; };  // 5-bit quants, unsigned
+    using X = Quant<GgmlType::Q4_0>::X;
+    NT_HD static void load_w(const uint8_t* b, int, W& w) {
+        w.d = h2f(ld_u16(b));
+        const uint32_t qh = ld_u32_a2(b + 2);
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t q = ld_u32_a2(b + 6 + 4 * i);
+            w.lo[i] = (q & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (4 * i)) & 0xF);
+            w.hi[i] = ((q >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (16 + 4 * i)) & 0xF);
+        }
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
+        Quant<GgmlType::Q4_0>::load_x(xq, xd, part, x);
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        int s = 0;
+        for (int i = 0; i < 4; ++i) {
+            s = dp4a(w.lo[i], x.lo[i], s);
+            s = dp4a(w.hi[i], x.hi[i], s);
+        }
+        return w.d * (x.d.x * float(s) - 16.f * x.d.y);
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const float d = h2f(ld_u16(b));
+        const uint32_t qh = ld_u32_a2(b + 2);
+        const int sh = (g >> 1) * 4;
+        for (int l = 0; l < 8; ++l) {
+            const int e = g * 8 + l;
+            const int q = ((b[6 + (e & 15)] >> sh) & 15) | int(((qh >> e) & 1) << 4);
+            out[l] = d * float(q - 16);
+        }
+    }
+};
+
+template <>
+struct Quant<GgmlType::Q5_1> {
+    static constexpr int kBlockElems = 32, kBlockBytes = 24, kLanesPerBlock = 1, kUnits = 2;
+    struct W { uint32_t lo[4], hi[4]; float d, m; };
+    using X = Quant<GgmlType::Q4_0>::X;
+    NT_HD static void load_w(const uint8_t* b, int, W& w) {
+        w.d = h2f(ld_u16(b));
+        w.m = h2f(ld_u16(b + 2));
+        const uint32_t qh = ld_u32(b + 4);
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t q = ld_u32(b + 8 + 4 * i);
+            w.lo[i] = (q & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (4 * i)) & 0xF);
+            w.hi[i] = ((q >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (16 + 4 * i)) & 0xF);
+        }
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
+        Quant<GgmlType::Q4_0>::load_x(xq, xd, part, x);
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        int s = 0;
+        for (int i = 0; i < 4; ++i) {
+            s = dp4a(w.lo[i], x.lo[i], s);
+            s = dp4a(w.hi[i], x.hi[i], s);
+        }
+        return w.d * x.d.x * float(s) + w.m * x.d.y;
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
+        const uint32_t qh = ld_u32(b + 4);
+        const int sh = (g >> 1) * 4;
+        for (int l = 0; l < 8; ++l) {
+            const int e = g * 8 + l;
+            const int q = ((b[8 + (e & 15)] >> sh) & 15) | int(((qh >> e) & 1) << 4);
+            out[l] = d * float(q) + m;
+        }
+    }
+};
+
+// Q8_0: two lanes per block, 16 quants each.
+template <>
+struct Quant<GgmlType::Q8_0> {
+    static constexpr int kBlockElems = 32, kBlockBytes = 34, kLanesPerBlock = 2, kUnits = 2;
+    struct W { uint32_t q[4]; float d; };
+    struct X { int q[4]; float d; };
+    NT_HD static void load_w(const uint8_t* b, int part, W& w) {
+        w.d = h2f(ld_u16(b));
+        for (int i = 0; i < 4; ++i) w.q[i] = ld_u32_a2(b + 2 + 16 * part + 4 * i);
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
+        ld_x16(xq + 16 * part, x.q);
+        x.d = ld_xd(xd).x;
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        int s = 0;
+        for (int i = 0; i < 4; ++i) s = dp4a(w.q[i], x.q[i], s);
+        return w.d * x.d * float(s);
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const float d = h2f(ld_u16(b));
+        for (int l = 0; l < 8; ++l) out[l] = float(int8_t(b[2 + g * 8 + l])) * d;
+    }
+};
+
+// ---- K-quants: 256 elements, four lanes per block ------------------------------------------
+
+// Q2_K: scales[16] @0, qs[64] @16, d @80, dmin @82. Element 128n + 32j + 16s + l is bits 2j
+// of qs[32n + 16s + l], with scale byte 8n + 2j + s (low nibble scale, high nibble min).
+// Lane part p = 2n + s takes those 16 qs bytes for all four j: 64 elements, four half x-blocks.
+template <>
+struct Quant<GgmlType::Q2_K> {
+    static constexpr int kBlockElems = 256, kBlockBytes = 84, kLanesPerBlock = 4, kUnits = 2;
+    struct W { uint32_t q[4]; uint32_t sc; float d, dmin; };  // sc: the 4 scale bytes, j = 0..3
+    struct X { int q[4][4]; float d[4]; };
+    NT_HD static void load_w(const uint8_t* b, int part, W& w) {
+        const int n = part >> 1, s = part & 1;
+        for (int i = 0; i < 4; ++i) w.q[i] = ld_u32(b + 16 + 32 * n + 16 * s + 4 * i);
+        const uint32_t s0 = ld_u32(b + 8 * n), s1 = ld_u32(b + 8 * n + 4);
+        // bytes s, s+2 of s0 then of s1
+        const uint32_t a = s ? (s0 >> 8) : s0, c = s ? (s1 >> 8) : s1;
+        w.sc = (a & 0xFFu) | ((a >> 8) & 0xFF00u) | ((c & 0xFFu) << 16) | ((c & 0xFF0000u) << 8);
+        w.d = h2f(ld_u16(b + 80));
+        w.dmin = h2f(ld_u16(b + 82));
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
+        const int n = part >> 1, s = part & 1;
+        for (int j = 0; j < 4; ++j) {
+            ld_x16(xq + 128 * n + 32 * j + 16 * s, x.q[j]);
+            x.d[j] = ld_xd(xd + 4 * n + j).x;
+        }
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        float acc = 0.f;
+        for (int j = 0; j < 4; ++j) {
+            int sq = 0, sx = 0;
+            for (int i = 0; i < 4; ++i) {
+                sq = dp4a((w.q[i] >> (2 * j)) & 0x03030303u, x.q[j][i], sq);
+                sx = dp4a(0x01010101u, x.q[j][i], sx);
+            }
+            const int sc = (w.sc >> (8 * j)) & 0xFF;
+            acc += x.d[j] * (w.d * float(sq * (sc & 0xF)) - w.dmin * float(sx * (sc >> 4)));
+        }
+        return acc;
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
+        const int sc = b[8 * n + 2 * j + s];
+        const float dl = h2f(ld_u16(b + 80)) * float(sc & 0xF);
+        const float ml = h2f(ld_u16(b + 82)) * float(sc >> 4);
+        for (int l = 0; l < 8; ++l) out[l] = dl * float((b[16 + 32 * n + 16 * s + l0 + l] >> (2 * j)) & 3) - ml;
+    }
+};
+
+// Q3_K: hmask[32] @0, qs[64] @32, scales[12] @96, d @108 (blocks only 2-byte aligned).
+// Element 128n + 32j + 16s + l: low bits as Q2_K, third bit = bit 4n + j of hmask[16s + l]
+// (clear means -4), signed 6-bit scale 8n + 2j + s. Lane part p = 2n + s.
+template <>
+struct Quant<GgmlType::Q3_K> {
+    static constexpr int kBlockElems = 256, kBlockBytes = 110, kLanesPerBlock = 4, kUnits = 2;
+    struct W { uint32_t q[4], h[4]; int sc[4]; float d; };
+    using X = Quant<GgmlType::Q2_K>::X;
+    NT_HD static void load_w(const uint8_t* b, int part, W& w) {
+        const int n = part >> 1, s = part & 1;
+        for (int i = 0; i < 4; ++i) {
+            w.q[i] = ld_u32_a2(b + 32 + 32 * n + 16 * s + 4 * i);
+            w.h[i] = ld_u32_a2(b + 16 * s + 4 * i) >> (4 * n);
+        }
+        const uint32_t v0 = ld_u32_a2(b + 96), v1 = ld_u32_a2(b + 100), v2 = ld_u32_a2(b + 104);
+        for (int j = 0; j < 4; ++j) w.sc[j] = scale_q3k_words(8 * n + 2 * j + s, v0, v1, v2);
+        w.d = h2f(ld_u16(b + 108));
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
+        Quant<GgmlType::Q2_K>::load_x(xq, xd, part, x);
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        float acc = 0.f;
+        for (int j = 0; j < 4; ++j) {
+            int sq = 0;
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t lo = (w.q[i] >> (2 * j)) & 0x03030303u;
+                const uint32_t neg = ((~w.h[i] >> j) & 0x01010101u) << 2;
+                sq = dp4a(sub_bytes(lo, neg), x.q[j][i], sq);
+            }
+            acc += x.d[j] * float(sq * w.sc[j]);
+        }
+        return w.d * acc;
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
+        const float dl = h2f(ld_u16(b + 108)) * float(scale_q3k(8 * n + 2 * j + s, b + 96));
+        for (int l = 0; l < 8; ++l) {
+            const int lo = (b[32 + 32 * n + 16 * s + l0 + l] >> (2 * j)) & 3;
+            const int hi = (b[16 * s + l0 + l] >> (4 * n + j)) & 1;
+            out[l] = dl * float(lo - (hi ? 0 : 4));
+        }
+    }
+};
+
+// Q4_K: d @0, dmin @2, scales[12] @4, qs[128] @16 (144 bytes: blocks 16-byte aligned).
+// Elements 64c + l (l < 32) are the low nibbles of qs[32c + l] (sub-block 2c), elements
+// 64c + 32 + l the high nibbles (sub-block 2c + 1). Lane part c takes those 32 bytes.
+template <>
+struct Quant<GgmlType::Q4_K> {
+    static constexpr int kBlockElems = 256, kBlockBytes = 144, kLanesPerBlock = 4, kUnits = 1;
+    struct W { uint32_t q[8]; float d1, d2, m1, m2; };
+    struct X { int a[8], b[8]; float2 da, db; };
+    NT_HD static void load_scales(const uint8_t* b, int c, W& w) {
+        uint32_t hdr[4];
+        ld_u32x4(b, hdr);
+        int sc1, m1, sc2, m2;
+        scale_min_k4_words(2 * c, hdr[1], hdr[2], hdr[3], sc1, m1);
+        scale_min_k4_words(2 * c + 1, hdr[1], hdr[2], hdr[3], sc2, m2);
+        const float d = h2f(hdr[0] & 0xFFFF), dmin = h2f(hdr[0] >> 16);
+        w.d1 = d * float(sc1), w.d2 = d * float(sc2);
+        w.m1 = dmin * float(m1), w.m2 = dmin * float(m2);
+    }
+    NT_HD static void load_w(const uint8_t* b, int part, W& w) {
+        load_scales(b, part, w);
+        ld_u32x4(b + 16 + 32 * part, w.q);
+        ld_u32x4(b + 32 + 32 * part, w.q + 4);
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
+        ld_x16(xq + 64 * part, x.a);
+        ld_x16(xq + 64 * part + 16, x.a + 4);
+        ld_x16(xq + 64 * part + 32, x.b);
+        ld_x16(xq + 64 * part + 48, x.b + 4);
+        x.da = ld_xd(xd + 2 * part);
+        x.db = ld_xd(xd + 2 * part + 1);
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        int sa = 0, sb = 0;
+        for (int i = 0; i < 8; ++i) {
+            sa = dp4a(w.q[i] & 0x0F0F0F0Fu, x.a[i], sa);
+            sb = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.b[i], sb);
+        }
+        return w.d1 * x.da.x * float(sa) + w.d2 * x.db.x * float(sb) - (w.m1 * x.da.y + w.m2 * x.db.y);
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const int e0 = g * 8, sub = e0 >> 5, c = sub >> 1, l0 = e0 & 31;
+        int sc, m;
+        scale_min_k4(sub, b + 4, sc, m);
+        const float d1 = h2f(ld_u16(b)) * float(sc), m1 = h2f(ld_u16(b + 2)) * float(m);
+        const int sh = (sub & 1) * 4;
+        for (int l = 0; l < 8; ++l) out[l] = d1 * float((b[16 + 32 * c + l0 + l] >> sh) & 15) - m1;
+    }
+};
+
+// Q5_K: d, dmin, scales as Q4_K; qh[32] @16, qs[128] @48 (176 bytes, 16-byte aligned).
+// Element 64c + 32h + l takes nibble h of qs[32c + l] and bit 2c + h of qh[l] as its fifth bit.
+template <>
+struct Quant<GgmlType::Q5_K> {
+    static constexpr int kBlockElems = 256, kBlockBytes = 176, kLanesPerBlock = 4, kUnits = 1;
+    struct W { uint32_t a[8], b[8]; float d1, d2, m1, m2; };
+    using X = Quant<GgmlType::Q4_K>::X;
+    NT_HD static void load_w(const uint8_t* b, int part, W& w) {
+        Quant<GgmlType::Q4_K>::W s;
+        Quant<GgmlType::Q4_K>::load_scales(b, part, s);
+        w.d1 = s.d1, w.d2 = s.d2, w.m1 = s.m1, w.m2 = s.m2;
+        uint32_t q[8], h[8];
+        ld_u32x4(b + 48 + 32 * part, q);
+        ld_u32x4(b + 64 + 32 * part, q + 4);
+        ld_u32x4(b + 16, h);
+        ld_u32x4(b + 32, h + 4);
+        for (int i = 0; i < 8; ++i) {
+            const uint32_t hh = h[i] >> (2 * part);
+            w.a[i] = (q[i] & 0x0F0F0F0Fu) | ((hh & 0x01010101u) << 4);
+            w.b[i] = ((q[i] >> 4) & 0x0F0F0F0Fu) | ((hh & 0x02020202u) << 3);
+        }
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
+        Quant<GgmlType::Q4_K>::load_x(xq, xd, part, x);
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        int sa = 0, sb = 0;
+        for (int i = 0; i < 8; ++i) {
+            sa = dp4a(w.a[i], x.a[i], sa);
+            sb = dp4a(w.b[i], x.b[i], sb);
+        }
+        return w.d1 * x.da.x * float(sa) + w.d2 * x.db.x * float(sb) - (w.m1 * x.da.y + w.m2 * x.db.y);
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const int e0 = g * 8, sub = e0 >> 5, c = sub >> 1, l0 = e0 & 31;
+        int sc, m;
+        scale_min_k4(sub, b + 4, sc, m);
+        const float d1 = h2f(ld_u16(b)) * float(sc), m1 = h2f(ld_u16(b + 2)) * float(m);
+        const int sh = (sub & 1) * 4;
+        for (int l = 0; l < 8; ++l) {
+            const int q = ((b[48 + 32 * c + l0 + l] >> sh) & 15) | (((b[16 + l0 + l] >> sub) & 1) << 4);
+            out[l] = d1 * float(q) - m1;
+        }
+    }
+};
+
+// Q6_K: ql[128] @0, qh[64] @128, scales[16] (int8) @192, d @208 (210 bytes, 2-byte aligned).
+// Element 128n + 32t + l (l < 32): nibble t>>1 of ql[64n + 32(t&1) + l], bits 2t of
+// qh[32n + l] as bits 4..5, minus 32; scale 8n + 2t + l/16. Lane part p = 2n + h takes
+// l in [16h, 16h + 16) for all four t: 64 elements, four half x-blocks.
+template <>
+struct Quant<GgmlType::Q6_K> {
+    static constexpr int kBlockElems = 256, kBlockBytes = 210, kLanesPerBlock = 4, kUnits = 1;
+    struct W { uint32_t la[4], lb[4], h[4]; int sc[4]; float d; };
+    using X = Quant<GgmlType::Q2_K>::X;
+    NT_HD static void load_w(const uint8_t* b, int part, W& w) {
+        const int n = part >> 1, hf = part & 1;
+        for (int i = 0; i < 4; ++i) {
+            w.la[i] = ld_u32_a2(b + 64 * n + 16 * hf + 4 * i);
+            w.lb[i] = ld_u32_a2(b + 64 * n + 32 + 16 * hf + 4 * i);
+            w.h[i] = ld_u32_a2(b + 128 + 32 * n + 16 * hf + 4 * i);
+        }
+        const uint32_t s0 = ld_u32_a2(b + 192 + 8 * n), s1 = ld_u32_a2(b + 196 + 8 * n);
+        const int sh = 8 * hf;
+        w.sc[0] = int8_t(uint8_t(s0 >> sh));
+        w.sc[1] = int8_t(uint8_t(s0 >> (16 + sh)));
+        w.sc[2] = int8_t(uint8_t(s1 >> sh));
+        w.sc[3] = int8_t(uint8_t(s1 >> (16 + sh)));
+        w.d = h2f(ld_u16(b + 208));
+    }
+    NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
+        Quant<GgmlType::Q2_K>::load_x(xq, xd, part, x);
+    }
+    NT_HD static float dot(const W& w, const X& x) {
+        float acc = 0.f;
+        for (int t = 0; t < 4; ++t) {
+            int sq = 0;
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t lo = ((t & 1 ? w.lb[i] : w.la[i]) >> (4 * (t >> 1))) & 0x0F0F0F0Fu;
+                const uint32_t hi = ((w.h[i] >> (2 * t)) & 0x03030303u) << 4;
+                sq = dp4a(sub_bytes(lo | hi, 0x20202020u), x.q[t][i], sq);
+            }
+            acc += x.d[t] * float(sq * w.sc[t]);
+        }
+        return w.d * acc;
+    }
+    NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
+        const int e0 = g * 8, n = e0 >> 7, t = (e0 >> 5) & 3, l0 = e0 & 31;
+        const float dl = h2f(ld_u16(b + 208)) * float(int8_t(b[192 + 8 * n + 2 * t + (l0 >> 4)]));
+        for (int l = 0; l < 8; ++l) {
+            const int lo = (b[64 * n + 32 * (t & 1) + l0 + l] >> (4 * (t >> 1))) & 15;
+            const int hi = (b[128 + 32 * n + l0 + l] >> (2 * t)) & 3;
+            out[l] = dl * float((lo | (hi << 4)) - 32);
+        }
+    }
+};
+
+}  // namespace nt::cuda::detail
