@@ -1,0 +1,317 @@
+// Attention kernels on their own: correctness against a double-precision CPU reference on random
+// data, then timing. Decode (one query row per sequence, split-K over the context) reports the
+// GB/s of KV cache it must read against the measured HBM read bandwidth; prefill (a prompt of
+// one sequence, causal) reports TFLOP/s against a matrix-rate ceiling.
+//
+//   bench_attention [--hd 128] [--heads 32] [--kv-heads 8] [--iters 50] [--peak-tflops 790]
+//
+// Versions: decode v1 = generic kernel (a warp per position), v2 = tiled (cp.async double-
+// buffered K/V tiles, all heads of a GQA group per block); prefill v1 = the decode kernel run
+// on every row, v2 = flash attention on tensor cores (mma.sync m16n8k16).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/device_info.h"
+#include "backend/cuda/ops.cuh"
+#include "core/error.h"
+#include "core/f16.h"
+
+using namespace nt;
+using namespace nt::cuda;
+
+namespace {
+
+struct Opts {
+    int hd = 128, heads = 32, kv_heads = 8, iters = 50;
+    double peak_tflops = 790;  // bf16/fp16 dense matrix rate measured on the H200 (cuBLAS)
+};
+
+template <class T>
+T* dev_alloc(size_t n) {
+    void* p = nullptr;
+    NT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+    return static_cast<T*>(p);
+}
+template <class T>
+T* dev_copy(const std::vector<T>& v) {
+    T* p = dev_alloc<T>(v.size());
+    NT_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+    return p;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+// A KV cache of n_seq sequences x n_ctx positions with random F16 contents, on both sides.
+struct Cache {
+    AttnShape s;
+    int n_seq;
+    std::vector<uint16_t> hk, hv;
+    __half *k = nullptr, *v = nullptr;
+    Cache(const AttnShape& shape, int n_seq_) : s(shape), n_seq(n_seq_) {
+        const size_t n = size_t(n_seq) * s.n_ctx * s.kv_dim();
+        hk.resize(n);
+        hv.resize(n);
+        // Gigabytes of it: draw from a table of uniform [-1, 1) halves with a cheap generator.
+        std::vector<uint16_t> table(65536);
+        std::mt19937 rng(42);
+        std::uniform_real_distribution<float> d(-1.f, 1.f);
+        for (uint16_t& t : table) t = f32_to_f16(d(rng));
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            hk[i] = table[x & 0xffff];
+            hv[i] = table[(x >> 16) & 0xffff];
+        }
+        k = dev_alloc<__half>(n);
+        v = dev_alloc<__half>(n);
+        NT_CUDA_CHECK(cudaMemcpy(k, hk.data(), n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+        NT_CUDA_CHECK(cudaMemcpy(v, hv.data(), n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+    }
+    Cache(const Cache&) = delete;
+    Cache& operator=(const Cache&) = delete;
+    ~Cache() {
+        cudaFree(k);
+        cudaFree(v);
+    }
+    // Causal attention of one row (all heads) at position pos of sequence seq, in double.
+    std::vector<double> reference(const float* q, int seq, int pos) const {
+        const int hd = s.head_dim, G = s.group();
+        std::vector<double> out(size_t(s.n_head) * hd), w(size_t(pos) + 1);
+        for (int h = 0; h < s.n_head; h++) {
+            const size_t col = size_t(h / G) * hd;
+            double mx = -1e300;
+            for (int p = 0; p <= pos; p++) {
+                const uint16_t* kr = &hk[(size_t(seq) * s.n_ctx + p) * s.kv_dim() + col];
+                double d = 0;
+                for (int j = 0; j < hd; j++) d += double(q[h * hd + j]) * f16_to_f32(kr[j]);
+                w[size_t(p)] = d / std::sqrt(double(hd));
+                mx = std::max(mx, w[size_t(p)]);
+            }
+            double sum = 0;
+            for (int p = 0; p <= pos; p++) sum += (w[size_t(p)] = std::exp(w[size_t(p)] - mx));
+            for (int j = 0; j < hd; j++) {
+                double a = 0;
+                for (int p = 0; p <= pos; p++)
+                    a += w[size_t(p)] * f16_to_f32(hv[(size_t(seq) * s.n_ctx + p) * s.kv_dim() + col + j]);
+                out[size_t(h * hd + j)] = a / sum;
+            }
+        }
+        return out;
+    }
+};
+
+double max_error(const std::vector<float>& got, size_t row, int q_dim, const std::vector<double>& want) {
+    double e = 0;
+    for (int j = 0; j < q_dim; j++) {
+        const double d = std::fabs(double(got[row * q_dim + j]) - want[size_t(j)]);
+        e = std::isnan(d) ? INFINITY : std::max(e, d);
+    }
+    return e;
+}
+
+double measure_hbm(int sm_count) {
+    const size_t bytes = size_t(1) << 30;
+    void* buf = nullptr;
+    uint32_t* sink = dev_alloc<uint32_t>(size_t(sm_count) * 4);
+    NT_CUDA_CHECK(cudaMalloc(&buf, bytes), "cudaMalloc");
+    NT_CUDA_CHECK(cudaMemset(buf, 1, bytes), "cudaMemset");
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    double best = 0;
+    for (int r = 0; r < 6; r++) {
+        cudaEventRecord(e0);
+        read_bandwidth_kernel(buf, bytes, sink, sm_count * 4, nullptr);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (r > 0) best = std::max(best, double(bytes) / (ms * 1e-3) / 1e9);
+    }
+    cudaFree(buf);
+    cudaFree(sink);
+    return best;
+}
+
+template <class F>
+double time_us(int iters, F&& launch) {
+    launch(0);  // warm-up
+    NT_CUDA_CHECK(cudaDeviceSynchronize(), "warm-up");
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaEventRecord(e0);
+    for (int i = 0; i < iters; i++) launch(i);
+    cudaEventRecord(e1);
+    NT_CUDA_CHECK(cudaEventSynchronize(e1), "timing");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return double(ms) * 1e3 / iters;
+}
+
+// Decode: `rows` sequences, each one query row at position ctx - 1. Sequences rotate across
+// iterations so that the KV read comes from HBM, not L2.
+void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
+    std::printf("\n== decode: %d heads / %d KV heads, head_dim %d (KV bytes that must be read; ceiling %.0f GB/s)\n",
+                o.heads, o.kv_heads, o.hd, hbm);
+    std::printf("%6s %5s %6s | %-9s %9s %9s %7s | %s\n", "ctx", "rows", "splits", "version", "us", "GB/s",
+                "of HBM", "max err");
+    const int n_ctx = 8192;
+    for (int rows : {1, 4, 32}) {
+        AttnShape s{o.heads, o.kv_heads, o.hd, n_ctx};
+        const size_t seq_bytes = size_t(n_ctx) * s.kv_dim() * 2 * sizeof(__half);
+        // Enough sequences that one rotation is 4x the L2, at least `rows` of them per slot.
+        const int slots = int(std::max<size_t>(1, (4 * dev.l2_bytes) / (seq_bytes * rows) + 1));
+        const int n_seq = std::min(rows * slots, 256);
+        const int n_slots = n_seq / rows;
+        Cache cache(s, n_seq);
+        const std::vector<float> q = random_floats(size_t(rows) * s.q_dim(), 7, -3.f, 3.f);
+        float* dq = dev_copy(q);
+        float* dout = dev_alloc<float>(q.size());
+        std::vector<int32_t> rows_v(static_cast<size_t>(rows)), seq_all(static_cast<size_t>(n_seq));
+        for (int r = 0; r < rows; r++) rows_v[size_t(r)] = r;
+        for (int i = 0; i < n_seq; i++) seq_all[size_t(i)] = i;
+        int32_t* drows = dev_copy(rows_v);
+        int32_t* dseq = dev_copy(seq_all);
+        for (int ctx : {512, 1024, 2048, 4096, 8192}) {
+            int32_t* dpos = dev_copy(std::vector<int32_t>(size_t(rows), ctx - 1));
+            const int splits = attn_decode_splits(s, rows, dev.sm_count);
+            float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
+            const double bytes = double(rows) * ctx * s.kv_dim() * 2 * sizeof(__half);
+            for (int version : {1, 2}) {
+                if (version == 2 && !attn_has_fast_decode(s)) continue;
+                auto launch = [&](int i) {
+                    attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots) * rows, drows, rows, splits,
+                                scratch, dout, nullptr, version);
+                };
+                launch(0);
+                std::vector<float> out(q.size());
+                NT_CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                              "cudaMemcpy");
+                double err = 0;
+                for (int r : {0, rows - 1})
+                    err = std::max(err, max_error(out, size_t(r), s.q_dim(), cache.reference(&q[size_t(r) * s.q_dim()], r, ctx - 1)));
+                const double us = time_us(o.iters, launch);
+                const double gbs = bytes / (us * 1e-6) / 1e9;
+                std::printf("%6d %5d %6d | v%d %-6s %9.1f %9.0f %6.0f%% | %.1e%s\n", ctx, rows, splits, version,
+                            version == 1 ? "generic" : "tiled", us, gbs, 100 * gbs / hbm, err,
+                            err > 2e-5 ? "  <-- WRONG" : "");
+            }
+            cudaFree(dpos);
+            cudaFree(scratch);
+        }
+        cudaFree(dq);
+        cudaFree(dout);
+        cudaFree(drows);
+        cudaFree(dseq);
+    }
+}
+
+// Prefill: a prompt of n tokens of one sequence (positions 0..n-1), causal.
+void bench_prefill(const Opts& o, const CudaDeviceInfo& dev) {
+    std::printf("\n== prefill: %d heads / %d KV heads, head_dim %d (causal FLOPs; ceiling %.0f TFLOP/s)\n", o.heads,
+                o.kv_heads, o.hd, o.peak_tflops);
+    std::printf("%6s | %-11s %9s %9s %7s | %s\n", "tokens", "version", "us", "TFLOP/s", "of peak", "max err");
+    for (int n : {512, 2048}) {
+        AttnShape s{o.heads, o.kv_heads, o.hd, n};
+        Cache cache(s, 1);
+        const std::vector<float> q = random_floats(size_t(n) * s.q_dim(), 9, -3.f, 3.f);
+        float* dq = dev_copy(q);
+        float* dout = dev_alloc<float>(q.size());
+        std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0), rows(static_cast<size_t>(n));
+        for (int i = 0; i < n; i++) pos[size_t(i)] = rows[size_t(i)] = i;
+        std::vector<AttnTile> tiles;
+        for (int r = 0; r < n; r += kPrefillTileRows) tiles.push_back(AttnTile{r, std::min(kPrefillTileRows, n - r), 0, r});
+        int32_t* dpos = dev_copy(pos);
+        int32_t* dseq = dev_copy(seq);
+        int32_t* drows = dev_copy(rows);
+        AttnTile* dtiles = dev_copy(tiles);
+        const int splits = attn_decode_splits(s, n, dev.sm_count);
+        float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, n, splits));
+        const double flops = 4.0 * s.n_head * s.head_dim * (double(n) * (n + 1) / 2);  // QK^T and PV
+        for (int version : {1, 2}) {
+            if (version == 2 && !attn_has_prefill(s)) continue;
+            auto launch = [&](int) {
+                if (version == 1)
+                    attn_decode(s, dq, cache.k, cache.v, dpos, dseq, drows, n, splits, scratch, dout, nullptr);
+                else
+                    attn_prefill(s, dq, cache.k, cache.v, dtiles, int(tiles.size()), dout, nullptr);
+            };
+            launch(0);
+            std::vector<float> out(q.size());
+            NT_CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+            double err = 0;
+            for (int r : {0, 1, 63, 64, n / 2 + 5, n - 1})
+                err = std::max(err, max_error(out, size_t(r), s.q_dim(), cache.reference(&q[size_t(r) * s.q_dim()], 0, r)));
+            const double us = time_us(o.iters, launch);
+            const double tf = flops / (us * 1e-6) / 1e12;
+            const double tol = version == 2 ? 4e-3 : 2e-5;
+            std::printf("%6d | v%d %-8s %9.1f %9.1f %6.1f%% | %.1e%s\n", n, version,
+                        version == 1 ? "decode" : "flash-tc", us, tf, 100 * tf / o.peak_tflops, err,
+                        err > tol ? "  <-- WRONG" : "");
+        }
+        cudaFree(dq);
+        cudaFree(dout);
+        cudaFree(dpos);
+        cudaFree(dseq);
+        cudaFree(drows);
+        cudaFree(dtiles);
+        cudaFree(scratch);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Opts o;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        auto next = [&] {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "%s needs a value\n", a.c_str());
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        if (a == "--hd") o.hd = std::atoi(next());
+        else if (a == "--heads") o.heads = std::atoi(next());
+        else if (a == "--kv-heads") o.kv_heads = std::atoi(next());
+        else if (a == "--iters") o.iters = std::atoi(next());
+        else if (a == "--peak-tflops") o.peak_tflops = std::atof(next());
+        else {
+            std::fprintf(stderr, "usage: bench_attention [--hd N] [--heads N] [--kv-heads N] [--iters N] [--peak-tflops X]\n");
+            return 2;
+        }
+    }
+    try {
+        const CudaDeviceInfo dev = cuda_device_info(0);
+        attn_init();
+        std::printf("bench_attention on %s\n", describe(dev).c_str());
+        const double hbm = measure_hbm(dev.sm_count);
+        std::printf("HBM streaming read: %.0f GB/s (1 GiB, best of 5)\n", hbm);
+        bench_decode(o, dev, hbm);
+        bench_prefill(o, dev);
+    } catch (const Error& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,697 @@
+// CudaBackend against the CPU backend (the reference), op by op on random data, then whole
+// layers through the real forward pass; long contexts against a double-precision host
+// reference (the CPU backend would take minutes there). Every test skips without a usable GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_info.h"
+#include "core/error.h"
+#include "core/f16.h"
+#include "model/llama.h"
+#include "quant/quant.h"
+#include "quant/types.h"
+
+namespace nt {
+namespace {
+
+#define NT_REQUIRE_GPU()                                                       \
+    do {                                                                       \
+        if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA GPU"; \
+    } while (0)
+
+std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+// Every element within atol + rtol * |want|; reports the first offender and the worst error.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float atol, float rtol,
+                  const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    size_t bad = 0, first = 0;
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        const double err = std::fabs(double(got[i]) - double(want[i]));
+        if (!(err <= atol + rtol * std::fabs(want[i]))) {  // NaN counts as bad
+            if (bad++ == 0) first = i;
+        }
+        if (err > worst || std::isnan(err)) worst = err;
+    }
+    EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " values off; first at " << first
+                       << " got " << got[first] << " want " << want[first] << "; worst error " << worst;
+}
+
+void expect_equal(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < got.size(); i++)
+        if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+            ADD_FAILURE() << what << ": first difference at " << i << ": got " << got[i] << " want " << want[i];
+            return;
+        }
+}
+
+// Relative L2 error ||got - want|| / ||want||.
+double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); i++) {
+        const double d = double(got[i]) - double(want[i]);
+        num += d * d;
+        den += double(want[i]) * double(want[i]);
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+}
+
+ModelShape make_shape(int head_dim, int n_head, int n_head_kv, int n_layer = 1) {
+    ModelShape s;
+    s.head_dim = head_dim;
+    s.n_head = n_head;
+    s.n_head_kv = n_head_kv;
+    s.n_embd = n_head * head_dim;
+    s.n_layer = n_layer;
+    s.n_ff = 2 * s.n_embd;
+    s.n_vocab = 96;
+    s.norm_eps = 1e-5f;
+    s.rope.n_rot = head_dim;
+    s.rope.freq_base = 10000.f;
+    return s;
+}
+
+// Both backends initialised with the same shape; activations are set and read through helpers
+// that know the CPU's are host memory and the GPU's are device memory.
+struct Pair {
+    CpuBackend cpu;
+    CudaBackend gpu;
+    ModelShape shape;
+    Pair(const ModelShape& s, int max_batch, int n_seq, int n_ctx) : shape(s) {
+        cpu.init(s, max_batch, n_seq, n_ctx);
+        gpu.init(s, max_batch, n_seq, n_ctx);
+    }
+    // Pointers are the field of Activations to use, e.g. &Activations::q.
+    void set(float* Activations::*field, const std::vector<float>& v) {
+        std::memcpy(cpu.acts().*field, v.data(), v.size() * sizeof(float));
+        gpu.upload(gpu.acts().*field, v.data(), v.size() * sizeof(float));
+    }
+    std::vector<float> get_cpu(float* Activations::*field, size_t n) {
+        std::vector<float> r(n);
+        cpu.download(cpu.acts().*field, r.data(), n);
+        return r;
+    }
+    std::vector<float> get_gpu(float* Activations::*field, size_t n) {
+        std::vector<float> r(n);
+        gpu.download(gpu.acts().*field, r.data(), n);
+        return r;
+    }
+    void begin(const Batch& b) {
+        cpu.begin_step(b);
+        gpu.begin_step(b);
+    }
+};
+
+// ---- weights -------------------------------------------------------------------------------
+
+// A weight tensor in host memory (CPU backend reads it in place) and its GPU upload.
+struct HostWeight {
+    std::vector<uint8_t> bytes;
+    WeightView view;  // data -> bytes
+};
+
+float small_scale(std::mt19937& rng, float hi) { return std::uniform_real_distribution<float>(hi / 8, hi)(rng); }
+
+// Random blocks of type t: every bit pattern of the quants, scales set to finite values.
+HostWeight random_weight(GgmlType t, int64_t rows, int64_t cols, uint32_t seed, float amp = 1.f) {
+    HostWeight w;
+    w.view.type = t;
+    w.view.rows = rows;
+    w.view.cols = cols;
+    w.view.nbytes = row_bytes(t, cols) * size_t(rows);
+    w.bytes.resize(w.view.nbytes);
+    std::mt19937 rng(seed);
+    const TypeTraits& tr = traits(t);
+    const size_t nblocks = w.view.nbytes / size_t(tr.block_bytes);
+    auto put16 = [&](size_t block, size_t off, float v) {
+        const uint16_t h = f32_to_f16(v);
+        std::memcpy(w.bytes.data() + block * size_t(tr.block_bytes) + off, &h, 2);
+    };
+    if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) {
+        const std::vector<float> f = random_floats(size_t(rows * cols), seed, -amp, amp);
+        for (size_t i = 0; i < f.size(); i++) {
+            if (t == GgmlType::F32) std::memcpy(w.bytes.data() + 4 * i, &f[i], 4);
+            const uint16_t h = t == GgmlType::F16 ? f32_to_f16(f[i]) : f32_to_bf16(f[i]);
+            if (t != GgmlType::F32) std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+        }
+        w.view.data = w.bytes.data();
+        return w;
+    }
+    for (uint8_t& b : w.bytes) b = uint8_t(rng());
+    for (size_t b = 0; b < nblocks; b++) {
+        const float sign = (rng() & 1) ? 1.f : -1.f;
+        switch (t) {
+            case GgmlType::Q4_0: put16(b, offsetof(block_q4_0, d), sign * small_scale(rng, amp / 8)); break;
+            case GgmlType::Q5_0: put16(b, offsetof(block_q5_0, d), sign * small_scale(rng, amp / 16)); break;
+            case GgmlType::Q8_0: put16(b, offsetof(block_q8_0, d), sign * small_scale(rng, amp / 128)); break;
+            case GgmlType::Q4_1:
+                put16(b, offsetof(block_q4_1, d), small_scale(rng, amp / 8));
+                put16(b, offsetof(block_q4_1, m), -small_scale(rng, amp));
+                break;
+            case GgmlType::Q5_1:
+                put16(b, offsetof(block_q5_1, d), small_scale(rng, amp / 16));
+                put16(b, offsetof(block_q5_1, m), -small_scale(rng, amp));
+                break;
+            case GgmlType::Q2_K:
+                put16(b, offsetof(block_q2_K, d), small_scale(rng, amp / 32));
+                put16(b, offsetof(block_q2_K, dmin), small_scale(rng, amp / 32));
+                break;
+            case GgmlType::Q3_K: put16(b, offsetof(block_q3_K, d), sign * small_scale(rng, amp / 128)); break;
+            case GgmlType::Q4_K:
+                put16(b, offsetof(block_q4_K, d), small_scale(rng, amp / 512));
+                put16(b, offsetof(block_q4_K, dmin), small_scale(rng, amp / 128));
+                break;
+            case GgmlType::Q5_K:
+                put16(b, offsetof(block_q5_K, d), small_scale(rng, amp / 1024));
+                put16(b, offsetof(block_q5_K, dmin), small_scale(rng, amp / 128));
+                break;
+            case GgmlType::Q6_K: put16(b, offsetof(block_q6_K, d), sign * small_scale(rng, amp / 2048)); break;
+            default: ADD_FAILURE() << "no generator for " << type_name(t);
+        }
+    }
+    w.view.data = w.bytes.data();
+    return w;
+}
+
+// A matmul weight quantized from random floats with llama.cpp's rounding (Q8_0 and friends).
+HostWeight quantized_weight(GgmlType t, int64_t rows, int64_t cols, uint32_t seed) {
+    HostWeight w;
+    w.view.type = t;
+    w.view.rows = rows;
+    w.view.cols = cols;
+    w.view.nbytes = row_bytes(t, cols) * size_t(rows);
+    w.bytes.resize(w.view.nbytes);
+    const float a = std::sqrt(3.f / float(cols));  // unit-variance outputs for unit-variance inputs
+    const std::vector<float> f = random_floats(size_t(rows * cols), seed, -a, a);
+    for (int64_t r = 0; r < rows; r++)
+        quantize_row(t, f.data() + r * cols, w.bytes.data() + size_t(r) * row_bytes(t, cols), cols);
+    w.view.data = w.bytes.data();
+    return w;
+}
+
+WeightView on_gpu(CudaBackend& gpu, const HostWeight& w) {
+    WeightView v = w.view;
+    v.data = gpu.upload_weight(w.bytes.data(), w.bytes.size());
+    return v;
+}
+
+const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                              GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                              GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+// ---- elementwise ops -----------------------------------------------------------------------
+
+TEST(CudaBackend, EmbedEveryTypeBitExact) {
+    NT_REQUIRE_GPU();
+    ModelShape s = make_shape(64, 8, 2);  // n_embd 512: whole K-quant blocks
+    Pair p(s, 64, 1, 64);
+    Batch b;
+    std::mt19937 rng(7);
+    for (int i = 0; i < 37; i++) b.add(int32_t(rng() % uint32_t(s.n_vocab)), i, 0, false);
+    b.tokens[3] = s.n_vocab - 1;
+    b.tokens[4] = 0;
+    for (GgmlType t : kAllTypes) {
+        const HostWeight w = random_weight(t, s.n_vocab, s.n_embd, 100 + uint32_t(t));
+        p.begin(b);
+        p.cpu.embed(w.view, p.cpu.acts().x);
+        p.gpu.embed(on_gpu(p.gpu, w), p.gpu.acts().x);
+        const size_t n = size_t(b.size()) * size_t(s.n_embd);
+        expect_equal(p.get_gpu(&Activations::x, n), p.get_cpu(&Activations::x, n),
+                     std::string("embed ") + type_name(t));
+    }
+}
+
+TEST(CudaBackend, RmsNorm) {
+    NT_REQUIRE_GPU();
+    ModelShape s = make_shape(64, 8, 2);
+    Pair p(s, 64, 1, 64);
+    for (int dim : {s.n_embd, 250}) {       // float4 path and scalar path
+        for (GgmlType wt : {GgmlType::F32, GgmlType::F16}) {
+            for (int n : {1, 5, 64}) {
+                const std::vector<float> x = random_floats(size_t(n) * size_t(dim), 11 + uint32_t(n), -3.f, 3.f);
+                const HostWeight w = random_weight(wt, 1, dim, 12, 2.f);
+                p.set(&Activations::x, x);
+                p.cpu.rmsnorm(p.cpu.acts().x, w.view, n, dim, p.cpu.acts().xn);
+                p.gpu.rmsnorm(p.gpu.acts().x, on_gpu(p.gpu, w), n, dim, p.gpu.acts().xn);
+                const size_t m = size_t(n) * size_t(dim);
+                expect_close(p.get_gpu(&Activations::xn, m), p.get_cpu(&Activations::xn, m), 1e-6f, 2e-6f,
+                             "rmsnorm dim " + std::to_string(dim) + " n " + std::to_string(n));
+                // In place, as the forward pass's final norm could be.
+                p.gpu.rmsnorm(p.gpu.acts().x, on_gpu(p.gpu, w), n, dim, p.gpu.acts().x);
+                expect_close(p.get_gpu(&Activations::x, m), p.get_cpu(&Activations::xn, m), 1e-6f, 2e-6f,
+                             "rmsnorm in place");
+            }
+        }
+    }
+}
+
+struct RopeCase {
+    int head_dim, n_head, n_head_kv, n_rot;
+    float freq_scale;
+    bool factors;
+};
+
+TEST(CudaBackend, Rope) {
+    NT_REQUIRE_GPU();
+    const RopeCase cases[] = {
+        {64, 4, 1, 64, 1.f, false},   {128, 8, 2, 128, 1.f, false}, {128, 4, 1, 128, 0.25f, true},
+        {64, 6, 3, 32, 1.f, false},   // partial rotation: dims 32..63 pass through
+    };
+    for (const RopeCase& c : cases) {
+        ModelShape s = make_shape(c.head_dim, c.n_head, c.n_head_kv);
+        s.rope.n_rot = c.n_rot;
+        s.rope.freq_base = c.factors ? 500000.f : 10000.f;
+        s.rope.freq_scale = c.freq_scale;
+        if (c.factors) s.rope.freq_factors = random_floats(size_t(c.n_rot / 2), 5, 1.f, 8.f);
+        const int n_ctx = 8192;
+        Pair p(s, 64, 2, n_ctx);
+        Batch b;
+        std::mt19937 rng(3);
+        for (int i = 0; i < 50; i++) b.add(1, int32_t(rng() % uint32_t(n_ctx)), int32_t(i % 2), false);
+        b.pos[0] = 0;
+        b.pos[1] = n_ctx - 1;
+        const size_t nq = size_t(b.size()) * size_t(s.n_head) * size_t(s.head_dim);
+        const size_t nk = size_t(b.size()) * size_t(s.n_head_kv) * size_t(s.head_dim);
+        p.set(&Activations::q, random_floats(nq, 21));
+        p.set(&Activations::k, random_floats(nk, 22));
+        p.begin(b);
+        p.cpu.rope(p.cpu.acts().q, p.cpu.acts().k);
+        p.gpu.rope(p.gpu.acts().q, p.gpu.acts().k);
+        const std::string what = "rope hd " + std::to_string(c.head_dim) + " n_rot " + std::to_string(c.n_rot);
+        expect_close(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), 1e-6f, 1e-6f, what + " q");
+        expect_close(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), 1e-6f, 1e-6f, what + " k");
+    }
+}
+
+TEST(CudaBackend, SwigluAddGather) {
+    NT_REQUIRE_GPU();
+    ModelShape s = make_shape(64, 4, 1);
+    Pair p(s, 64, 4, 64);
+    for (int64_t n : {int64_t(1), int64_t(1001), int64_t(64) * s.n_ff}) {  // odd: scalar path; else float4
+        p.set(&Activations::gate, random_floats(size_t(n), 31, -8.f, 8.f));
+        p.set(&Activations::up, random_floats(size_t(n), 32, -2.f, 2.f));
+        p.cpu.swiglu(p.cpu.acts().gate, p.cpu.acts().up, n, p.cpu.acts().gate);
+        p.gpu.swiglu(p.gpu.acts().gate, p.gpu.acts().up, n, p.gpu.acts().gate);
+        expect_close(p.get_gpu(&Activations::gate, size_t(n)), p.get_cpu(&Activations::gate, size_t(n)), 1e-7f,
+                     2e-6f, "swiglu n " + std::to_string(n));
+
+        const int64_t na = std::min<int64_t>(n, int64_t(64) * s.n_embd);  // x is [max_batch][n_embd]
+        p.set(&Activations::x, random_floats(size_t(na), 33));
+        p.set(&Activations::xn, random_floats(size_t(na), 34));
+        p.cpu.add(p.cpu.acts().x, p.cpu.acts().xn, na);
+        p.gpu.add(p.gpu.acts().x, p.gpu.acts().xn, na);
+        expect_equal(p.get_gpu(&Activations::x, size_t(na)), p.get_cpu(&Activations::x, size_t(na)),
+                     "add n " + std::to_string(na));
+    }
+    // Logit rows: a scattered selection, into another buffer and compacted in place.
+    Batch b;
+    const int flags[] = {1, 0, 0, 1, 1, 0, 1, 0, 0, 0, 1};
+    for (int i = 0; i < 11; i++) b.add(0, i, 0, flags[i] != 0);
+    const int dim = s.n_embd;
+    const size_t rows = size_t(b.size()) * size_t(dim), out = size_t(b.n_logits()) * size_t(dim);
+    p.set(&Activations::x, random_floats(rows, 35));
+    p.begin(b);
+    p.cpu.gather_logit_rows(p.cpu.acts().x, dim, p.cpu.acts().xn);
+    p.gpu.gather_logit_rows(p.gpu.acts().x, dim, p.gpu.acts().xn);
+    expect_equal(p.get_gpu(&Activations::xn, out), p.get_cpu(&Activations::xn, out), "gather");
+    p.cpu.gather_logit_rows(p.cpu.acts().x, dim, p.cpu.acts().x);
+    p.gpu.gather_logit_rows(p.gpu.acts().x, dim, p.gpu.acts().x);
+    expect_equal(p.get_gpu(&Activations::x, out), p.get_cpu(&Activations::xn, out), "gather in place");
+}
+
+// ---- attention against the CPU backend -----------------------------------------------------
+
+struct AttnCase {
+    int head_dim, n_head, n_head_kv;
+};
+std::string name(const AttnCase& c) {
+    return "hd " + std::to_string(c.head_dim) + " heads " + std::to_string(c.n_head) + "/" +
+           std::to_string(c.n_head_kv);
+}
+
+// Runs one attention step on both backends with random q/k/v and compares. Rows of long runs go
+// through the F16 tensor-core prefill kernel (F16 Q and P), the rest through the F32 decode path.
+void attention_step(Pair& p, const Batch& b, uint32_t seed, float atol, const std::string& what) {
+    const ModelShape& s = p.shape;
+    const size_t nq = size_t(b.size()) * size_t(s.n_head) * size_t(s.head_dim);
+    const size_t nk = size_t(b.size()) * size_t(s.n_head_kv) * size_t(s.head_dim);
+    p.set(&Activations::q, random_floats(nq, seed, -3.f, 3.f));  // peaked softmax
+    p.set(&Activations::k, random_floats(nk, seed + 1));
+    p.set(&Activations::v, random_floats(nk, seed + 2));
+    p.begin(b);
+    p.cpu.attention(0, p.cpu.acts().q, p.cpu.acts().k, p.cpu.acts().v, p.cpu.acts().att);
+    p.gpu.attention(0, p.gpu.acts().q, p.gpu.acts().k, p.gpu.acts().v, p.gpu.acts().att);
+    p.gpu.end_step();
+    expect_close(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq), atol, 0.f, what);
+}
+
+constexpr float kDecodeTol = 2e-5f;   // F32 arithmetic on both sides
+constexpr float kPrefillTol = 4e-3f;  // F16 Q and P on tensor cores, |v| <= 1
+
+TEST(CudaBackend, AttentionAgainstCpu) {
+    NT_REQUIRE_GPU();
+    const AttnCase cases[] = {{64, 4, 1}, {128, 4, 1}, {64, 9, 3}, {128, 8, 8}, {96, 4, 2}};
+    for (const AttnCase& c : cases) {
+        SCOPED_TRACE(name(c));
+        ModelShape s = make_shape(c.head_dim, c.n_head, c.n_head_kv);
+        const int n_ctx = 1024, max_batch = 600;
+        Pair p(s, max_batch, 4, n_ctx);
+        // A 600-token prompt of sequence 0: ten tiles (the last one partial).
+        Batch b;
+        for (int i = 0; i < 600; i++) b.add(1, i, 0, false);
+        attention_step(p, b, 1, kPrefillTol, "prompt 600");
+        // A mixed step: a 100-token prompt of sequence 1, a decode row of sequence 0, a 5-token
+        // run of sequence 2 (too short for a tile: decode rows).
+        b.clear();
+        for (int i = 0; i < 100; i++) b.add(1, i, 1, false);
+        b.add(1, 600, 0, true);
+        for (int i = 0; i < 5; i++) b.add(1, i, 2, false);
+        attention_step(p, b, 2, kPrefillTol, "mixed");
+        // Decode steps of 1..8 rows over the three sequences (graph-sized steps), and a 9-row step.
+        int len[3] = {601, 100, 5};
+        for (int rows = 1; rows <= 9; rows++) {
+            b.clear();
+            for (int r = 0; r < rows; r++) {
+                const int sq = r % 3;
+                b.add(1, len[sq]++, sq, true);
+            }
+            attention_step(p, b, 10 + uint32_t(rows), kDecodeTol, "decode rows " + std::to_string(rows));
+        }
+        // Batch sizes across the tile boundaries, each a fresh sequence 3 from position 0.
+        for (int n : {1, 2, 16, 17, 63, 64, 65, 128, 129, 300}) {
+            b.clear();
+            for (int i = 0; i < n; i++) b.add(1, i, 3, false);
+            attention_step(p, b, 100 + uint32_t(n), n > CudaBackend::kGraphMaxBatch ? kPrefillTol : kDecodeTol,
+                           "prompt " + std::to_string(n));
+        }
+    }
+}
+
+// ---- long contexts against a host reference --------------------------------------------------
+
+// Keeps what the cache must hold for each (sequence, position): K and V rounded to F16.
+struct KvMirror {
+    int kv_dim, n_ctx;
+    std::vector<float> k, v;  // [seq][pos][kv_dim]
+    KvMirror(int kv_dim_, int n_seq, int n_ctx_)
+        : kv_dim(kv_dim_), n_ctx(n_ctx_), k(size_t(n_seq) * n_ctx_ * kv_dim_), v(k.size()) {}
+    void store(int seq, int pos, const float* kr, const float* vr) {
+        const size_t o = (size_t(seq) * n_ctx + pos) * size_t(kv_dim);
+        for (int j = 0; j < kv_dim; j++) {
+            k[o + j] = f16_to_f32(f32_to_f16(kr[j]));
+            v[o + j] = f16_to_f32(f32_to_f16(vr[j]));
+        }
+    }
+};
+
+// Causal attention of one query row (all heads) in double precision.
+std::vector<float> reference_row(const ModelShape& s, const KvMirror& kv, const float* q, int seq, int pos) {
+    const int hd = s.head_dim, group = s.n_head / s.n_head_kv;
+    std::vector<float> out(size_t(s.n_head) * hd);
+    std::vector<double> w(size_t(pos) + 1);
+    for (int h = 0; h < s.n_head; h++) {
+        const int kvh = h / group;
+        double mx = -1e300;
+        for (int p = 0; p <= pos; p++) {
+            const float* kr = &kv.k[(size_t(seq) * kv.n_ctx + p) * kv.kv_dim + size_t(kvh) * hd];
+            double d = 0;
+            for (int j = 0; j < hd; j++) d += double(q[h * hd + j]) * kr[j];
+            w[size_t(p)] = d / std::sqrt(double(hd));
+            mx = std::max(mx, w[size_t(p)]);
+        }
+        double sum = 0;
+        for (int p = 0; p <= pos; p++) sum += (w[size_t(p)] = std::exp(w[size_t(p)] - mx));
+        for (int j = 0; j < hd; j++) {
+            double a = 0;
+            for (int p = 0; p <= pos; p++)
+                a += w[size_t(p)] * kv.v[(size_t(seq) * kv.n_ctx + p) * kv.kv_dim + size_t(kvh) * hd + j];
+            out[size_t(h * hd + j)] = float(a / sum);
+        }
+    }
+    return out;
+}
+
+// Runs one GPU attention step on random q/k/v; checks `check_rows` (all when empty).
+void gpu_attention_step(CudaBackend& gpu, const ModelShape& s, KvMirror& kv, const Batch& b, uint32_t seed,
+                        float atol, std::vector<int> check_rows, const std::string& what) {
+    const int qd = s.n_head * s.head_dim, kd = s.n_head_kv * s.head_dim;
+    const std::vector<float> q = random_floats(size_t(b.size()) * qd, seed, -3.f, 3.f);
+    const std::vector<float> k = random_floats(size_t(b.size()) * kd, seed + 1);
+    const std::vector<float> v = random_floats(size_t(b.size()) * kd, seed + 2);
+    for (int i = 0; i < b.size(); i++) kv.store(b.seq[size_t(i)], b.pos[size_t(i)], &k[size_t(i) * kd], &v[size_t(i) * kd]);
+    gpu.upload(gpu.acts().q, q.data(), q.size() * sizeof(float));
+    gpu.upload(gpu.acts().k, k.data(), k.size() * sizeof(float));
+    gpu.upload(gpu.acts().v, v.data(), v.size() * sizeof(float));
+    gpu.begin_step(b);
+    gpu.attention(0, gpu.acts().q, gpu.acts().k, gpu.acts().v, gpu.acts().att);
+    std::vector<float> out(q.size());
+    gpu.download(gpu.acts().att, out.data(), out.size());
+    if (check_rows.empty())
+        for (int i = 0; i < b.size(); i++) check_rows.push_back(i);
+    for (int i : check_rows) {
+        const std::vector<float> want = reference_row(s, kv, &q[size_t(i) * qd], b.seq[size_t(i)], b.pos[size_t(i)]);
+        const std::vector<float> got(out.begin() + ptrdiff_t(i) * qd, out.begin() + ptrdiff_t(i + 1) * qd);
+        expect_close(got, want, atol, 0.f, what + " row " + std::to_string(i) + " pos " + std::to_string(b.pos[size_t(i)]));
+    }
+}
+
+TEST(CudaBackend, AttentionLongContext) {
+    NT_REQUIRE_GPU();
+    for (const AttnCase& c : {AttnCase{128, 4, 1}, AttnCase{64, 4, 1}, AttnCase{128, 32, 8}}) {
+        SCOPED_TRACE(name(c));
+        ModelShape s = make_shape(c.head_dim, c.n_head, c.n_head_kv);
+        const int n_ctx = 8192, max_batch = 512, n_seq = 3;
+        CudaBackend gpu;
+        gpu.init(s, max_batch, n_seq, n_ctx);
+        KvMirror kv(s.n_head_kv * s.head_dim, n_seq, n_ctx);
+        // Prompts through the prefill kernel in chunks of 512: sequence 0 to 8191 positions,
+        // 1 to 4096, 2 to 700; a few rows of every chunk checked.
+        const int fill[n_seq] = {n_ctx - 1, 4096, 700};
+        uint32_t seed = 1000;
+        for (int sq = 0; sq < n_seq; sq++) {
+            for (int p0 = 0; p0 < fill[sq]; p0 += max_batch) {
+                Batch b;
+                const int n = std::min(max_batch, fill[sq] - p0);
+                for (int i = 0; i < n; i++) b.add(1, p0 + i, sq, false);
+                gpu_attention_step(gpu, s, kv, b, seed += 3, kPrefillTol, {0, n / 2, n - 1}, "prefill");
+            }
+        }
+        // Decode: one row at the last position of the context, then all three sequences at once,
+        // with graphs (the same step shape replayed with new positions).
+        Batch b;
+        b.add(1, n_ctx - 1, 0, true);
+        gpu_attention_step(gpu, s, kv, b, seed += 3, kDecodeTol, {}, "decode 8191");
+        int len[n_seq] = {n_ctx - 1, 4096, 700};
+        for (int step = 0; step < 4; step++) {
+            b.clear();
+            for (int sq = 1; sq < n_seq; sq++) b.add(1, len[sq]++, sq, true);
+            b.add(1, 511 + step, 0, true);  // rewrites positions inside sequence 0's context
+            gpu_attention_step(gpu, s, kv, b, seed += 3, kDecodeTol, {}, "decode step " + std::to_string(step));
+        }
+    }
+}
+
+// ---- whole layers --------------------------------------------------------------------------
+
+struct TestModel {
+    LlamaHParams hp;
+    std::vector<HostWeight> host;  // keeps the bytes alive
+    ModelWeights cpu_w;
+};
+
+TestModel make_model(int head_dim, int n_head, int n_head_kv, int n_layer) {
+    TestModel m;
+    m.hp.arch = "llama";
+    m.hp.shape = make_shape(head_dim, n_head, n_head_kv, n_layer);
+    m.hp.shape.n_vocab = 320;
+    m.hp.shape.n_ff = 3 * m.hp.shape.n_embd;
+    const ModelShape& s = m.hp.shape;
+    m.host.reserve(size_t(3 + 9 * n_layer));
+    uint32_t seed = 500;
+    auto add = [&](HostWeight w) {
+        m.host.push_back(std::move(w));
+        return m.host.back().view;
+    };
+    auto norm = [&](int dim) { return add(random_weight(GgmlType::F32, 1, dim, seed++, 1.f)); };
+    auto mat = [&](int64_t rows, int64_t cols) { return add(quantized_weight(GgmlType::Q8_0, rows, cols, seed++)); };
+    m.cpu_w.tok_embd = add(random_weight(GgmlType::Q4_K, s.n_vocab, s.n_embd, seed++));
+    m.cpu_w.output_norm = norm(s.n_embd);
+    m.cpu_w.output = mat(s.n_vocab, s.n_embd);
+    const int64_t qd = int64_t(s.n_head) * s.head_dim, kd = int64_t(s.n_head_kv) * s.head_dim;
+    for (int l = 0; l < n_layer; l++) {
+        LayerWeights L;
+        L.attn_norm = norm(s.n_embd);
+        L.wq = mat(qd, s.n_embd);
+        L.wk = mat(kd, s.n_embd);
+        L.wv = mat(kd, s.n_embd);
+        L.wo = mat(s.n_embd, qd);
+        L.ffn_norm = norm(s.n_embd);
+        L.w1 = mat(s.n_ff, s.n_embd);
+        L.w3 = mat(s.n_ff, s.n_embd);
+        L.w2 = mat(s.n_embd, s.n_ff);
+        m.cpu_w.layers.push_back(L);
+    }
+    return m;
+}
+
+ModelWeights upload_model(CudaBackend& gpu, const ModelWeights& w) {
+    ModelWeights g = w;
+    for_each_weight(g, [&](WeightView& v) { v.data = gpu.upload_weight(v.data, v.nbytes); });
+    return g;
+}
+
+std::vector<float> forward_logits(Backend& be, const TestModel& m, const ModelWeights& w, const Batch& b) {
+    ResidentWeights src(w);
+    llama_forward(m.hp, w, src, be, b);
+    std::vector<float> logits(size_t(b.n_logits()) * size_t(m.hp.shape.n_vocab));
+    be.download(be.acts().logits, logits.data(), logits.size());
+    return logits;
+}
+
+TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
+    NT_REQUIRE_GPU();
+    for (const AttnCase& c : {AttnCase{64, 4, 1}, AttnCase{128, 4, 2}}) {
+        SCOPED_TRACE(name(c));
+        const TestModel m = make_model(c.head_dim, c.n_head, c.n_head_kv, 2);
+        const int max_batch = 128, n_seq = 2, n_ctx = 256;
+        CpuBackend cpu;
+        cpu.init(m.hp.shape, max_batch, n_seq, n_ctx);
+        CudaBackend graph_gpu, eager_gpu;
+        eager_gpu.set_graphs(false);
+        graph_gpu.init(m.hp.shape, max_batch, n_seq, n_ctx);
+        eager_gpu.init(m.hp.shape, max_batch, n_seq, n_ctx);
+        const ModelWeights gw = upload_model(graph_gpu, m.cpu_w);
+        const ModelWeights ew = upload_model(eager_gpu, m.cpu_w);
+
+        // Prompts: 40 tokens of sequence 0 and 20 of sequence 1 in one step (prefill tiles).
+        Batch b;
+        std::mt19937 rng(9);
+        auto tok = [&] { return int32_t(rng() % uint32_t(m.hp.shape.n_vocab)); };
+        for (int i = 0; i < 40; i++) b.add(tok(), i, 0, i == 39);
+        for (int i = 0; i < 20; i++) b.add(tok(), i, 1, i == 19);
+        const std::vector<float> want0 = forward_logits(cpu, m, m.cpu_w, b);
+        EXPECT_LT(rel_l2(forward_logits(graph_gpu, m, gw, b), want0), 2e-2) << "prompt";
+        EXPECT_LT(rel_l2(forward_logits(eager_gpu, m, ew, b), want0), 2e-2) << "prompt";
+
+        // Decode: both sequences for 6 steps, then sequence 0 alone for 3 (two graph keys).
+        int pos[2] = {40, 20};
+        for (int step = 0; step < 9; step++) {
+            b.clear();
+            const int rows = step < 6 ? 2 : 1;
+            for (int sq = 0; sq < rows; sq++) b.add(tok(), pos[sq]++, sq, true);
+            const std::vector<float> want = forward_logits(cpu, m, m.cpu_w, b);
+            const std::vector<float> g = forward_logits(graph_gpu, m, gw, b);
+            const std::vector<float> e = forward_logits(eager_gpu, m, ew, b);
+            EXPECT_LT(rel_l2(g, want), 2e-2) << "decode step " << step;
+            // Same kernels, same launch shapes: a replay that read stale positions or tokens
+            // would be far off (equal to the bit unless a kernel accumulates with atomics).
+            expect_close(g, e, 1e-5f, 1e-5f, "graph replay vs eager, step " + std::to_string(step));
+        }
+        const CudaBackend::GraphStats& st = graph_gpu.graph_stats();
+        EXPECT_EQ(st.captures, 2);  // keys (2 rows, 2 logits) and (1, 1)
+        EXPECT_EQ(st.replays, 7);
+        EXPECT_EQ(st.fallbacks, 0);
+        EXPECT_EQ(eager_gpu.graph_stats().captures, 0);
+    }
+}
+
+// A step that leaves its recorded op sequence runs eagerly and still computes the right thing.
+TEST(CudaBackend, GraphFallbackOnDifferentOps) {
+    NT_REQUIRE_GPU();
+    ModelShape s = make_shape(64, 4, 1);
+    Pair p(s, 16, 1, 64);
+    const int64_t n = 3 * s.n_embd;
+    Batch b;
+    b.add(1, 0, 0, true);
+    auto step = [&](bool twice) {
+        p.set(&Activations::x, random_floats(size_t(n), 1));
+        p.set(&Activations::xn, random_floats(size_t(n), 2));
+        p.begin(b);
+        for (Backend* be : {static_cast<Backend*>(&p.cpu), static_cast<Backend*>(&p.gpu)}) {
+            be->add(be->acts().x, be->acts().xn, n);
+            if (twice) be->add(be->acts().x, be->acts().xn, n);
+            be->swiglu(be->acts().x, be->acts().xn, n, be->acts().up);
+        }
+        expect_close(p.get_gpu(&Activations::up, size_t(n)), p.get_cpu(&Activations::up, size_t(n)), 1e-7f, 2e-6f,
+                     twice ? "fallback step" : "graph step");
+    };
+    for (int i = 0; i < 3; i++) step(false);
+    EXPECT_EQ(p.gpu.graph_stats().captures, 1);
+    EXPECT_EQ(p.gpu.graph_stats().replays, 2);
+    step(true);
+    EXPECT_EQ(p.gpu.graph_stats().fallbacks, 1);
+    step(true);  // recorded anew for the new sequence
+    step(true);
+    EXPECT_EQ(p.gpu.graph_stats().captures, 2);
+    EXPECT_EQ(p.gpu.graph_stats().replays, 3);
+}
+
+// ---- memory planning and weights -----------------------------------------------------------
+
+TEST(CudaBackend, ClearErrorWhenTheCacheDoesNotFit) {
+    NT_REQUIRE_GPU();
+    CudaBackend gpu;
+    ModelShape s = make_shape(128, 64, 8, 80);  // 70B-like: 320 KiB of KV per position
+    try {
+        gpu.init(s, 512, 64, 1 << 20);  // 64 sequences x 1M positions: 20 TiB
+        FAIL() << "init did not throw";
+    } catch (const Error& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("not enough GPU memory"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("reduce the context (-c)"), std::string::npos) << msg;
+    }
+    gpu.init(make_shape(64, 4, 1), 8, 1, 128);  // and the backend is still usable
+    EXPECT_NE(gpu.acts().x, nullptr);
+}
+
+TEST(CudaBackend, WeightsReservationAndSharing) {
+    NT_REQUIRE_GPU();
+    CudaBackend gpu;
+    gpu.init(make_shape(64, 4, 1), 8, 1, 128);
+    const HostWeight a = random_weight(GgmlType::F32, 3, 100, 1), c = random_weight(GgmlType::Q8_0, 2, 64, 2);
+    gpu.reserve_weights(CudaBackend::weight_footprint(a.bytes.size()) + CudaBackend::weight_footprint(c.bytes.size()));
+    const void* da = gpu.upload_weight(a.bytes.data(), a.bytes.size());
+    const void* dc = gpu.upload_weight(c.bytes.data(), c.bytes.size());
+    EXPECT_EQ(gpu.upload_weight(a.bytes.data(), a.bytes.size()), da);  // tied embeddings: one copy
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(da) % 256, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(dc) % 256, 0u);
+    std::vector<uint8_t> back(a.bytes.size());
+    gpu.download(static_cast<const float*>(da), reinterpret_cast<float*>(back.data()), back.size() / 4);
+    EXPECT_EQ(back, a.bytes);
+    try {
+        gpu.reserve_weights(size_t(1) << 50);
+        FAIL() << "reserve_weights did not throw";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("not enough GPU memory for the weights"), std::string::npos) << e.what();
+    }
+}
+
+TEST(CudaBackend, ReadBandwidthIsMeasured) {
+    NT_REQUIRE_GPU();
+    CudaBackend gpu;
+    const double gbs = gpu.measure_read_bandwidth();
+    std::printf("GPU read bandwidth: %.0f GB/s on %s\n", gbs, describe(gpu.device()).c_str());
+    EXPECT_GT(gbs, 100.0);  // any Ampere-or-later GPU's memory is faster than this
+}
+
+}  // namespace
+}  // namespace nt
