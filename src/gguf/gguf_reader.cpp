@@ -23,7 +23,8 @@
 #include "core/error.h"
 #include "gguf/gguf.h"
 
-static_assert(std::endian::native == std::endian::little, "the GGUF reader assumes a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "the GGUF reader assumes a little-endian host");
 
 namespace nt {
 
@@ -39,7 +40,7 @@ constexpr int kMaxArrayDepth = 16;
 // fails. Real models hold ~1-2 million values (vocabulary, scores, token types, merges).
 constexpr uint64_t kMaxMetadataValues = uint64_t(1) << 24;
 // Smallest encodings, used to bound counts by the bytes left before allocating.
-constexpr uint64_t kMinKvBytes = 8 + 4 + 1;              // empty key, type, 1-byte value
+constexpr uint64_t kMinKvBytes = 8 + 4 + 1;                  // empty key, type, 1-byte value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // empty name, 1 dim, type, offset
 
 // Names read from the file go into error messages: escape them and keep them short.
@@ -48,8 +49,10 @@ std::string printable(const std::string& s) {
     std::string out;
     for (size_t i = 0; i < s.size() && i < kMax; i++) {
         const unsigned char c = static_cast<unsigned char>(s[i]);
-        if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\') out += strfmt("\\x%02x", c);
-        else out += char(c);
+        if (c < 0x20 || c == 0x7f || c == '\'' || c == '\\')
+            out += strfmt("\\x%02x", c);
+        else
+            out += char(c);
     }
     if (s.size() > kMax) out += "...";
     return out;
@@ -58,26 +61,46 @@ std::string printable(const std::string& s) {
 // GGML type ids that exist but that ntransformer has no kernels for (names as gguf-py spells them).
 const char* unsupported_ggml_type_name(uint32_t id) {
     switch (id) {
-        case 16: return "iq2_xxs";
-        case 17: return "iq2_xs";
-        case 18: return "iq3_xxs";
-        case 19: return "iq1_s";
-        case 20: return "iq4_nl";
-        case 21: return "iq3_s";
-        case 22: return "iq2_s";
-        case 23: return "iq4_xs";
-        case 24: return "i8";
-        case 25: return "i16";
-        case 26: return "i32";
-        case 27: return "i64";
-        case 28: return "f64";
-        case 29: return "iq1_m";
-        case 34: return "tq1_0";
-        case 35: return "tq2_0";
-        case 39: return "mxfp4";
-        case 40: return "nvfp4";
-        case 41: return "q1_0";
-        default: return nullptr;
+        case 16:
+            return "iq2_xxs";
+        case 17:
+            return "iq2_xs";
+        case 18:
+            return "iq3_xxs";
+        case 19:
+            return "iq1_s";
+        case 20:
+            return "iq4_nl";
+        case 21:
+            return "iq3_s";
+        case 22:
+            return "iq2_s";
+        case 23:
+            return "iq4_xs";
+        case 24:
+            return "i8";
+        case 25:
+            return "i16";
+        case 26:
+            return "i32";
+        case 27:
+            return "i64";
+        case 28:
+            return "f64";
+        case 29:
+            return "iq1_m";
+        case 34:
+            return "tq1_0";
+        case 35:
+            return "tq2_0";
+        case 39:
+            return "mxfp4";
+        case 40:
+            return "nvfp4";
+        case 41:
+            return "q1_0";
+        default:
+            return nullptr;
     }
 }
 
@@ -85,17 +108,22 @@ uint64_t min_value_bytes(GgufValueType t) {
     switch (t) {
         case GgufValueType::UINT8:
         case GgufValueType::INT8:
-        case GgufValueType::BOOL: return 1;
+        case GgufValueType::BOOL:
+            return 1;
         case GgufValueType::UINT16:
-        case GgufValueType::INT16: return 2;
+        case GgufValueType::INT16:
+            return 2;
         case GgufValueType::UINT32:
         case GgufValueType::INT32:
-        case GgufValueType::FLOAT32: return 4;
+        case GgufValueType::FLOAT32:
+            return 4;
         case GgufValueType::UINT64:
         case GgufValueType::INT64:
         case GgufValueType::FLOAT64:
-        case GgufValueType::STRING: return 8;  // the length prefix
-        case GgufValueType::ARRAY: return 12;  // element type + count
+        case GgufValueType::STRING:
+            return 8;  // the length prefix
+        case GgufValueType::ARRAY:
+            return 12;  // element type + count
     }
     return 1;
 }
@@ -103,7 +131,7 @@ uint64_t min_value_bytes(GgufValueType t) {
 }  // namespace
 
 class GgufParser {
-public:
+  public:
     explicit GgufParser(GgufFile& f) : f_(f), p_(f.base_), size_(f.size_), name_(f.path_.c_str()) {}
 
     void run() {
@@ -116,14 +144,14 @@ public:
         // truncation message from the loop; reserve only what the bytes left could hold.
         f_.tensors_.reserve(size_t(std::min<uint64_t>(n_tensors_, left() / kMinTensorInfoBytes)));
         for (uint64_t i = 0; i < n_tensors_; i++) read_tensor_info(i);
-        // The data section starts at the next multiple of the alignment. pos_ < 2^63 and the
-        // alignment is a power of two below 2^64, so this cannot wrap.
+        // The data section starts at the next multiple of the alignment (<= 2^31), which
+        // cannot wrap since pos_ is at most the file size.
         const uint64_t rem = pos_ % f_.alignment_;
         f_.data_offset_ = rem ? pos_ + (f_.alignment_ - rem) : pos_;
         check_tensor_data();
     }
 
-private:
+  private:
     GgufFile& f_;
     const uint8_t* p_;
     size_t size_;
@@ -137,7 +165,8 @@ private:
 
     void need(uint64_t n) {
         if (n > left())
-            fail("%s: truncated file: %s needs %" PRIu64 " bytes at offset %zu but the file ends at %zu.",
+            fail("%s: truncated file: %s needs %" PRIu64
+                 " bytes at offset %zu but the file ends at %zu.",
                  name_, what_.c_str(), n, pos_, size_);
     }
 
@@ -147,7 +176,8 @@ private:
     void check_count(uint64_t count, uint64_t min_bytes_each, const char* noun) {
         if (count <= left() / min_bytes_each) return;
         check_absurd(count, min_bytes_each, noun);
-        fail("%s: truncated file: %s has a %s of %" PRIu64 " but only %zu bytes are left at offset %zu.",
+        fail("%s: truncated file: %s has a %s of %" PRIu64
+             " but only %zu bytes are left at offset %zu.",
              name_, what_.c_str(), noun, count, left(), pos_);
     }
 
@@ -191,12 +221,17 @@ private:
         if (version != 2 && version != 3) {
             const uint32_t swapped = __builtin_bswap32(version);
             if (swapped == 2 || swapped == 3)
-                fail("%s: unsupported GGUF version (the file is big-endian; only little-endian files are supported).",
-                     name_);
+                fail(
+                    "%s: unsupported GGUF version (the file is big-endian; only little-endian "
+                    "files are supported).",
+                    name_);
             if (version == 1)
-                fail("%s: unsupported GGUF version 1 (versions 2 and 3 are supported; convert the file again with a current llama.cpp).",
-                     name_);
-            fail("%s: unsupported GGUF version %u (versions 2 and 3 are supported).", name_, version);
+                fail(
+                    "%s: unsupported GGUF version 1 (versions 2 and 3 are supported; convert the "
+                    "file again with a current llama.cpp).",
+                    name_);
+            fail("%s: unsupported GGUF version %u (versions 2 and 3 are supported).", name_,
+                 version);
         }
         f_.version_ = version;
         n_tensors_ = rd<uint64_t>();
@@ -208,32 +243,60 @@ private:
         GgufValue v;
         v.type = t;
         switch (t) {
-            case GgufValueType::UINT8: v.v = uint64_t(rd<uint8_t>()); break;
-            case GgufValueType::INT8: v.v = int64_t(rd<int8_t>()); break;
-            case GgufValueType::UINT16: v.v = uint64_t(rd<uint16_t>()); break;
-            case GgufValueType::INT16: v.v = int64_t(rd<int16_t>()); break;
-            case GgufValueType::UINT32: v.v = uint64_t(rd<uint32_t>()); break;
-            case GgufValueType::INT32: v.v = int64_t(rd<int32_t>()); break;
-            case GgufValueType::UINT64: v.v = rd<uint64_t>(); break;
-            case GgufValueType::INT64: v.v = rd<int64_t>(); break;
-            case GgufValueType::FLOAT32: v.v = double(rd<float>()); break;
-            case GgufValueType::FLOAT64: v.v = rd<double>(); break;
-            case GgufValueType::BOOL: v.v = rd<uint8_t>() != 0; break;  // never load a byte as bool
-            case GgufValueType::STRING: v.v = rd_string(); break;
-            case GgufValueType::ARRAY: v.v = read_array(depth + 1); break;
+            case GgufValueType::UINT8:
+                v.v = uint64_t(rd<uint8_t>());
+                break;
+            case GgufValueType::INT8:
+                v.v = int64_t(rd<int8_t>());
+                break;
+            case GgufValueType::UINT16:
+                v.v = uint64_t(rd<uint16_t>());
+                break;
+            case GgufValueType::INT16:
+                v.v = int64_t(rd<int16_t>());
+                break;
+            case GgufValueType::UINT32:
+                v.v = uint64_t(rd<uint32_t>());
+                break;
+            case GgufValueType::INT32:
+                v.v = int64_t(rd<int32_t>());
+                break;
+            case GgufValueType::UINT64:
+                v.v = rd<uint64_t>();
+                break;
+            case GgufValueType::INT64:
+                v.v = rd<int64_t>();
+                break;
+            case GgufValueType::FLOAT32:
+                v.v = double(rd<float>());
+                break;
+            case GgufValueType::FLOAT64:
+                v.v = rd<double>();
+                break;
+            case GgufValueType::BOOL:
+                v.v = rd<uint8_t>() != 0;
+                break;  // never load a byte as bool
+            case GgufValueType::STRING:
+                v.v = rd_string();
+                break;
+            case GgufValueType::ARRAY:
+                v.v = read_array(depth + 1);
+                break;
         }
         return v;
     }
 
     std::shared_ptr<GgufArray> read_array(int depth) {
         if (depth > kMaxArrayDepth)
-            fail("%s: %s nests arrays more than %d levels deep.", name_, what_.c_str(), kMaxArrayDepth);
+            fail("%s: %s nests arrays more than %d levels deep.", name_, what_.c_str(),
+                 kMaxArrayDepth);
         auto a = std::make_shared<GgufArray>();
         a->elem_type = rd_type();
         const uint64_t n = rd<uint64_t>();
         check_count(n, min_value_bytes(a->elem_type), "array count");
         if (n > kMaxMetadataValues - n_values_)
-            fail("%s: %s brings the metadata to more than %" PRIu64 " values, far beyond any real model.",
+            fail("%s: %s brings the metadata to more than %" PRIu64
+                 " values, far beyond any real model.",
                  name_, what_.c_str(), kMaxMetadataValues);
         n_values_ += n;
         a->items.reserve(size_t(n));
@@ -245,7 +308,8 @@ private:
         what_ = strfmt("metadata key #%" PRIu64, i);
         std::string key = rd_string();
         what_ = "metadata key '" + printable(key) + "'";
-        if (f_.kv_index_.count(key)) fail("%s: duplicate metadata key '%s'.", name_, printable(key).c_str());
+        if (f_.kv_index_.count(key))
+            fail("%s: duplicate metadata key '%s'.", name_, printable(key).c_str());
         const GgufValueType t = rd_type();
         GgufValue v = read_value(t, 0);
         f_.kv_index_.emplace(key, f_.kv_.size());
@@ -261,12 +325,14 @@ private:
         const uint64_t* u = std::get_if<uint64_t>(&a->v);
         const int64_t signed_value = u ? 0 : std::get<int64_t>(a->v);
         if (!u && signed_value <= 0)
-            fail("%s: general.alignment is %" PRId64 ", which is not a power of two from 1 to 2^31.",
+            fail("%s: general.alignment is %" PRId64
+                 ", which is not a power of two from 1 to 2^31.",
                  name_, signed_value);
         const uint64_t al = u ? *u : uint64_t(signed_value);
         // The spec stores it as a uint32; anything larger is corruption, not a layout.
         if (!std::has_single_bit(al) || al > kMaxAlignment)
-            fail("%s: general.alignment is %" PRIu64 ", which is not a power of two from 1 to 2^31.",
+            fail("%s: general.alignment is %" PRIu64
+                 ", which is not a power of two from 1 to 2^31.",
                  name_, al);
         f_.alignment_ = size_t(al);
     }
@@ -282,13 +348,15 @@ private:
 
         const uint32_t n_dims = rd<uint32_t>();
         if (n_dims == 0 || n_dims > kMaxDims)
-            fail("%s: tensor '%s' has %u dimensions (1 to %u are supported).", name_, tn, n_dims, kMaxDims);
+            fail("%s: tensor '%s' has %u dimensions (1 to %u are supported).", name_, tn, n_dims,
+                 kMaxDims);
         t.ne.resize(n_dims);
         int64_t nel = 1;
         for (uint32_t d = 0; d < n_dims; d++) {
             const int64_t x = int64_t(rd<uint64_t>());  // values >= 2^63 show up as negative
             if (x <= 0)
-                fail("%s: tensor '%s' has dimension ne[%u] = %" PRId64 " (dimensions must be positive).",
+                fail("%s: tensor '%s' has dimension ne[%u] = %" PRId64
+                     " (dimensions must be positive).",
                      name_, tn, d, x);
             if (__builtin_mul_overflow(nel, x, &nel))
                 fail("%s: tensor '%s' has dimensions whose product overflows 64 bits.", name_, tn);
@@ -299,12 +367,14 @@ private:
         const TypeTraits* tr = type_traits(type_id);
         if (!tr) {
             if (const char* known = unsupported_ggml_type_name(type_id))
-                fail("%s: tensor '%s' has unsupported type %s (type id %u).", name_, tn, known, type_id);
+                fail("%s: tensor '%s' has unsupported type %s (type id %u).", name_, tn, known,
+                     type_id);
             fail("%s: tensor '%s' has unknown type id %u.", name_, tn, type_id);
         }
         t.type = GgmlType(type_id);
         if (t.ne[0] % tr->block_elems != 0)
-            fail("%s: tensor '%s' has row length %" PRId64 ", which is not a multiple of the %s block size %d.",
+            fail("%s: tensor '%s' has row length %" PRId64
+                 ", which is not a multiple of the %s block size %d.",
                  name_, tn, t.ne[0], tr->name, tr->block_elems);
         // Every dimension is a whole number of blocks along ne[0], so nel divides evenly.
         size_t nbytes = 0;
@@ -314,7 +384,8 @@ private:
 
         t.offset = rd<uint64_t>();
         if (t.offset % f_.alignment_ != 0)
-            fail("%s: tensor '%s' has data offset %" PRIu64 ", which is not a multiple of the alignment %zu.",
+            fail("%s: tensor '%s' has data offset %" PRIu64
+                 ", which is not a multiple of the alignment %zu.",
                  name_, tn, t.offset, f_.alignment_);
 
         f_.tensor_index_.emplace(t.name, f_.tensors_.size());
@@ -361,7 +432,8 @@ int64_t GgufTensorInfo::nelements() const {
     return n;
 }
 
-std::unique_ptr<GgufFile> GgufFile::parse(const uint8_t* data, size_t size, const std::string& name) {
+std::unique_ptr<GgufFile> GgufFile::parse(const uint8_t* data, size_t size,
+                                          const std::string& name) {
     std::unique_ptr<GgufFile> f(new GgufFile());
     f->path_ = name;
     static const uint8_t kEmpty = 0;

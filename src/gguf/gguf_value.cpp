@@ -10,19 +10,32 @@ namespace nt {
 
 const char* gguf_type_name(GgufValueType t) {
     switch (t) {
-        case GgufValueType::UINT8: return "uint8";
-        case GgufValueType::INT8: return "int8";
-        case GgufValueType::UINT16: return "uint16";
-        case GgufValueType::INT16: return "int16";
-        case GgufValueType::UINT32: return "uint32";
-        case GgufValueType::INT32: return "int32";
-        case GgufValueType::FLOAT32: return "float32";
-        case GgufValueType::BOOL: return "bool";
-        case GgufValueType::STRING: return "string";
-        case GgufValueType::ARRAY: return "array";
-        case GgufValueType::UINT64: return "uint64";
-        case GgufValueType::INT64: return "int64";
-        case GgufValueType::FLOAT64: return "float64";
+        case GgufValueType::UINT8:
+            return "uint8";
+        case GgufValueType::INT8:
+            return "int8";
+        case GgufValueType::UINT16:
+            return "uint16";
+        case GgufValueType::INT16:
+            return "int16";
+        case GgufValueType::UINT32:
+            return "uint32";
+        case GgufValueType::INT32:
+            return "int32";
+        case GgufValueType::FLOAT32:
+            return "float32";
+        case GgufValueType::BOOL:
+            return "bool";
+        case GgufValueType::STRING:
+            return "string";
+        case GgufValueType::ARRAY:
+            return "array";
+        case GgufValueType::UINT64:
+            return "uint64";
+        case GgufValueType::INT64:
+            return "int64";
+        case GgufValueType::FLOAT64:
+            return "float64";
     }
     return "unknown";
 }
@@ -31,7 +44,9 @@ bool GgufValue::is_int() const {
     return std::holds_alternative<uint64_t>(v) || std::holds_alternative<int64_t>(v);
 }
 
-bool GgufValue::is_float() const { return std::holds_alternative<double>(v); }
+bool GgufValue::is_float() const {
+    return std::holds_alternative<double>(v);
+}
 
 int64_t GgufValue::as_int() const {
     if (const int64_t* i = std::get_if<int64_t>(&v)) return *i;
@@ -64,11 +79,20 @@ const GgufArray& GgufValue::as_array() const {
 GgufValue GgufValue::of_uint(GgufValueType t, uint64_t x) {
     uint64_t max = 0;
     switch (t) {
-        case GgufValueType::UINT8: max = UINT8_MAX; break;
-        case GgufValueType::UINT16: max = UINT16_MAX; break;
-        case GgufValueType::UINT32: max = UINT32_MAX; break;
-        case GgufValueType::UINT64: max = UINT64_MAX; break;
-        default: fail("GGUF type %s is not an unsigned integer type.", gguf_type_name(t));
+        case GgufValueType::UINT8:
+            max = UINT8_MAX;
+            break;
+        case GgufValueType::UINT16:
+            max = UINT16_MAX;
+            break;
+        case GgufValueType::UINT32:
+            max = UINT32_MAX;
+            break;
+        case GgufValueType::UINT64:
+            max = UINT64_MAX;
+            break;
+        default:
+            fail("GGUF type %s is not an unsigned integer type.", gguf_type_name(t));
     }
     if (x > max) fail("GGUF value %" PRIu64 " does not fit in %s.", x, gguf_type_name(t));
     GgufValue r;
@@ -80,11 +104,20 @@ GgufValue GgufValue::of_uint(GgufValueType t, uint64_t x) {
 GgufValue GgufValue::of_int(GgufValueType t, int64_t x) {
     int64_t lo = 0, hi = 0;
     switch (t) {
-        case GgufValueType::INT8: lo = INT8_MIN, hi = INT8_MAX; break;
-        case GgufValueType::INT16: lo = INT16_MIN, hi = INT16_MAX; break;
-        case GgufValueType::INT32: lo = INT32_MIN, hi = INT32_MAX; break;
-        case GgufValueType::INT64: lo = INT64_MIN, hi = INT64_MAX; break;
-        default: fail("GGUF type %s is not a signed integer type.", gguf_type_name(t));
+        case GgufValueType::INT8:
+            lo = INT8_MIN, hi = INT8_MAX;
+            break;
+        case GgufValueType::INT16:
+            lo = INT16_MIN, hi = INT16_MAX;
+            break;
+        case GgufValueType::INT32:
+            lo = INT32_MIN, hi = INT32_MAX;
+            break;
+        case GgufValueType::INT64:
+            lo = INT64_MIN, hi = INT64_MAX;
+            break;
+        default:
+            fail("GGUF type %s is not a signed integer type.", gguf_type_name(t));
     }
     if (x < lo || x > hi) fail("GGUF value %" PRId64 " does not fit in %s.", x, gguf_type_name(t));
     GgufValue r;
@@ -142,11 +175,21 @@ static void append_escaped(std::string& out, const std::string& s, size_t max_by
     for (size_t i = 0; i < n; i++) {
         const unsigned char c = static_cast<unsigned char>(s[i]);
         switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
             default:
                 if (c < 0x20 || c == 0x7f) {
                     out += strfmt("\\x%02x", c);
@@ -189,8 +232,10 @@ static void append_value(std::string& out, const GgufValue& v, size_t max_items,
             if (k) out += ", ";
             append_value(out, a->items[k], max_items, max_string_bytes);
         }
-        if (shown < n) out += shown ? ", ...]" : "...]";
-        else out += ']';
+        if (shown < n)
+            out += shown ? ", ...]" : "...]";
+        else
+            out += ']';
         if (shown < n) out += strfmt(" (%zu items of %s)", n, gguf_type_name(a->elem_type));
     }
 }

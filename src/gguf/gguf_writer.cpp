@@ -95,18 +95,42 @@ void check_value(const GgufValue& v, const std::string& what, int depth) {
 // Values are checked before emission, so the variant accesses below cannot fail.
 void put_value(const Sink& out, const GgufValue& v) {
     switch (v.type) {
-        case GgufValueType::UINT8: put<uint8_t>(out, uint8_t(std::get<uint64_t>(v.v))); break;
-        case GgufValueType::UINT16: put<uint16_t>(out, uint16_t(std::get<uint64_t>(v.v))); break;
-        case GgufValueType::UINT32: put<uint32_t>(out, uint32_t(std::get<uint64_t>(v.v))); break;
-        case GgufValueType::UINT64: put<uint64_t>(out, std::get<uint64_t>(v.v)); break;
-        case GgufValueType::INT8: put<int8_t>(out, int8_t(std::get<int64_t>(v.v))); break;
-        case GgufValueType::INT16: put<int16_t>(out, int16_t(std::get<int64_t>(v.v))); break;
-        case GgufValueType::INT32: put<int32_t>(out, int32_t(std::get<int64_t>(v.v))); break;
-        case GgufValueType::INT64: put<int64_t>(out, std::get<int64_t>(v.v)); break;
-        case GgufValueType::FLOAT32: put<float>(out, float(std::get<double>(v.v))); break;
-        case GgufValueType::FLOAT64: put<double>(out, std::get<double>(v.v)); break;
-        case GgufValueType::BOOL: put<uint8_t>(out, std::get<bool>(v.v) ? 1 : 0); break;
-        case GgufValueType::STRING: put_string(out, std::get<std::string>(v.v)); break;
+        case GgufValueType::UINT8:
+            put<uint8_t>(out, uint8_t(std::get<uint64_t>(v.v)));
+            break;
+        case GgufValueType::UINT16:
+            put<uint16_t>(out, uint16_t(std::get<uint64_t>(v.v)));
+            break;
+        case GgufValueType::UINT32:
+            put<uint32_t>(out, uint32_t(std::get<uint64_t>(v.v)));
+            break;
+        case GgufValueType::UINT64:
+            put<uint64_t>(out, std::get<uint64_t>(v.v));
+            break;
+        case GgufValueType::INT8:
+            put<int8_t>(out, int8_t(std::get<int64_t>(v.v)));
+            break;
+        case GgufValueType::INT16:
+            put<int16_t>(out, int16_t(std::get<int64_t>(v.v)));
+            break;
+        case GgufValueType::INT32:
+            put<int32_t>(out, int32_t(std::get<int64_t>(v.v)));
+            break;
+        case GgufValueType::INT64:
+            put<int64_t>(out, std::get<int64_t>(v.v));
+            break;
+        case GgufValueType::FLOAT32:
+            put<float>(out, float(std::get<double>(v.v)));
+            break;
+        case GgufValueType::FLOAT64:
+            put<double>(out, std::get<double>(v.v));
+            break;
+        case GgufValueType::BOOL:
+            put<uint8_t>(out, std::get<bool>(v.v) ? 1 : 0);
+            break;
+        case GgufValueType::STRING:
+            put_string(out, std::get<std::string>(v.v));
+            break;
         case GgufValueType::ARRAY: {
             const GgufArray& a = *std::get<std::shared_ptr<GgufArray>>(v.v);
             put<uint32_t>(out, uint32_t(a.elem_type));
@@ -213,7 +237,9 @@ void GgufWriter::set_i32(const std::string& key, int32_t x) {
 void GgufWriter::set_f32(const std::string& key, float x) {
     set(key, GgufValue::of_float(GgufValueType::FLOAT32, x));
 }
-void GgufWriter::set_bool(const std::string& key, bool x) { set(key, GgufValue::of_bool(x)); }
+void GgufWriter::set_bool(const std::string& key, bool x) {
+    set(key, GgufValue::of_bool(x));
+}
 
 void GgufWriter::set_string_array(const std::string& key, const std::vector<std::string>& items) {
     std::vector<GgufValue> v;
@@ -252,12 +278,13 @@ void GgufWriter::add_tensor(const std::string& name, GgmlType type, std::vector<
             fail("GGUF writer: tensor '%s' has too many elements.", n);
     }
     if (ne[0] % tr->block_elems != 0)
-        fail("GGUF writer: tensor '%s' has row length %" PRId64 ", not a multiple of the %s block size %d.",
+        fail("GGUF writer: tensor '%s' has row length %" PRId64
+             ", not a multiple of the %s block size %d.",
              n, ne[0], tr->name, tr->block_elems);
     const size_t expect = size_t(nel / tr->block_elems) * size_t(tr->block_bytes);
     if (nbytes != expect)
-        fail("GGUF writer: tensor '%s' is given %zu bytes but its shape and type need %zu.", n, nbytes,
-             expect);
+        fail("GGUF writer: tensor '%s' is given %zu bytes but its shape and type need %zu.", n,
+             nbytes, expect);
     if (!data) fail("GGUF writer: tensor '%s' has no data.", n);
     const uint8_t* b = static_cast<const uint8_t*>(data);
     tensors_.push_back(Pending{name, type, std::move(ne), std::vector<uint8_t>(b, b + nbytes)});
@@ -267,10 +294,12 @@ std::vector<uint8_t> GgufWriter::to_bytes(size_t alignment) const {
     std::vector<TensorView> views;
     for (const Pending& p : tensors_) views.push_back({&p.name, p.type, &p.ne, &p.bytes});
     std::vector<uint8_t> out;
-    emit([&](const void* p, size_t n) {
-        const uint8_t* b = static_cast<const uint8_t*>(p);
-        out.insert(out.end(), b, b + n);
-    }, kv_, views, alignment);
+    emit(
+        [&](const void* p, size_t n) {
+            const uint8_t* b = static_cast<const uint8_t*>(p);
+            out.insert(out.end(), b, b + n);
+        },
+        kv_, views, alignment);
     return out;
 }
 
@@ -281,9 +310,11 @@ void GgufWriter::write(const std::string& path, size_t alignment) const {
     if (!f) fail("%s: cannot create the file (%s).", path.c_str(), std::strerror(errno));
     int err = 0;
     try {
-        emit([&](const void* p, size_t n) {
-            if (!err && n && std::fwrite(p, 1, n, f) != n) err = errno ? errno : EIO;
-        }, kv_, views, alignment);
+        emit(
+            [&](const void* p, size_t n) {
+                if (!err && n && std::fwrite(p, 1, n, f) != n) err = errno ? errno : EIO;
+            },
+            kv_, views, alignment);
     } catch (...) {
         std::fclose(f);
         std::remove(path.c_str());

@@ -51,7 +51,8 @@ void use(const nt::GgufFile& f, const uint8_t* data, size_t size) {
         // The reader promised the whole range lies inside the input; ASan checks the bytes too.
         if (t.nbytes == 0 || p < data || p + t.nbytes > data + size) __builtin_trap();
         if (size_t(t.nelements()) / size_t(nt::traits(t.type).block_elems) *
-                size_t(nt::traits(t.type).block_bytes) != t.nbytes)
+                size_t(nt::traits(t.type).block_bytes) !=
+            t.nbytes)
             __builtin_trap();
         sink = sink + p[0] + p[t.nbytes - 1];
         if (t.rows() <= 0 || f.tensor(t.name) != &t) __builtin_trap();
@@ -61,7 +62,8 @@ void use(const nt::GgufFile& f, const uint8_t* data, size_t size) {
 void round_trip(const nt::GgufFile& f) {
     nt::GgufWriter w;
     for (const auto& [key, v] : f.metadata()) w.set(key, v);
-    for (const nt::GgufTensorInfo& t : f.tensors()) w.add_tensor(t.name, t.type, t.ne, f.tensor_data(t), t.nbytes);
+    for (const nt::GgufTensorInfo& t : f.tensors())
+        w.add_tensor(t.name, t.type, t.ne, f.tensor_data(t), t.nbytes);
     const std::vector<uint8_t> bytes = w.to_bytes(f.alignment());
     auto g = nt::GgufFile::parse(bytes.data(), bytes.size(), "round-trip.gguf");
     if (g->alignment() != f.alignment() || g->metadata().size() != f.metadata().size() ||
@@ -73,7 +75,8 @@ void round_trip(const nt::GgufFile& f) {
     }
     for (size_t k = 0; k < f.tensors().size(); k++) {
         const nt::GgufTensorInfo &a = f.tensors()[k], &b = g->tensors()[k];
-        if (a.name != b.name || a.type != b.type || a.ne != b.ne || a.nbytes != b.nbytes) __builtin_trap();
+        if (a.name != b.name || a.type != b.type || a.ne != b.ne || a.nbytes != b.nbytes)
+            __builtin_trap();
         if (std::memcmp(f.tensor_data(a), g->tensor_data(b), a.nbytes) != 0) __builtin_trap();
     }
 }

@@ -66,7 +66,9 @@ struct Raw {
     Raw& kv_str(const std::string& key, const std::string& v) {
         return str(key).u32(uint32_t(VT::STRING)).str(v);
     }
-    Raw& kv_u32(const std::string& key, uint32_t v) { return str(key).u32(uint32_t(VT::UINT32)).u32(v); }
+    Raw& kv_u32(const std::string& key, uint32_t v) {
+        return str(key).u32(uint32_t(VT::UINT32)).u32(v);
+    }
     // One tensor info.
     Raw& tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t offset) {
         str(name).u32(uint32_t(ne.size()));
@@ -90,9 +92,15 @@ std::vector<uint8_t> make_file(uint64_t n_kv, const Raw& kvs, uint64_t n_tensors
 
 // A small valid file: one key, tensors "a" (32 f32, 128 bytes at 0) and "b" (2 rows of 32 q8_0,
 // 68 bytes at 128).
-Raw valid_kvs() { return Raw().kv_str("general.architecture", "llama"); }
-Raw valid_infos() { return Raw().tensor("a", {32}, F32, 0).tensor("b", {32, 2}, Q8_0, 128); }
-std::vector<uint8_t> valid_file() { return make_file(1, valid_kvs(), 2, valid_infos(), 128 + 68); }
+Raw valid_kvs() {
+    return Raw().kv_str("general.architecture", "llama");
+}
+Raw valid_infos() {
+    return Raw().tensor("a", {32}, F32, 0).tensor("b", {32, 2}, Q8_0, 128);
+}
+std::vector<uint8_t> valid_file() {
+    return make_file(1, valid_kvs(), 2, valid_infos(), 128 + 68);
+}
 
 std::string parse_error(const std::vector<uint8_t>& b) {
     try {
@@ -107,7 +115,8 @@ std::string parse_error(const std::vector<uint8_t>& b) {
 void check_error(const std::vector<uint8_t>& b, const std::string& fragment) {
     const std::string msg = parse_error(b);
     EXPECT_EQ(msg.rfind("bad.gguf: ", 0), 0u) << msg;
-    EXPECT_NE(msg.find(fragment), std::string::npos) << "message: " << msg << "\nwanted: " << fragment;
+    EXPECT_NE(msg.find(fragment), std::string::npos)
+        << "message: " << msg << "\nwanted: " << fragment;
     EXPECT_EQ(msg.back(), '.') << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
 }
@@ -132,8 +141,9 @@ TEST(GgufMalformed, BadMagic) {
     std::vector<uint8_t> b = valid_file();
     b[0] = 'X';
     EXPECT_EQ(parse_error(b), "bad.gguf: not a GGUF file (bad magic).");
-    EXPECT_EQ(parse_error({'G', 'G'}),
-              "bad.gguf: truncated file: the header needs 4 bytes at offset 0 but the file ends at 2.");
+    EXPECT_EQ(
+        parse_error({'G', 'G'}),
+        "bad.gguf: truncated file: the header needs 4 bytes at offset 0 but the file ends at 2.");
 }
 
 TEST(GgufMalformed, UnsupportedVersion) {
@@ -151,14 +161,17 @@ TEST(GgufMalformed, UnsupportedVersion) {
 TEST(GgufMalformed, TruncatedHeaderMetadataTensorInfosData) {
     const std::vector<uint8_t> full = valid_file();
     auto cut = [&](size_t n) { return std::vector<uint8_t>(full.begin(), full.begin() + n); };
-    EXPECT_EQ(parse_error(cut(20)),
-              "bad.gguf: truncated file: the header needs 8 bytes at offset 16 but the file ends at 20.");
+    EXPECT_EQ(
+        parse_error(cut(20)),
+        "bad.gguf: truncated file: the header needs 8 bytes at offset 16 but the file ends at 20.");
     EXPECT_EQ(parse_error(cut(24 + 5)),
-              "bad.gguf: truncated file: metadata key #0 needs 8 bytes at offset 24 but the file ends at 29.");
+              "bad.gguf: truncated file: metadata key #0 needs 8 bytes at offset 24 but the file "
+              "ends at 29.");
     // Inside the value: key "general.architecture" (20 bytes) + type, then the string length.
-    EXPECT_EQ(parse_error(cut(24 + 8 + 20 + 4 + 3)),
-              "bad.gguf: truncated file: metadata key 'general.architecture' needs 8 bytes at offset 56 "
-              "but the file ends at 59.");
+    EXPECT_EQ(
+        parse_error(cut(24 + 8 + 20 + 4 + 3)),
+        "bad.gguf: truncated file: metadata key 'general.architecture' needs 8 bytes at offset 56 "
+        "but the file ends at 59.");
     const size_t infos_at = 24 + valid_kvs().b.size();
     EXPECT_GGUF_ERROR(cut(infos_at + 2), "truncated file: tensor info #0 needs 8 bytes");
     EXPECT_GGUF_ERROR(cut(infos_at + 8 + 1 + 4 + 3), "truncated file: tensor 'a' needs 8 bytes");
@@ -173,9 +186,10 @@ TEST(GgufMalformed, TruncatedHeaderMetadataTensorInfosData) {
 
 TEST(GgufMalformed, OffsetsPastTheEnd) {
     Raw infos = Raw().tensor("a", {32}, F32, 0).tensor("far", {32}, F32, uint64_t(1) << 62);
-    EXPECT_EQ(parse_error(make_file(1, valid_kvs(), 2, infos, 256)),
-              "bad.gguf: tensor 'far' has data offset 4611686018427387904, past the end of the file "
-              "(the data section holds 256 bytes).");
+    EXPECT_EQ(
+        parse_error(make_file(1, valid_kvs(), 2, infos, 256)),
+        "bad.gguf: tensor 'far' has data offset 4611686018427387904, past the end of the file "
+        "(the data section holds 256 bytes).");
     // An offset that is inside the file but whose size runs past the end.
     infos = Raw().tensor("a", {32}, F32, 0).tensor("b", {32, 1000}, F32, 128);
     EXPECT_GGUF_ERROR(make_file(1, valid_kvs(), 2, infos, 256),
@@ -193,8 +207,9 @@ TEST(GgufMalformed, DimensionOverflow) {
 }
 
 TEST(GgufMalformed, BadDims) {
-    EXPECT_EQ(parse_error(make_file(1, valid_kvs(), 1, Raw().tensor("t", {1, 1, 1, 1, 32}, F32, 0), 128)),
-              "bad.gguf: tensor 't' has 5 dimensions (1 to 4 are supported).");
+    EXPECT_EQ(
+        parse_error(make_file(1, valid_kvs(), 1, Raw().tensor("t", {1, 1, 1, 1, 32}, F32, 0), 128)),
+        "bad.gguf: tensor 't' has 5 dimensions (1 to 4 are supported).");
     EXPECT_GGUF_ERROR(make_file(1, valid_kvs(), 1, Raw().tensor("t", {}, F32, 0), 128),
                       "tensor 't' has 0 dimensions");
     EXPECT_EQ(parse_error(make_file(1, valid_kvs(), 1, Raw().tensor("t", {32, 0}, F32, 0), 128)),
@@ -212,14 +227,17 @@ TEST(GgufMalformed, UnknownTensorType) {
 
 TEST(GgufMalformed, RowLengthNotMultipleOfBlock) {
     EXPECT_EQ(parse_error(make_file(1, valid_kvs(), 1, Raw().tensor("w", {33, 2}, Q4_0, 0), 128)),
-              "bad.gguf: tensor 'w' has row length 33, which is not a multiple of the q4_0 block size 32.");
+              "bad.gguf: tensor 'w' has row length 33, which is not a multiple of the q4_0 block "
+              "size 32.");
 }
 
 TEST(GgufMalformed, DuplicateKeysAndTensors) {
     Raw kvs = Raw().kv_u32("x.n", 1).kv_str("x.s", "a").kv_u32("x.n", 2);
-    EXPECT_EQ(parse_error(make_file(3, kvs, 2, valid_infos(), 196)), "bad.gguf: duplicate metadata key 'x.n'.");
+    EXPECT_EQ(parse_error(make_file(3, kvs, 2, valid_infos(), 196)),
+              "bad.gguf: duplicate metadata key 'x.n'.");
     Raw infos = Raw().tensor("a", {32}, F32, 0).tensor("a", {32}, F32, 128);
-    EXPECT_EQ(parse_error(make_file(1, valid_kvs(), 2, infos, 256)), "bad.gguf: duplicate tensor name 'a'.");
+    EXPECT_EQ(parse_error(make_file(1, valid_kvs(), 2, infos, 256)),
+              "bad.gguf: duplicate tensor name 'a'.");
 }
 
 TEST(GgufMalformed, AbsurdCounts) {
@@ -231,7 +249,8 @@ TEST(GgufMalformed, AbsurdCounts) {
     EXPECT_GGUF_ERROR(make_file(1, kvs, 0, Raw(), 0), "metadata key 'k' has an absurd array count");
     // Key length itself.
     kvs = Raw().u64(UINT64_MAX);
-    EXPECT_GGUF_ERROR(make_file(1, kvs, 0, Raw(), 0), "metadata key #0 has an absurd string length");
+    EXPECT_GGUF_ERROR(make_file(1, kvs, 0, Raw(), 0),
+                      "metadata key #0 has an absurd string length");
     EXPECT_GGUF_ERROR(make_file(uint64_t(1) << 50, valid_kvs(), 2, valid_infos(), 196),
                       "the header has an absurd metadata key count");
     EXPECT_GGUF_ERROR(make_file(1, valid_kvs(), UINT64_MAX, valid_infos(), 196),
@@ -239,8 +258,9 @@ TEST(GgufMalformed, AbsurdCounts) {
     // A string that is not absurd for the file but longer than what is left is a truncation.
     Raw r;
     r.u32(0x46554747).u32(3).u64(0).u64(1).str("k").u32(uint32_t(VT::STRING)).u64(100).zeros(60);
-    EXPECT_EQ(parse_error(r.b), "bad.gguf: truncated file: metadata key 'k' has a string length of 100 "
-                                "but only 60 bytes are left at offset 45.");
+    EXPECT_EQ(parse_error(r.b),
+              "bad.gguf: truncated file: metadata key 'k' has a string length of 100 "
+              "but only 60 bytes are left at offset 45.");
 }
 
 TEST(GgufMalformed, MetadataValueBudget) {
@@ -254,8 +274,9 @@ TEST(GgufMalformed, MetadataValueBudget) {
 
 TEST(GgufMalformed, MisalignedAndOverlappingTensors) {
     Raw infos = Raw().tensor("a", {32}, F32, 0).tensor("b", {32}, F32, 130);
-    EXPECT_EQ(parse_error(make_file(1, valid_kvs(), 2, infos, 512)),
-              "bad.gguf: tensor 'b' has data offset 130, which is not a multiple of the alignment 32.");
+    EXPECT_EQ(
+        parse_error(make_file(1, valid_kvs(), 2, infos, 512)),
+        "bad.gguf: tensor 'b' has data offset 130, which is not a multiple of the alignment 32.");
     infos = Raw().tensor("a", {64}, F32, 0).tensor("b", {32}, F32, 128).tensor("c", {32}, F32, 224);
     EXPECT_EQ(parse_error(make_file(1, valid_kvs(), 3, infos, 512)),
               "bad.gguf: tensors 'a' and 'b' overlap in the data section.");
@@ -265,21 +286,26 @@ TEST(GgufMalformed, MisalignedAndOverlappingTensors) {
 }
 
 TEST(GgufMalformed, BadAlignment) {
-    EXPECT_EQ(parse_error(make_file(1, Raw().kv_u32("general.alignment", 48), 2, valid_infos(), 196)),
-              "bad.gguf: general.alignment is 48, which is not a power of two from 1 to 2^31.");
+    EXPECT_EQ(
+        parse_error(make_file(1, Raw().kv_u32("general.alignment", 48), 2, valid_infos(), 196)),
+        "bad.gguf: general.alignment is 48, which is not a power of two from 1 to 2^31.");
     EXPECT_GGUF_ERROR(make_file(1, Raw().kv_u32("general.alignment", 0), 2, valid_infos(), 196),
                       "general.alignment is 0, which is not a power of two from 1 to 2^31");
-    EXPECT_GGUF_ERROR(make_file(1, Raw().str("general.alignment").u32(uint32_t(VT::UINT64)).u64(uint64_t(1) << 32),
-                                2, valid_infos(), 196),
-                      "general.alignment is 4294967296, which is not a power of two from 1 to 2^31");
-    EXPECT_EQ(parse_error(make_file(1, Raw().kv_str("general.alignment", "64"), 2, valid_infos(), 196)),
-              "bad.gguf: general.alignment is a string, expected an unsigned integer.");
+    EXPECT_GGUF_ERROR(
+        make_file(1,
+                  Raw().str("general.alignment").u32(uint32_t(VT::UINT64)).u64(uint64_t(1) << 32),
+                  2, valid_infos(), 196),
+        "general.alignment is 4294967296, which is not a power of two from 1 to 2^31");
+    EXPECT_EQ(
+        parse_error(make_file(1, Raw().kv_str("general.alignment", "64"), 2, valid_infos(), 196)),
+        "bad.gguf: general.alignment is a string, expected an unsigned integer.");
     // A valid custom alignment moves the data section and is enforced on offsets.
     Raw kvs = Raw().kv_u32("general.alignment", 256);
     Raw infos = Raw().tensor("a", {32}, F32, 0).tensor("b", {32}, F32, 128);
     std::vector<uint8_t> b = make_file(1, kvs, 2, infos, 0);
     b.resize(256 + 512, 0);
-    EXPECT_GGUF_ERROR(b, "tensor 'b' has data offset 128, which is not a multiple of the alignment 256");
+    EXPECT_GGUF_ERROR(
+        b, "tensor 'b' has data offset 128, which is not a multiple of the alignment 256");
     infos = Raw().tensor("a", {32}, F32, 0).tensor("b", {32}, F32, 256);
     b = make_file(1, kvs, 2, infos, 0);
     b.resize(256 + 512, 0);
@@ -290,7 +316,8 @@ TEST(GgufMalformed, BadAlignment) {
 
 TEST(GgufMalformed, UnknownValueTypeAndDeepNesting) {
     Raw kvs = Raw().str("k").u32(13).u32(0);
-    EXPECT_EQ(parse_error(make_file(1, kvs, 0, Raw(), 0)), "bad.gguf: metadata key 'k' has unknown value type 13.");
+    EXPECT_EQ(parse_error(make_file(1, kvs, 0, Raw(), 0)),
+              "bad.gguf: metadata key 'k' has unknown value type 13.");
     kvs = Raw().str("k").u32(uint32_t(VT::ARRAY)).u32(77).u64(0);
     EXPECT_GGUF_ERROR(make_file(1, kvs, 0, Raw(), 0), "metadata key 'k' has unknown value type 77");
     // 17 nested arrays, each holding the next one.
@@ -314,7 +341,8 @@ TEST(GgufFileOpen, MissingDirectoryAndEmpty) {
         GgufFile::open("/nonexistent/model.gguf");
         FAIL() << "no error";
     } catch (const Error& e) {
-        EXPECT_STREQ(e.what(), "/nonexistent/model.gguf: cannot open the file (No such file or directory).");
+        EXPECT_STREQ(e.what(),
+                     "/nonexistent/model.gguf: cannot open the file (No such file or directory).");
     }
     const std::string dir = std::filesystem::temp_directory_path().string();
     try {
@@ -329,8 +357,9 @@ TEST(GgufFileOpen, MissingDirectoryAndEmpty) {
         GgufFile::open(empty.path);
         FAIL() << "no error";
     } catch (const Error& e) {
-        EXPECT_EQ(std::string(e.what()), empty.path + ": truncated file: the header needs 4 bytes at "
-                                                      "offset 0 but the file ends at 0.");
+        EXPECT_EQ(std::string(e.what()), empty.path +
+                                             ": truncated file: the header needs 4 bytes at "
+                                             "offset 0 but the file ends at 0.");
     }
 }
 
@@ -366,11 +395,16 @@ TEST(GgufGetters, RequiredAndTypeMismatch) {
               "m.gguf: missing required key 'llama.block_count'.");
     EXPECT_EQ(err([&] { f->require_string("general.architecture"); }),
               "m.gguf: missing required key 'general.architecture'.");
-    EXPECT_EQ(err([&] { f->require_string("n"); }), "m.gguf: key 'n' is a uint32, expected a string.");
-    EXPECT_EQ(err([&] { f->require_int("s"); }), "m.gguf: key 's' is a string, expected an integer.");
-    EXPECT_EQ(err([&] { f->get_int("x", 0); }), "m.gguf: key 'x' is a float32, expected an integer.");
-    EXPECT_EQ(err([&] { f->get_bool("n", false); }), "m.gguf: key 'n' is a uint32, expected a bool.");
-    EXPECT_EQ(err([&] { f->get_float("s", 0); }), "m.gguf: key 's' is a string, expected a number.");
+    EXPECT_EQ(err([&] { f->require_string("n"); }),
+              "m.gguf: key 'n' is a uint32, expected a string.");
+    EXPECT_EQ(err([&] { f->require_int("s"); }),
+              "m.gguf: key 's' is a string, expected an integer.");
+    EXPECT_EQ(err([&] { f->get_int("x", 0); }),
+              "m.gguf: key 'x' is a float32, expected an integer.");
+    EXPECT_EQ(err([&] { f->get_bool("n", false); }),
+              "m.gguf: key 'n' is a uint32, expected a bool.");
+    EXPECT_EQ(err([&] { f->get_float("s", 0); }),
+              "m.gguf: key 's' is a string, expected a number.");
     EXPECT_EQ(err([&] { f->get_array("s"); }), "m.gguf: key 's' is a string, expected an array.");
     EXPECT_EQ(err([&] { f->get_int("big", 0); }),
               "m.gguf: key 'big' = 18446744073709551615 does not fit in a signed 64-bit integer.");
@@ -378,10 +412,18 @@ TEST(GgufGetters, RequiredAndTypeMismatch) {
 
 // ---- writer -> reader round trip ----
 
-GgufValue u(VT t, uint64_t x) { return GgufValue::of_uint(t, x); }
-GgufValue i(VT t, int64_t x) { return GgufValue::of_int(t, x); }
-GgufValue fl(VT t, double x) { return GgufValue::of_float(t, x); }
-GgufValue arr(VT t, std::vector<GgufValue> items) { return GgufValue::of_array(t, std::move(items)); }
+GgufValue u(VT t, uint64_t x) {
+    return GgufValue::of_uint(t, x);
+}
+GgufValue i(VT t, int64_t x) {
+    return GgufValue::of_int(t, x);
+}
+GgufValue fl(VT t, double x) {
+    return GgufValue::of_float(t, x);
+}
+GgufValue arr(VT t, std::vector<GgufValue> items) {
+    return GgufValue::of_array(t, std::move(items));
+}
 
 // Every value type, the extremes of each width, nested and empty arrays.
 std::vector<std::pair<std::string, GgufValue>> all_values() {
@@ -422,7 +464,8 @@ std::vector<std::pair<std::string, GgufValue>> all_values() {
         {"t.a_empty", arr(VT::INT32, {})},
         {"t.a_nested", arr(VT::ARRAY, {arr(VT::INT16, {i(VT::INT16, 1), i(VT::INT16, 2)}),
                                        arr(VT::INT16, {}), arr(VT::INT16, {i(VT::INT16, 3)})})},
-        {"t.a_nested3", arr(VT::ARRAY, {arr(VT::ARRAY, {arr(VT::STRING, {GgufValue::of_string("deep")})})})},
+        {"t.a_nested3",
+         arr(VT::ARRAY, {arr(VT::ARRAY, {arr(VT::STRING, {GgufValue::of_string("deep")})})})},
     };
 }
 
@@ -468,7 +511,8 @@ std::vector<SampleTensor> all_tensor_types(bool with_q8_1 = true) {
 GgufWriter sample_writer() {
     GgufWriter w;
     for (auto& [k, v] : all_values()) w.set(k, v);
-    for (const SampleTensor& t : all_tensor_types()) w.add_tensor(t.name, t.type, t.ne, t.bytes.data(), t.bytes.size());
+    for (const SampleTensor& t : all_tensor_types())
+        w.add_tensor(t.name, t.type, t.ne, t.bytes.data(), t.bytes.size());
     return w;
 }
 
@@ -477,7 +521,8 @@ void check_round_trip(const GgufFile& f, size_t alignment) {
     EXPECT_EQ(f.alignment(), alignment);
     EXPECT_EQ(f.data_offset() % alignment, 0u);
     auto want = all_values();
-    if (alignment != 32) want.emplace_back("general.alignment", GgufValue::of_uint(VT::UINT32, alignment));
+    if (alignment != 32)
+        want.emplace_back("general.alignment", GgufValue::of_uint(VT::UINT32, alignment));
     ASSERT_EQ(f.metadata().size(), want.size());
     for (size_t k = 0; k < want.size(); k++) {  // order is kept
         EXPECT_EQ(f.metadata()[k].first, want[k].first);
@@ -539,7 +584,9 @@ TEST(GgufRoundTrip, TensorDataIsMappedFromTheFile) {
     std::ifstream maps("/proc/self/maps");
     bool found = false;
     for (std::string line; std::getline(maps, line);) {
-        if (line.size() < real.size() || line.compare(line.size() - real.size(), real.size(), real) != 0) continue;
+        if (line.size() < real.size() ||
+            line.compare(line.size() - real.size(), real.size(), real) != 0)
+            continue;
         unsigned long lo = 0, hi = 0;
         char perms[5] = {};
         ASSERT_EQ(std::sscanf(line.c_str(), "%lx-%lx %4s", &lo, &hi, perms), 3);
@@ -561,22 +608,33 @@ TEST(GgufWriter, RefusesWhatTheReaderWouldRefuse) {
         }
         return "(no error)";
     };
-    EXPECT_EQ(err([] { GgufValue::of_uint(VT::UINT8, 256); }), "GGUF value 256 does not fit in uint8.");
-    EXPECT_EQ(err([] { GgufValue::of_int(VT::INT16, -32769); }), "GGUF value -32769 does not fit in int16.");
-    EXPECT_EQ(err([] { GgufValue::of_uint(VT::INT32, 1); }), "GGUF type int32 is not an unsigned integer type.");
-    EXPECT_EQ(err([] { arr(VT::INT32, {i(VT::INT32, 1), u(VT::UINT32, 2)}); }),
+    EXPECT_EQ(err([] { GgufValue::of_uint(VT::UINT8, 256); }),
+              "GGUF value 256 does not fit in uint8.");
+    EXPECT_EQ(err([] { GgufValue::of_int(VT::INT16, -32769); }),
+              "GGUF value -32769 does not fit in int16.");
+    EXPECT_EQ(err([] { GgufValue::of_uint(VT::INT32, 1); }),
+              "GGUF type int32 is not an unsigned integer type.");
+    EXPECT_EQ(err([] {
+                  arr(VT::INT32, {i(VT::INT32, 1), u(VT::UINT32, 2)});
+              }),
               "GGUF array of int32 holds a uint32 at index 1.");
     GgufWriter w;
     GgufValue bad;  // claims uint8 but holds a string
     bad.type = VT::UINT8;
     bad.v = std::string("x");
-    EXPECT_EQ(err([&] { w.set("k", bad); }), "GGUF writer: key 'k' (uint8) does not hold an unsigned integer.");
+    EXPECT_EQ(err([&] { w.set("k", bad); }),
+              "GGUF writer: key 'k' (uint8) does not hold an unsigned integer.");
     std::vector<uint8_t> data(200);
-    EXPECT_EQ(err([&] { w.add_tensor("q", GgmlType::Q4_0, {32, 2}, data.data(), 37); }),
+    EXPECT_EQ(err([&] {
+                  w.add_tensor("q", GgmlType::Q4_0, {32, 2}, data.data(), 37);
+              }),
               "GGUF writer: tensor 'q' is given 37 bytes but its shape and type need 36.");
-    EXPECT_EQ(err([&] { w.add_tensor("q", GgmlType::Q4_0, {48}, data.data(), 27); }),
-              "GGUF writer: tensor 'q' has row length 48, not a multiple of the q4_0 block size 32.");
-    EXPECT_EQ(err([&] { w.add_tensor("q", GgmlType::F32, {1, 1, 1, 1, 1}, data.data(), 4); }),
+    EXPECT_EQ(
+        err([&] { w.add_tensor("q", GgmlType::Q4_0, {48}, data.data(), 27); }),
+        "GGUF writer: tensor 'q' has row length 48, not a multiple of the q4_0 block size 32.");
+    EXPECT_EQ(err([&] {
+                  w.add_tensor("q", GgmlType::F32, {1, 1, 1, 1, 1}, data.data(), 4);
+              }),
               "GGUF writer: tensor 'q' has 5 dimensions (1 to 4 are supported).");
     w.add_tensor("q", GgmlType::F32, {2}, data.data(), 8);
     EXPECT_EQ(err([&] { w.add_tensor("q", GgmlType::F32, {2}, data.data(), 8); }),
@@ -613,7 +671,8 @@ TEST(GgufDescribe, RendersValuesForInfo) {
     EXPECT_EQ(describe_value(arr(VT::INT32, five), 5), "[1, 2, 3, 4, 5]");
     EXPECT_EQ(describe_value(arr(VT::INT32, five), 0), "[...] (5 items of int32)");
     EXPECT_EQ(describe_value(arr(VT::INT32, {}), 3), "[]");
-    EXPECT_EQ(describe_value(arr(VT::STRING, {GgufValue::of_string("<s>"), GgufValue::of_string("</s>")}), 1),
+    EXPECT_EQ(describe_value(
+                  arr(VT::STRING, {GgufValue::of_string("<s>"), GgufValue::of_string("</s>")}), 1),
               "[\"<s>\", ...] (2 items of string)");
     EXPECT_EQ(describe_value(all_values().back().second, 4), "[[[\"deep\"]]]");
 }
@@ -639,7 +698,8 @@ TEST(GgufSpeed, LargeVocabularyParsesInMilliseconds) {
     const std::vector<uint8_t> b = w.to_bytes();
     const auto t0 = std::chrono::steady_clock::now();
     auto f = GgufFile::parse(b.data(), b.size(), "vocab.gguf");
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::printf("parse of 4 x %d metadata items (%zu bytes): %.1f ms\n", n, b.size(), ms);
     ASSERT_EQ(f->get_array("tokenizer.ggml.tokens")->items.size(), size_t(n));
     EXPECT_EQ(f->get_array("tokenizer.ggml.tokens")->items[n - 1].as_string(), "tok149999");
@@ -653,7 +713,8 @@ TEST(GgufRealFile, SmolLM2) {
     if (!std::filesystem::exists(kSmolPath)) GTEST_SKIP() << kSmolPath << " not present";
     const auto t0 = std::chrono::steady_clock::now();
     auto f = GgufFile::open(kSmolPath);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::printf("open + parse of SmolLM2-135M: %.1f ms\n", ms);
     EXPECT_EQ(f->version(), 3u);
     EXPECT_EQ(f->require_string("general.architecture"), "llama");
@@ -727,12 +788,19 @@ void canonical(std::string& out, const GgufValue& v) {
             out += hex(&x, 4);
             break;
         }
-        case VT::FLOAT64: out += hex(&std::get<double>(v.v), 8); break;
-        case VT::BOOL: out += std::get<bool>(v.v) ? "1" : "0"; break;
-        case VT::STRING: out += hex(v.as_string().data(), v.as_string().size()); break;
+        case VT::FLOAT64:
+            out += hex(&std::get<double>(v.v), 8);
+            break;
+        case VT::BOOL:
+            out += std::get<bool>(v.v) ? "1" : "0";
+            break;
+        case VT::STRING:
+            out += hex(v.as_string().data(), v.as_string().size());
+            break;
         case VT::ARRAY: {
             const GgufArray& a = v.as_array();
-            out += std::to_string(uint32_t(a.elem_type)) + ":" + std::to_string(a.items.size()) + ":[";
+            out +=
+                std::to_string(uint32_t(a.elem_type)) + ":" + std::to_string(a.items.size()) + ":[";
             for (size_t k = 0; k < a.items.size(); k++) {
                 if (k) out += ',';
                 canonical(out, a.items[k]);
@@ -741,16 +809,19 @@ void canonical(std::string& out, const GgufValue& v) {
             break;
         }
         default:
-            if (const uint64_t* x = std::get_if<uint64_t>(&v.v)) out += std::to_string(*x);
-            else out += std::to_string(std::get<int64_t>(v.v));
+            if (const uint64_t* x = std::get_if<uint64_t>(&v.v))
+                out += std::to_string(*x);
+            else
+                out += std::to_string(std::get<int64_t>(v.v));
     }
 }
 
 std::vector<std::string> our_dump(const GgufFile& f) {
-    std::vector<std::string> lines = {
-        "version " + std::to_string(f.version()), "alignment " + std::to_string(f.alignment()),
-        "data_offset " + std::to_string(f.data_offset()), "n_kv " + std::to_string(f.metadata().size()),
-        "n_tensors " + std::to_string(f.tensors().size())};
+    std::vector<std::string> lines = {"version " + std::to_string(f.version()),
+                                      "alignment " + std::to_string(f.alignment()),
+                                      "data_offset " + std::to_string(f.data_offset()),
+                                      "n_kv " + std::to_string(f.metadata().size()),
+                                      "n_tensors " + std::to_string(f.tensors().size())};
     for (const auto& [key, v] : f.metadata()) {
         std::string s = "kv " + key + "=";
         canonical(s, v);
@@ -759,14 +830,17 @@ std::vector<std::string> our_dump(const GgufFile& f) {
     for (const GgufTensorInfo& t : f.tensors()) {
         std::string ne;
         for (int64_t x : t.ne) ne += (ne.empty() ? "" : ",") + std::to_string(x);
-        lines.push_back(strfmt("tensor %s type=%u ne=%s offset=%llu nbytes=%zu crc32=%08x", t.name.c_str(),
-                               uint32_t(t.type), ne.c_str(), (unsigned long long)(f.data_offset() + t.offset),
-                               t.nbytes, crc32(f.tensor_data(t), t.nbytes)));
+        lines.push_back(strfmt("tensor %s type=%u ne=%s offset=%llu nbytes=%zu crc32=%08x",
+                               t.name.c_str(), uint32_t(t.type), ne.c_str(),
+                               (unsigned long long)(f.data_offset() + t.offset), t.nbytes,
+                               crc32(f.tensor_data(t), t.nbytes)));
     }
     return lines;
 }
 
-bool have_gguf_py() { return std::system("python3 -c 'import gguf' >/dev/null 2>&1") == 0; }
+bool have_gguf_py() {
+    return std::system("python3 -c 'import gguf' >/dev/null 2>&1") == 0;
+}
 
 // Runs a command and returns its stdout split into lines; fails the test on a non-zero exit.
 std::vector<std::string> run_lines(const std::string& cmd) {
@@ -800,7 +874,8 @@ void compare_with_gguf_py(const std::string& path) {
             size_t d = 0;
             while (d < a.size() && d < b.size() && a[d] == b[d]) d++;
             FAIL() << "line " << k << " differs at byte " << d << "\n  ours:    " << clip(a)
-                   << "\n  gguf-py: " << clip(b) << "\n  ours@d:    " << clip(a.substr(std::min(d, a.size())))
+                   << "\n  gguf-py: " << clip(b)
+                   << "\n  ours@d:    " << clip(a.substr(std::min(d, a.size())))
                    << "\n  gguf-py@d: " << clip(b.substr(std::min(d, b.size())));
         }
     }
@@ -819,7 +894,8 @@ TEST(GgufVsGgufPy, OurWriterEveryTypeReadByGgufPy) {
     for (auto& [k, v] : all_values()) w.set(k, v);  // NaN, -0 and nested arrays included
     // gguf-py sizes q8_1 blocks at 40 bytes where ggml's C code (and quant/types.h) has 36; the
     // type is an activation format that never appears in model files, so it is left out here.
-    for (const SampleTensor& t : all_tensor_types(false)) w.add_tensor(t.name, t.type, t.ne, t.bytes.data(), t.bytes.size());
+    for (const SampleTensor& t : all_tensor_types(false))
+        w.add_tensor(t.name, t.type, t.ne, t.bytes.data(), t.bytes.size());
     TempFile tmp("ours_for_py");
     w.write(tmp.path, 64);
     compare_with_gguf_py(tmp.path);
