@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Renders real Jinja chat templates with jinja2 into the fixture that tests/unit/test_chat_template.cpp
-compares our C++ rendering against.
+"""Writes the fixture that tests/unit/test_chat_template.cpp compares our C++ rendering against, from
+two independent references:
+  - llama.cpp itself: llama_chat_apply_template through llama-cpp-python, given the Jinja source
+    (so llama.cpp also does the detection) or, for formats without a template here, its name;
+  - the real Jinja rendering (jinja2) of the templates below.
 
-Sources:
+Templates:
   - ChatML: the tokenizer.chat_template of SmolLM2-135M-Instruct, read from its GGUF file with gguf-py.
   - Llama 3: the chat template of Meta-Llama-3-8B-Instruct (tokenizer_config.json), copied below.
+  - Llama 2 and Mistral variants: llama.cpp's names only (llama.cpp's built-in renderer differs from
+    those models' Jinja in spacing, and we follow llama.cpp).
 
 Jinja is set up as Hugging Face transformers' apply_chat_template does (trim_blocks, lstrip_blocks).
 Llama 3's template starts with bos_token; it is rendered with bos_token="" because llama.cpp (and we)
@@ -15,11 +20,13 @@ The fixture format is length-prefixed so that any bytes survive. First each temp
   template NAME KIND / source LEN + bytes
 then the cases:
   case NAME / kind KIND / add_generation_prompt 0|1 / messages N / role LEN + bytes /
-  content LEN + bytes / expected LEN + bytes / end
+  content LEN + bytes / llamacpp LEN + bytes / [jinja LEN + bytes] / end
 """
 import argparse
 import os
 import sys
+
+import ctypes
 
 import jinja2
 
@@ -86,6 +93,25 @@ def render(source, messages, add_generation_prompt, bos_token="", eos_token=""):
         bos_token=bos_token, eos_token=eos_token)
 
 
+LLAMACPP_ONLY_KINDS = ["llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "mistral-v1",
+                       "mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken"]
+
+
+def llama_cpp_render(tmpl, messages, add_generation_prompt):
+    import llama_cpp
+
+    keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
+    chat = (llama_cpp.llama_chat_message * len(keep))(
+        *[llama_cpp.llama_chat_message(role=r, content=c) for r, c in keep])
+    size = 1 << 16
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_chat_apply_template(tmpl.encode(), chat, len(keep), add_generation_prompt,
+                                            buf, size)
+    if n < 0 or n > size:
+        sys.exit(f"llama.cpp could not render template {tmpl[:40]!r} (returned {n})")
+    return buf.raw[:n].decode("utf-8")
+
+
 def build(gguf_path):
     templates = [("smollm2", "chatml", read_gguf_template(gguf_path)),
                  ("llama3_instruct", "llama3", LLAMA3_TEMPLATE)]
@@ -98,8 +124,18 @@ def build(gguf_path):
                     "kind": kind,
                     "add_generation_prompt": gen,
                     "messages": messages,
-                    "expected": render(source, messages, gen),
+                    "llamacpp": llama_cpp_render(source, messages, gen),
+                    "jinja": render(source, messages, gen),
                 })
+    for kind in LLAMACPP_ONLY_KINDS:
+        for cname, messages in CONVERSATIONS.items():
+            cases.append({
+                "name": f"{kind}/{cname}",
+                "kind": kind,
+                "add_generation_prompt": True,
+                "messages": messages,
+                "llamacpp": llama_cpp_render(kind, messages, True),
+            })
     return templates, cases
 
 
@@ -123,7 +159,9 @@ def serialize(templates, cases):
         for m in c["messages"]:
             blob("role", m["role"])
             blob("content", m["content"])
-        blob("expected", c["expected"])
+        blob("llamacpp", c["llamacpp"])
+        if "jinja" in c:
+            blob("jinja", c["jinja"])
         out.extend(b"end\n")
     return bytes(out)
 

@@ -1,12 +1,15 @@
-// Chat templates against two independent references:
-//  1. real Jinja renderings (jinja2) of SmolLM2's own template and Meta-Llama-3-Instruct's,
-//     stored by tests/python/gen_chat_template_fixtures.py in tests/python/chat_template_fixtures.txt;
-//  2. llama.cpp's own expectations for llm_chat_detect_template/llm_chat_apply_template, copied
-//     verbatim from llama.cpp's tests/test-chat-template.cpp (llama.cpp vendored by
+// Chat templates against independent references:
+//  1. tests/python/chat_template_fixtures.txt, written by tests/python/gen_chat_template_fixtures.py:
+//     llama.cpp's own rendering (llama_chat_apply_template via llama-cpp-python 0.3.36) of every
+//     format on several conversations, and the real Jinja rendering (jinja2) of SmolLM2's own
+//     template and Meta-Llama-3-Instruct's;
+//  2. llama.cpp's expectations for llm_chat_detect_template/llm_chat_apply_template, copied
+//     verbatim from llama.cpp's tests/test-chat-template.cpp (the llama.cpp vendored by
 //     llama-cpp-python 0.3.36): template source, detected format, and rendered conversation.
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,11 +26,13 @@ namespace {
 struct JinjaTemplate {
     std::string name, kind, source;
 };
-struct JinjaCase {
+struct FixtureCase {
     std::string name, kind;
     bool add_generation_prompt = false;
     std::vector<ChatMessage> messages;
-    std::string expected;
+    std::string llamacpp;  // llama.cpp's rendering
+    bool has_jinja = false;
+    std::string jinja;  // the model template's Jinja rendering, where there is one
 };
 
 class FixtureReader {
@@ -73,7 +78,7 @@ private:
     size_t pos_ = 0;
 };
 
-void load_fixture(std::vector<JinjaTemplate>& templates, std::vector<JinjaCase>& cases) {
+void load_fixture(std::vector<JinjaTemplate>& templates, std::vector<FixtureCase>& cases) {
     FixtureReader r(std::string(NT_SOURCE_DIR) + "/tests/python/chat_template_fixtures.txt");
     r.line();  // header comment
     while (!r.done()) {
@@ -85,7 +90,7 @@ void load_fixture(std::vector<JinjaTemplate>& templates, std::vector<JinjaCase>&
             t.source = r.blob("source");
             templates.push_back(t);
         } else if (tag == "case") {
-            JinjaCase c;
+            FixtureCase c;
             c.name = r.field("case");
             c.kind = r.field("kind");
             c.add_generation_prompt = r.field("add_generation_prompt") == "1";
@@ -96,7 +101,11 @@ void load_fixture(std::vector<JinjaTemplate>& templates, std::vector<JinjaCase>&
                 m.content = r.blob("content");
                 c.messages.push_back(m);
             }
-            c.expected = r.blob("expected");
+            c.llamacpp = r.blob("llamacpp");
+            if (r.peek_tag() == "jinja") {
+                c.has_jinja = true;
+                c.jinja = r.blob("jinja");
+            }
             if (r.line() != "end") throw std::runtime_error("fixture: missing 'end'");
             cases.push_back(c);
         } else {
@@ -105,22 +114,40 @@ void load_fixture(std::vector<JinjaTemplate>& templates, std::vector<JinjaCase>&
     }
 }
 
-TEST(ChatTemplate, DetectsRealTemplatesFromJinjaFixture) {
+TEST(ChatTemplate, DetectsRealTemplatesFromFixture) {
     std::vector<JinjaTemplate> templates;
-    std::vector<JinjaCase> cases;
+    std::vector<FixtureCase> cases;
     load_fixture(templates, cases);
     ASSERT_EQ(templates.size(), 2u);
     for (const JinjaTemplate& t : templates)
         EXPECT_EQ(detect_chat_template(t.source), parse_chat_template_name(t.kind)) << t.name;
 }
 
+TEST(ChatTemplate, MatchesLlamaCppRendering) {
+    std::vector<JinjaTemplate> templates;
+    std::vector<FixtureCase> cases;
+    load_fixture(templates, cases);
+    ASSERT_GE(cases.size(), 60u);
+    std::set<std::string> kinds;
+    for (const FixtureCase& c : cases) {
+        // "<s>"/"</s>": what llama.cpp writes literally, and the Llama 2 / Mistral token texts.
+        EXPECT_EQ(apply_chat_template(parse_chat_template_name(c.kind), c.messages,
+                                      c.add_generation_prompt, "<s>", "</s>"),
+                  c.llamacpp)
+            << c.name;
+        kinds.insert(c.kind);
+    }
+    EXPECT_EQ(kinds.size(), 11u);  // every format we render
+}
+
 TEST(ChatTemplate, MatchesJinjaRendering) {
     std::vector<JinjaTemplate> templates;
-    std::vector<JinjaCase> cases;
+    std::vector<FixtureCase> cases;
     load_fixture(templates, cases);
-    ASSERT_GE(cases.size(), 20u);
-    int default_system_cases = 0;
-    for (const JinjaCase& c : cases) {
+    int jinja_cases = 0, default_system_cases = 0;
+    for (const FixtureCase& c : cases) {
+        if (!c.has_jinja) continue;
+        ++jinja_cases;
         const std::string ours = apply_chat_template(parse_chat_template_name(c.kind), c.messages,
                                                      c.add_generation_prompt, "", "");
         const bool has_system = !c.messages.empty() && c.messages[0].role == "system";
@@ -129,16 +156,17 @@ TEST(ChatTemplate, MatchesJinjaRendering) {
             // llama.cpp's ChatML renderer does not, and we follow llama.cpp. That block must be
             // the only difference.
             ++default_system_cases;
-            ASSERT_GT(c.expected.size(), ours.size()) << c.name;
-            const std::string prefix = c.expected.substr(0, c.expected.size() - ours.size());
-            EXPECT_EQ(c.expected.substr(prefix.size()), ours) << c.name;
+            ASSERT_GT(c.jinja.size(), ours.size()) << c.name;
+            const std::string prefix = c.jinja.substr(0, c.jinja.size() - ours.size());
+            EXPECT_EQ(c.jinja.substr(prefix.size()), ours) << c.name;
             EXPECT_EQ(prefix.rfind("<|im_start|>system\n", 0), 0u) << c.name;
             EXPECT_EQ(prefix.find("<|im_start|>", 1), std::string::npos) << c.name;
             EXPECT_EQ(prefix.substr(prefix.size() - 11), "<|im_end|>\n") << c.name;
         } else {
-            EXPECT_EQ(ours, c.expected) << c.name;
+            EXPECT_EQ(ours, c.jinja) << c.name;
         }
     }
+    EXPECT_EQ(jinja_cases, 20);
     EXPECT_EQ(default_system_cases, 2);
 }
 
