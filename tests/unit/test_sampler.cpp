@@ -1,5 +1,8 @@
-// Sampler tests. The references are computed here independently, in double precision and by
-// brute force (full sorts), from the llama.cpp semantics documented in engine/sampler.h.
+// Sampler tests, against two independent references:
+//  - llama.cpp's own samplers: tests/python/sampler_fixtures.txt, written by
+//    tests/python/gen_sampler_fixtures.py through llama-cpp-python (penalised logits, and the
+//    candidates and probabilities the default chain leaves);
+//  - brute force here (full sorts, double precision) from the semantics in engine/sampler.h.
 // Statistical tests use fixed seeds (so they are deterministic) and a chi-square bound at
 // p = 1e-6; each one also checks that the same statistic rejects a nearby wrong distribution, so
 // it has the power to catch a real bug.
@@ -7,10 +10,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -118,6 +124,128 @@ double entropy(const std::vector<double>& p) {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------
+// llama.cpp fixture
+
+struct LlamaCppCase {
+    std::string name;
+    SamplerParams params;
+    std::vector<float> logits;
+    std::vector<int32_t> accepted;
+    std::map<int32_t, float> penalized;  // entries the penalties changed
+    std::map<int32_t, double> kept;      // final candidates and their probabilities
+};
+
+std::vector<LlamaCppCase> load_llamacpp_cases() {
+    std::ifstream f(std::string(NT_SOURCE_DIR) + "/tests/python/sampler_fixtures.txt");
+    if (!f) throw std::runtime_error("cannot open tests/python/sampler_fixtures.txt");
+    std::vector<LlamaCppCase> cases;
+    std::string line;
+    LlamaCppCase c;
+    auto pairs = [](std::istringstream& in, auto& out) {
+        size_t n = 0;
+        in >> n;
+        for (size_t i = 0; i < n; ++i) {
+            std::string item;
+            in >> item;
+            const size_t colon = item.find(':');
+            out[int32_t(std::stol(item.substr(0, colon)))] = std::stod(item.substr(colon + 1));
+        }
+    };
+    while (std::getline(f, line)) {
+        std::istringstream in(line);
+        std::string tag;
+        in >> tag;
+        if (tag == "case") {
+            c = LlamaCppCase{};
+            in >> c.name;
+        } else if (tag == "vocab") {
+            size_t v = 0;
+            in >> v;
+            c.logits.resize(v);
+        } else if (tag == "params") {
+            SamplerParams& p = c.params;
+            std::string tp, mp, t, rp, fp, pp;
+            in >> p.top_k >> tp >> mp >> t >> rp >> p.repeat_last_n >> fp >> pp;
+            p.top_p = std::strtof(tp.c_str(), nullptr);
+            p.min_p = std::strtof(mp.c_str(), nullptr);
+            p.temperature = std::strtof(t.c_str(), nullptr);
+            p.repeat_penalty = std::strtof(rp.c_str(), nullptr);
+            p.frequency_penalty = std::strtof(fp.c_str(), nullptr);
+            p.presence_penalty = std::strtof(pp.c_str(), nullptr);
+        } else if (tag == "logits") {
+            for (float& x : c.logits) {
+                std::string v;
+                in >> v;
+                x = std::strtof(v.c_str(), nullptr);  // exact: shortest float32 representations
+            }
+        } else if (tag == "accepted") {
+            size_t n = 0;
+            in >> n;
+            c.accepted.resize(n);
+            for (int32_t& t : c.accepted) in >> t;
+        } else if (tag == "penalized") {
+            std::map<int32_t, double> d;
+            pairs(in, d);
+            for (auto [id, v] : d) c.penalized[id] = float(v);
+        } else if (tag == "kept") {
+            pairs(in, c.kept);
+        } else if (tag == "end") {
+            cases.push_back(c);
+        }
+    }
+    return cases;
+}
+
+TEST(Sampler, PenaltiesMatchLlamaCpp) {
+    const auto cases = load_llamacpp_cases();
+    ASSERT_EQ(cases.size(), 13u);
+    int penalised_cases = 0;
+    for (const LlamaCppCase& c : cases) {
+        Sampler s(c.params, int(c.logits.size()));
+        for (int32_t t : c.accepted) s.accept(t);
+        std::vector<float> got(c.logits);
+        s.apply_penalties(got.data());
+        for (size_t i = 0; i < got.size(); ++i) {
+            auto it = c.penalized.find(int32_t(i));
+            EXPECT_FLOAT_EQ(got[i], it == c.penalized.end() ? c.logits[i] : it->second)
+                << c.name << " token " << i;
+        }
+        penalised_cases += !c.penalized.empty();
+    }
+    EXPECT_EQ(penalised_cases, 6);
+}
+
+TEST(Sampler, ChainMatchesLlamaCpp) {
+    for (const LlamaCppCase& c : load_llamacpp_cases()) {
+        SamplerParams p = c.params;
+        p.seed = 99;
+        Sampler s(p, int(c.logits.size()));
+        for (int32_t t : c.accepted) s.accept(t);
+        ASSERT_FALSE(c.kept.empty()) << c.name;
+        if (p.temperature <= 0.f) {
+            ASSERT_EQ(c.kept.size(), 1u) << c.name;
+            EXPECT_EQ(s.sample(c.logits.data()), c.kept.begin()->first) << c.name;
+            continue;
+        }
+        // Every draw lies in llama.cpp's candidate set with llama.cpp's probability, and every
+        // candidate with p >= 0.005 shows up (a miss has probability < 1e-8 in 4000 draws).
+        std::set<int32_t> seen;
+        for (int i = 0; i < 4000; ++i) {
+            const int32_t t = s.sample(c.logits.data());
+            auto it = c.kept.find(t);
+            ASSERT_NE(it, c.kept.end()) << c.name << ": token " << t << " is not a candidate";
+            ASSERT_NEAR(s.last_prob(), it->second, 1e-6 + 1e-4 * it->second) << c.name;
+            seen.insert(t);
+        }
+        for (auto [id, prob] : c.kept) {
+            if (prob >= 0.005) {
+                EXPECT_TRUE(seen.count(id)) << c.name << ": never drew " << id;
+            }
+        }
+    }
+}
 
 TEST(Sampler, GreedyIsArgmaxWithLowestIdOnTies) {
     for (float t : {0.f, -1.f}) {
@@ -401,7 +529,7 @@ TEST(Sampler, LargeVocabularyMatchesBruteForce) {
         ASSERT_GE(kept, c.min_kept) << c.name;
         ASSERT_LE(kept, c.max_kept) << c.name;
         Sampler s(p, V);
-        for (int i = 0; i < 300; ++i) {
+        for (int i = 0; i < 200; ++i) {
             const int32_t t = s.sample(l.data());
             ASSERT_GT(want[size_t(t)], 0.0) << c.name << ": excluded token " << t;
             ASSERT_NEAR(s.last_prob(), want[size_t(t)], 1e-5 + 1e-4 * want[size_t(t)]) << c.name;
