@@ -105,6 +105,9 @@ public:
     virtual void kv_truncate(int seq, int from) = 0;
 
     // Weight memory: the CPU backend uses the mapped file directly; a GPU backend uploads.
+    // reserve_weights is called once with the total before any upload, so a model that does not
+    // fit fails with a clear sentence before anything is copied.
+    virtual void reserve_weights(size_t /*total_bytes*/) {}
     virtual const void* upload_weight(const void* host, size_t nbytes) = 0;
     virtual void end_step() {}
 

@@ -64,7 +64,7 @@ int cmd_bench(int argc, char** argv) {
     // One untimed warm-up of each kind (page faults, kernel selection, graph capture).
     for (int r = -1; r < reps; r++) {
         if (n_prompt > 0) {
-            std::vector<int32_t> toks(size_t(n_prompt));
+            std::vector<int32_t> toks(static_cast<size_t>(n_prompt));
             for (auto& t : toks) t = tok_dist(rng);
             eng.backend().kv_truncate(0, 0);
             auto t0 = clock::now();

@@ -2,7 +2,6 @@
 
 #include <cstdarg>
 #include <cstdio>
-#include <vector>
 
 namespace nt {
 
@@ -12,9 +11,10 @@ static std::string vformat(const char* fmt, va_list ap) {
     int n = std::vsnprintf(nullptr, 0, fmt, ap2);
     va_end(ap2);
     if (n < 0) return fmt;
-    std::vector<char> buf(size_t(n) + 1);
-    std::vsnprintf(buf.data(), buf.size(), fmt, ap);
-    return std::string(buf.data(), size_t(n));
+    std::string out(static_cast<size_t>(n) + 1, '\0');
+    std::vsnprintf(out.data(), out.size(), fmt, ap);
+    out.pop_back();  // the terminating NUL vsnprintf wrote
+    return out;
 }
 
 std::string strfmt(const char* fmt, ...) {

@@ -33,6 +33,9 @@ Engine::Engine(Model& model, std::unique_ptr<Backend> backend, const EngineOptio
     // Weights move to the backend's memory once (the CPU backend keeps the mapped file).
     weights_ = model.weights;
     const bool tied = weights_.output.data == weights_.tok_embd.data;
+    size_t total = 0;
+    for_each_weight(weights_, [&](WeightView& v) { total += v.nbytes; });
+    backend_->reserve_weights(total);
     for_each_weight(weights_, [&](WeightView& v) { v.data = backend_->upload_weight(v.data, v.nbytes); });
     if (tied) weights_.output = weights_.tok_embd;
     source_ = std::make_unique<ResidentWeights>(weights_);

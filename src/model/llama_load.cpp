@@ -24,7 +24,7 @@ namespace {
 // Llama 3.1 "llama3" rope scaling: per-frequency divisors, as Meta's reference computes them.
 std::vector<float> llama3_freq_factors(int n_rot, float base, float factor, float low_freq_factor,
                                        float high_freq_factor, float orig_ctx) {
-    std::vector<float> out(size_t(n_rot / 2));
+    std::vector<float> out(static_cast<size_t>(n_rot / 2));
     const float low_wavelen = orig_ctx / low_freq_factor;
     const float high_wavelen = orig_ctx / high_freq_factor;
     for (int i = 0; i < n_rot / 2; i++) {
