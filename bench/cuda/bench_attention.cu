@@ -45,7 +45,8 @@ T* dev_alloc(size_t n) {
 template <class T>
 T* dev_copy(const std::vector<T>& v) {
     T* p = dev_alloc<T>(v.size());
-    NT_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+    NT_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+                  "cudaMemcpy");
     return p;
 }
 
@@ -108,7 +109,8 @@ struct Cache {
             for (int j = 0; j < hd; j++) {
                 double a = 0;
                 for (int p = 0; p <= pos; p++)
-                    a += w[size_t(p)] * f16_to_f32(hv[(size_t(seq) * s.n_ctx + p) * s.kv_dim() + col + j]);
+                    a += w[size_t(p)] *
+                         f16_to_f32(hv[(size_t(seq) * s.n_ctx + p) * s.kv_dim() + col + j]);
                 out[size_t(h * hd + j)] = a / sum;
             }
         }
@@ -116,7 +118,8 @@ struct Cache {
     }
 };
 
-double max_error(const std::vector<float>& got, size_t row, int q_dim, const std::vector<double>& want) {
+double max_error(const std::vector<float>& got, size_t row, int q_dim,
+                 const std::vector<double>& want) {
     double e = 0;
     for (int j = 0; j < q_dim; j++) {
         const double d = std::fabs(double(got[row * q_dim + j]) - want[size_t(j)]);
@@ -170,10 +173,12 @@ double time_us(int iters, F&& launch) {
 // Decode: `rows` sequences, each one query row at position ctx - 1. Sequences rotate across
 // iterations so that the KV read comes from HBM, not L2.
 void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
-    std::printf("\n== decode: %d heads / %d KV heads, head_dim %d (KV bytes that must be read; ceiling %.0f GB/s)\n",
-                o.heads, o.kv_heads, o.hd, hbm);
-    std::printf("%6s %5s %6s | %-9s %9s %9s %7s | %s\n", "ctx", "rows", "splits", "version", "us", "GB/s",
-                "of HBM", "max err");
+    std::printf(
+        "\n== decode: %d heads / %d KV heads, head_dim %d (KV bytes that must be read; ceiling "
+        "%.0f GB/s)\n",
+        o.heads, o.kv_heads, o.hd, hbm);
+    std::printf("%6s %5s %6s | %-9s %9s %9s %7s | %s\n", "ctx", "rows", "splits", "version", "us",
+                "GB/s", "of HBM", "max err");
     const int n_ctx = 8192;
     for (int rows : {1, 4, 32}) {
         AttnShape s{o.heads, o.kv_heads, o.hd, n_ctx};
@@ -199,21 +204,24 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
             for (int version : {1, 2}) {
                 if (version == 2 && !attn_has_fast_decode(s)) continue;
                 auto launch = [&](int i) {
-                    attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots) * rows, drows, rows, splits,
-                                scratch, dout, nullptr, version);
+                    attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots) * rows, drows,
+                                rows, splits, scratch, dout, nullptr, version);
                 };
                 launch(0);
                 std::vector<float> out(q.size());
-                NT_CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                NT_CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * sizeof(float),
+                                         cudaMemcpyDeviceToHost),
                               "cudaMemcpy");
                 double err = 0;
                 for (int r : {0, rows - 1})
-                    err = std::max(err, max_error(out, size_t(r), s.q_dim(), cache.reference(&q[size_t(r) * s.q_dim()], r, ctx - 1)));
+                    err = std::max(
+                        err, max_error(out, size_t(r), s.q_dim(),
+                                       cache.reference(&q[size_t(r) * s.q_dim()], r, ctx - 1)));
                 const double us = time_us(o.iters, launch);
                 const double gbs = bytes / (us * 1e-6) / 1e9;
-                std::printf("%6d %5d %6d | v%d %-6s %9.1f %9.0f %6.0f%% | %.1e%s\n", ctx, rows, splits, version,
-                            version == 1 ? "generic" : "tiled", us, gbs, 100 * gbs / hbm, err,
-                            err > 2e-5 ? "  <-- WRONG" : "");
+                std::printf("%6d %5d %6d | v%d %-6s %9.1f %9.0f %6.0f%% | %.1e%s\n", ctx, rows,
+                            splits, version, version == 1 ? "generic" : "tiled", us, gbs,
+                            100 * gbs / hbm, err, err > 2e-5 ? "  <-- WRONG" : "");
             }
             cudaFree(dpos);
             cudaFree(scratch);
@@ -227,40 +235,49 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
 
 // Prefill: a prompt of n tokens of one sequence (positions 0..n-1), causal.
 void bench_prefill(const Opts& o, const CudaDeviceInfo& dev) {
-    std::printf("\n== prefill: %d heads / %d KV heads, head_dim %d (causal FLOPs; ceiling %.0f TFLOP/s)\n", o.heads,
-                o.kv_heads, o.hd, o.peak_tflops);
-    std::printf("%6s | %-11s %9s %9s %7s | %s\n", "tokens", "version", "us", "TFLOP/s", "of peak", "max err");
+    std::printf(
+        "\n== prefill: %d heads / %d KV heads, head_dim %d (causal FLOPs; ceiling %.0f TFLOP/s)\n",
+        o.heads, o.kv_heads, o.hd, o.peak_tflops);
+    std::printf("%6s | %-11s %9s %9s %7s | %s\n", "tokens", "version", "us", "TFLOP/s", "of peak",
+                "max err");
     for (int n : {512, 2048}) {
         AttnShape s{o.heads, o.kv_heads, o.hd, n};
         Cache cache(s, 1);
         const std::vector<float> q = random_floats(size_t(n) * s.q_dim(), 9, -3.f, 3.f);
         float* dq = dev_copy(q);
         float* dout = dev_alloc<float>(q.size());
-        std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0), rows(static_cast<size_t>(n));
+        std::vector<int32_t> pos(static_cast<size_t>(n)), seq(static_cast<size_t>(n), 0),
+            rows(static_cast<size_t>(n));
         for (int i = 0; i < n; i++) pos[size_t(i)] = rows[size_t(i)] = i;
         std::vector<AttnTile> tiles;
-        for (int r = 0; r < n; r += kPrefillTileRows) tiles.push_back(AttnTile{r, std::min(kPrefillTileRows, n - r), 0, r});
+        for (int r = 0; r < n; r += kPrefillTileRows)
+            tiles.push_back(AttnTile{r, std::min(kPrefillTileRows, n - r), 0, r});
         int32_t* dpos = dev_copy(pos);
         int32_t* dseq = dev_copy(seq);
         int32_t* drows = dev_copy(rows);
         AttnTile* dtiles = dev_copy(tiles);
         const int splits = attn_decode_splits(s, n, dev.sm_count);
         float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, n, splits));
-        const double flops = 4.0 * s.n_head * s.head_dim * (double(n) * (n + 1) / 2);  // QK^T and PV
+        const double flops =
+            4.0 * s.n_head * s.head_dim * (double(n) * (n + 1) / 2);  // QK^T and PV
         for (int version : {1, 2}) {
             if (version == 2 && !attn_has_prefill(s)) continue;
             auto launch = [&](int) {
                 if (version == 1)
-                    attn_decode(s, dq, cache.k, cache.v, dpos, dseq, drows, n, splits, scratch, dout, nullptr);
+                    attn_decode(s, dq, cache.k, cache.v, dpos, dseq, drows, n, splits, scratch,
+                                dout, nullptr);
                 else
                     attn_prefill(s, dq, cache.k, cache.v, dtiles, int(tiles.size()), dout, nullptr);
             };
             launch(0);
             std::vector<float> out(q.size());
-            NT_CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+            NT_CUDA_CHECK(
+                cudaMemcpy(out.data(), dout, out.size() * sizeof(float), cudaMemcpyDeviceToHost),
+                "cudaMemcpy");
             double err = 0;
             for (int r : {0, 1, 63, 64, n / 2 + 5, n - 1})
-                err = std::max(err, max_error(out, size_t(r), s.q_dim(), cache.reference(&q[size_t(r) * s.q_dim()], 0, r)));
+                err = std::max(err, max_error(out, size_t(r), s.q_dim(),
+                                              cache.reference(&q[size_t(r) * s.q_dim()], 0, r)));
             const double us = time_us(o.iters, launch);
             const double tf = flops / (us * 1e-6) / 1e12;
             const double tol = version == 2 ? 4e-3 : 2e-5;
@@ -291,13 +308,20 @@ int main(int argc, char** argv) {
             }
             return argv[++i];
         };
-        if (a == "--hd") o.hd = std::atoi(next());
-        else if (a == "--heads") o.heads = std::atoi(next());
-        else if (a == "--kv-heads") o.kv_heads = std::atoi(next());
-        else if (a == "--iters") o.iters = std::atoi(next());
-        else if (a == "--peak-tflops") o.peak_tflops = std::atof(next());
+        if (a == "--hd")
+            o.hd = std::atoi(next());
+        else if (a == "--heads")
+            o.heads = std::atoi(next());
+        else if (a == "--kv-heads")
+            o.kv_heads = std::atoi(next());
+        else if (a == "--iters")
+            o.iters = std::atoi(next());
+        else if (a == "--peak-tflops")
+            o.peak_tflops = std::atof(next());
         else {
-            std::fprintf(stderr, "usage: bench_attention [--hd N] [--heads N] [--kv-heads N] [--iters N] [--peak-tflops X]\n");
+            std::fprintf(stderr,
+                         "usage: bench_attention [--hd N] [--heads N] [--kv-heads N] [--iters N] "
+                         "[--peak-tflops X]\n");
             return 2;
         }
     }

@@ -4,7 +4,8 @@
 // bandwidth. At batch 1 they are launch-bound (a few microseconds whatever the bytes): that is
 // what CUDA graphs are for.
 //
-//   bench_elementwise [--embd 4096] [--ff 14336] [--heads 32] [--kv-heads 8] [--hd 128] [--iters 200]
+//   bench_elementwise [--embd 4096] [--ff 14336] [--heads 32] [--kv-heads 8] [--hd 128] [--iters
+//   200]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,7 +38,8 @@ template <class T>
 T* dev_copy(const std::vector<T>& v) {
     void* p = nullptr;
     NT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(v.size(), 1) * sizeof(T)), "cudaMalloc");
-    NT_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+    NT_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+                  "cudaMemcpy");
     return static_cast<T*>(p);
 }
 template <class T>
@@ -84,11 +86,12 @@ double time_us(int iters, const std::function<void()>& launch) {
 double g_hbm = 0;
 int g_iters = 200;
 
-void report(const std::string& what, int rows, double bytes, double err, double tol, const std::function<void()>& launch) {
+void report(const std::string& what, int rows, double bytes, double err, double tol,
+            const std::function<void()>& launch) {
     const double us = time_us(g_iters, launch);
     const double gbs = bytes / (us * 1e-6) / 1e9;
-    std::printf("%-22s %5d | %10.0f %8.2f %8.0f %6.1f%% | %.1e%s\n", what.c_str(), rows, bytes, us, gbs,
-                100 * gbs / g_hbm, err, err > tol ? "  <-- WRONG" : "");
+    std::printf("%-22s %5d | %10.0f %8.2f %8.0f %6.1f%% | %.1e%s\n", what.c_str(), rows, bytes, us,
+                gbs, 100 * gbs / g_hbm, err, err > tol ? "  <-- WRONG" : "");
 }
 
 // Random blocks with finite scales (every quant bit pattern), as the GPU tests make them.
@@ -96,7 +99,8 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t rows, int64_t cols, uint3
     if (can_quantize(t)) {  // from floats with llama.cpp's rounding
         const std::vector<float> f = random_floats(size_t(rows * cols), seed);
         std::vector<uint8_t> b(row_bytes(t, cols) * size_t(rows));
-        for (int64_t r = 0; r < rows; r++) quantize_row(t, f.data() + r * cols, b.data() + size_t(r) * row_bytes(t, cols), cols);
+        for (int64_t r = 0; r < rows; r++)
+            quantize_row(t, f.data() + r * cols, b.data() + size_t(r) * row_bytes(t, cols), cols);
         return b;
     }
     // K-quants: random bytes, then d/dmin (the first or last f16 fields) set small and finite.
@@ -108,12 +112,23 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t rows, int64_t cols, uint3
         const uint16_t d = f32_to_f16(0.001f), dm = f32_to_f16(0.01f);
         size_t od = 0, om = SIZE_MAX;
         switch (t) {
-            case GgmlType::Q2_K: od = offsetof(block_q2_K, d), om = offsetof(block_q2_K, dmin); break;
-            case GgmlType::Q3_K: od = offsetof(block_q3_K, d); break;
-            case GgmlType::Q4_K: od = offsetof(block_q4_K, d), om = offsetof(block_q4_K, dmin); break;
-            case GgmlType::Q5_K: od = offsetof(block_q5_K, d), om = offsetof(block_q5_K, dmin); break;
-            case GgmlType::Q6_K: od = offsetof(block_q6_K, d); break;
-            default: break;
+            case GgmlType::Q2_K:
+                od = offsetof(block_q2_K, d), om = offsetof(block_q2_K, dmin);
+                break;
+            case GgmlType::Q3_K:
+                od = offsetof(block_q3_K, d);
+                break;
+            case GgmlType::Q4_K:
+                od = offsetof(block_q4_K, d), om = offsetof(block_q4_K, dmin);
+                break;
+            case GgmlType::Q5_K:
+                od = offsetof(block_q5_K, d), om = offsetof(block_q5_K, dmin);
+                break;
+            case GgmlType::Q6_K:
+                od = offsetof(block_q6_K, d);
+                break;
+            default:
+                break;
         }
         std::memcpy(&b[i + od], &d, 2);
         if (om != SIZE_MAX) std::memcpy(&b[i + om], &dm, 2);
@@ -124,7 +139,8 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t rows, int64_t cols, uint3
 void bench(const Opts& o) {
     const int vocab = 32000;
     const int qd = o.heads * o.hd, kd = o.kv_heads * o.hd;
-    std::printf("%-22s %5s | %10s %8s %8s %7s | %s\n", "op", "rows", "bytes", "us", "GB/s", "of HBM", "max rel err");
+    std::printf("%-22s %5s | %10s %8s %8s %7s | %s\n", "op", "rows", "bytes", "us", "GB/s",
+                "of HBM", "max rel err");
     for (int rows : {1, 512}) {
         std::mt19937 rng(1);
         std::vector<int32_t> tokens(static_cast<size_t>(rows));
@@ -140,7 +156,8 @@ void bench(const Opts& o) {
             const std::vector<float> got = host_copy(dx, size_t(rows) * o.embd);
             std::vector<float> want(got.size());
             for (int i = 0; i < rows; i++)
-                dequantize_row(t, table.data() + size_t(tokens[size_t(i)]) * row_bytes(t, o.embd), &want[size_t(i) * o.embd], o.embd);
+                dequantize_row(t, table.data() + size_t(tokens[size_t(i)]) * row_bytes(t, o.embd),
+                               &want[size_t(i) * o.embd], o.embd);
             const double bytes = double(rows) * (double(row_bytes(t, o.embd)) + 4.0 * o.embd);
             report(std::string("embed ") + type_name(t), rows, bytes, max_rel_error(got, want), 0,
                    [&] { embed(w, dtok, rows, dx, nullptr); });
@@ -148,7 +165,8 @@ void bench(const Opts& o) {
         }
 
         {  // rmsnorm
-            const std::vector<float> x = random_floats(size_t(rows) * o.embd, 3, -3.f, 3.f), wv = random_floats(size_t(o.embd), 4);
+            const std::vector<float> x = random_floats(size_t(rows) * o.embd, 3, -3.f, 3.f),
+                                     wv = random_floats(size_t(o.embd), 4);
             float* dxin = dev_copy(x);
             float* dw = dev_copy(wv);
             const WeightView w{GgmlType::F32, o.embd, 1, dw, wv.size() * 4};
@@ -156,22 +174,27 @@ void bench(const Opts& o) {
             std::vector<float> want(x.size());
             for (int i = 0; i < rows; i++) {
                 double ss = 0;
-                for (int j = 0; j < o.embd; j++) ss += double(x[size_t(i) * o.embd + j]) * x[size_t(i) * o.embd + j];
+                for (int j = 0; j < o.embd; j++)
+                    ss += double(x[size_t(i) * o.embd + j]) * x[size_t(i) * o.embd + j];
                 const float sc = 1.f / std::sqrt(float(ss / o.embd) + 1e-5f);
-                for (int j = 0; j < o.embd; j++) want[size_t(i) * o.embd + j] = x[size_t(i) * o.embd + j] * sc * wv[size_t(j)];
+                for (int j = 0; j < o.embd; j++)
+                    want[size_t(i) * o.embd + j] = x[size_t(i) * o.embd + j] * sc * wv[size_t(j)];
             }
             report("rmsnorm f32", rows, double(rows) * o.embd * 8 + o.embd * 4.0,
-                   max_rel_error(host_copy(dx, x.size()), want), 1e-5, [&] { rmsnorm(dxin, w, rows, o.embd, 1e-5f, dx, nullptr); });
+                   max_rel_error(host_copy(dx, x.size()), want), 1e-5,
+                   [&] { rmsnorm(dxin, w, rows, o.embd, 1e-5f, dx, nullptr); });
             cudaFree(dxin);
             cudaFree(dw);
         }
 
         {  // rope on q and k
-            std::vector<float> q = random_floats(size_t(rows) * qd, 5), k = random_floats(size_t(rows) * kd, 6);
+            std::vector<float> q = random_floats(size_t(rows) * qd, 5),
+                               k = random_floats(size_t(rows) * kd, 6);
             std::vector<int32_t> pos(static_cast<size_t>(rows));
             for (int32_t& p : pos) p = int32_t(rng() % 8192u);
             std::vector<float> inv(size_t(o.hd / 2));
-            for (int i = 0; i < o.hd / 2; i++) inv[size_t(i)] = std::pow(500000.f, -2.0f * float(i) / float(o.hd));
+            for (int i = 0; i < o.hd / 2; i++)
+                inv[size_t(i)] = std::pow(500000.f, -2.0f * float(i) / float(o.hd));
             float* dq = dev_copy(q);
             float* dk = dev_copy(k);
             int32_t* dpos = dev_copy(pos);
@@ -193,8 +216,9 @@ void bench(const Opts& o) {
             ref(q, o.heads);
             ref(k, o.kv_heads);
             q.insert(q.end(), k.begin(), k.end());
-            report("rope q+k", rows, double(rows) * (qd + kd) * 8, max_rel_error(got, q), 1e-4,
-                   [&] { rope(dq, dk, dpos, rows, o.heads, o.kv_heads, o.hd, o.hd, dinv, nullptr); });
+            report(
+                "rope q+k", rows, double(rows) * (qd + kd) * 8, max_rel_error(got, q), 1e-4,
+                [&] { rope(dq, dk, dpos, rows, o.heads, o.kv_heads, o.hd, o.hd, dinv, nullptr); });
             cudaFree(dq);
             cudaFree(dk);
             cudaFree(dpos);
@@ -231,10 +255,12 @@ void bench(const Opts& o) {
             int32_t* dsel = dev_copy(sel);
             gather_rows(dxin, o.embd, dsel, int(sel.size()), dx, nullptr);
             std::vector<float> want;
-            for (int32_t r : sel) want.insert(want.end(), x.begin() + ptrdiff_t(r) * o.embd, x.begin() + ptrdiff_t(r + 1) * o.embd);
-            report("gather " + std::to_string(sel.size()) + " rows", rows, double(sel.size()) * o.embd * 8,
-                   max_rel_error(host_copy(dx, want.size()), want), 0,
-                   [&] { gather_rows(dxin, o.embd, dsel, int(sel.size()), dx, nullptr); });
+            for (int32_t r : sel)
+                want.insert(want.end(), x.begin() + ptrdiff_t(r) * o.embd,
+                            x.begin() + ptrdiff_t(r + 1) * o.embd);
+            report("gather " + std::to_string(sel.size()) + " rows", rows,
+                   double(sel.size()) * o.embd * 8, max_rel_error(host_copy(dx, want.size()), want),
+                   0, [&] { gather_rows(dxin, o.embd, dsel, int(sel.size()), dx, nullptr); });
             cudaFree(dxin);
             cudaFree(dsel);
         }
@@ -251,16 +277,24 @@ int main(int argc, char** argv) {
         const std::string a = argv[i];
         const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
         if (!v) {
-            std::fprintf(stderr, "usage: bench_elementwise [--embd N] [--ff N] [--heads N] [--kv-heads N] [--hd N] [--iters N]\n");
+            std::fprintf(stderr,
+                         "usage: bench_elementwise [--embd N] [--ff N] [--heads N] [--kv-heads N] "
+                         "[--hd N] [--iters N]\n");
             return 2;
         }
         i++;
-        if (a == "--embd") o.embd = std::atoi(v);
-        else if (a == "--ff") o.ff = std::atoi(v);
-        else if (a == "--heads") o.heads = std::atoi(v);
-        else if (a == "--kv-heads") o.kv_heads = std::atoi(v);
-        else if (a == "--hd") o.hd = std::atoi(v);
-        else if (a == "--iters") o.iters = std::atoi(v);
+        if (a == "--embd")
+            o.embd = std::atoi(v);
+        else if (a == "--ff")
+            o.ff = std::atoi(v);
+        else if (a == "--heads")
+            o.heads = std::atoi(v);
+        else if (a == "--kv-heads")
+            o.kv_heads = std::atoi(v);
+        else if (a == "--hd")
+            o.hd = std::atoi(v);
+        else if (a == "--iters")
+            o.iters = std::atoi(v);
         else {
             std::fprintf(stderr, "unknown option %s\n", a.c_str());
             return 2;
@@ -269,8 +303,8 @@ int main(int argc, char** argv) {
     g_iters = o.iters;
     try {
         const CudaDeviceInfo dev = cuda_device_info(0);
-        std::printf("bench_elementwise on %s; n_embd %d, n_ff %d, heads %d/%d x %d\n", describe(dev).c_str(), o.embd,
-                    o.ff, o.heads, o.kv_heads, o.hd);
+        std::printf("bench_elementwise on %s; n_embd %d, n_ff %d, heads %d/%d x %d\n",
+                    describe(dev).c_str(), o.embd, o.ff, o.heads, o.kv_heads, o.hd);
         // HBM ceiling: the same streaming read the backend's measure_read_bandwidth uses.
         const size_t bytes = size_t(1) << 30;
         void* buf = nullptr;
@@ -278,7 +312,8 @@ int main(int argc, char** argv) {
         NT_CUDA_CHECK(cudaMalloc(&buf, bytes), "cudaMalloc");
         NT_CUDA_CHECK(cudaMalloc(&sink, size_t(dev.sm_count) * 4 * sizeof(uint32_t)), "cudaMalloc");
         NT_CUDA_CHECK(cudaMemset(buf, 1, bytes), "cudaMemset");
-        const double us = time_us(5, [&] { read_bandwidth_kernel(buf, bytes, sink, dev.sm_count * 4, nullptr); });
+        const double us =
+            time_us(5, [&] { read_bandwidth_kernel(buf, bytes, sink, dev.sm_count * 4, nullptr); });
         g_hbm = double(bytes) / (us * 1e-6) / 1e9;
         cudaFree(buf);
         cudaFree(sink);

@@ -28,9 +28,9 @@ namespace nt::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kThreads = 128;     // every attention kernel runs 4 warps
-constexpr int kMaxSplits = 64;    // context slices per (row, kv head) in decode
-constexpr int kMaxGroup = 16;     // query heads per KV head the tiled decode kernel handles
+constexpr int kThreads = 128;   // every attention kernel runs 4 warps
+constexpr int kMaxSplits = 64;  // context slices per (row, kv head) in decode
+constexpr int kMaxGroup = 16;   // query heads per KV head the tiled decode kernel handles
 constexpr int kGenericMaxHd = 256;
 
 // ---- PTX wrappers ------------------------------------------------------------------------------
@@ -38,10 +38,13 @@ constexpr int kGenericMaxHd = 256;
 // 16-byte global -> shared copy that bypasses registers; valid == false writes 16 zero bytes.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
     const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(valid ? 16 : 0)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -60,7 +63,8 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
                  : "r"(a));
 }
 // d += a * b for a 16x16 (row-major) by 16x8 (column-major) F16 product, F32 accumulators.
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
@@ -85,8 +89,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 
 // ---- KV store ----------------------------------------------------------------------------------
 
-__global__ void kv_store_kernel(const float* k, const float* v, const int32_t* pos, const int32_t* seq,
-                                int kv_dim, int n_ctx, __half* kc, __half* vc) {
+__global__ void kv_store_kernel(const float* k, const float* v, const int32_t* pos,
+                                const int32_t* seq, int kv_dim, int n_ctx, __half* kc, __half* vc) {
     const int i = blockIdx.x;
     const size_t cell = (size_t(seq[i]) * size_t(n_ctx) + size_t(pos[i])) * size_t(kv_dim);
     const float2* k2 = reinterpret_cast<const float2*>(k + size_t(i) * kv_dim);
@@ -116,7 +120,8 @@ struct DecodeArgs {
 };
 
 // Slice `split` of a context of `len` positions: slices of equal length rounded up to `align`.
-__device__ __forceinline__ void split_range(int len, int splits, int split, int align, int& start, int& end) {
+__device__ __forceinline__ void split_range(int len, int splits, int split, int align, int& start,
+                                            int& end) {
     int chunk = (len + splits - 1) / splits;
     chunk = (chunk + align - 1) / align * align;
     start = split * chunk;
@@ -180,7 +185,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_generic(DecodeArgs a) {
         L += wl[i] * w[i];
     }
     for (int d = threadIdx.x; d < hd; d += kThreads) {
-        const float o = wacc[0][d] * w[0] + wacc[1][d] * w[1] + wacc[2][d] * w[2] + wacc[3][d] * w[3];
+        const float o =
+            wacc[0][d] * w[0] + wacc[1][d] * w[1] + wacc[2][d] * w[2] + wacc[3][d] * w[3];
         if (a.splits == 1)
             a.out[size_t(row) * a.n_head * hd + size_t(h) * hd + d] = o / L;
         else
@@ -191,14 +197,15 @@ __global__ void __launch_bounds__(kThreads) attn_decode_generic(DecodeArgs a) {
 
 template <int HD>
 struct DecodeTile {
-    static constexpr int TP = 64;                  // positions per tile
-    static constexpr int ROW = HD + 8;             // padded smem row: conflict-free 16-byte reads
-    static constexpr int SETS_S = kThreads / TP;   // head sets in the score phase (2)
+    static constexpr int TP = 64;                 // positions per tile
+    static constexpr int ROW = HD + 8;            // padded smem row: conflict-free 16-byte reads
+    static constexpr int SETS_S = kThreads / TP;  // head sets in the score phase (2)
     static constexpr int SETS_PV = kThreads / (HD / 2);  // head sets in the P*V phase (2 or 4)
     static constexpr int MAXJ_S = kMaxGroup / SETS_S;
     static constexpr int MAXJ_PV = kMaxGroup / SETS_PV;
     static size_t smem_bytes(int group) {
-        return size_t(2 * 2 * TP * ROW) * sizeof(__half) + size_t(group * HD + group * TP + 3 * group) * sizeof(float);
+        return size_t(2 * 2 * TP * ROW) * sizeof(__half) +
+               size_t(group * HD + group * TP + 3 * group) * sizeof(float);
     }
 };
 
@@ -216,10 +223,10 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     __half* vbuf = kbuf + 2 * TP * ROW;              // [2][TP][ROW]
     const int G = a.group;
     float* qs = reinterpret_cast<float*>(vbuf + 2 * TP * ROW);  // [G][HD], pre-scaled
-    float* ps = qs + G * HD;                                     // [G][TP] scores, then weights
-    float* ms = ps + G * TP;                                     // [G] running max
-    float* ls = ms + G;                                          // [G] running sum
-    float* cs = ls + G;                                          // [G] this tile's rescale factor
+    float* ps = qs + G * HD;                                    // [G][TP] scores, then weights
+    float* ms = ps + G * TP;                                    // [G] running max
+    float* ls = ms + G;                                         // [G] running sum
+    float* cs = ls + G;                                         // [G] this tile's rescale factor
 
     const int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
     const int t = threadIdx.x;
@@ -228,7 +235,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     int start, end;
     split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     if (start >= end) {
-        if (t < G) a.part_ml[(size_t(z) * a.n_head + h0 + t) * a.splits + split] = make_float2(-INFINITY, 0.f);
+        if (t < G)
+            a.part_ml[(size_t(z) * a.n_head + h0 + t) * a.splits + split] =
+                make_float2(-INFINITY, 0.f);
         return;
     }
     const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
@@ -258,9 +267,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         ls[t] = 0.f;
     }
 
-    const int sp = t % TP, sg = t / TP;                  // score phase
-    const int d2 = t % (HD / 2), pg = t / (HD / 2);      // P*V phase
-    const int warp = t / 32, lane = t % 32;              // softmax phase
+    const int sp = t % TP, sg = t / TP;              // score phase
+    const int d2 = t % (HD / 2), pg = t / (HD / 2);  // P*V phase
+    const int warp = t / 32, lane = t % 32;          // softmax phase
     float2 acc[C::MAXJ_PV];
 #pragma unroll
     for (int j = 0; j < C::MAXJ_PV; j++) acc[j] = make_float2(0.f, 0.f);
@@ -294,8 +303,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
                     if (g < G) {
                         const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + c);
                         const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + c + 4);
-                        sc[j] += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y + qb.x * k2.x +
-                                 qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
+                        sc[j] += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y +
+                                 qb.x * k2.x + qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
                     }
                 }
             }
@@ -312,7 +321,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         for (int g = warp; g < G; g += kThreads / 32) {
             const float s0 = ps[g * TP + lane], s1 = ps[g * TP + lane + 32];
             const float m_old = ms[g];
-            const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));  // finite: the tile has a valid position
+            const float m_new =
+                fmaxf(m_old, warp_max(fmaxf(s0, s1)));  // finite: the tile has a valid position
             const float e0 = exp2f(s0 - m_new), e1 = exp2f(s1 - m_new);
             const float sum = warp_sum(e0 + e1);
             ps[g * TP + lane] = e0;
@@ -362,8 +372,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         const int h = h0 + g;
         if (a.splits == 1) {
             const float inv = 1.f / ls[g];
-            *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h) * HD + 2 * d2) =
-                make_float2(acc[j].x * inv, acc[j].y * inv);
+            *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h) * HD +
+                                       2 * d2) = make_float2(acc[j].x * inv, acc[j].y * inv);
         } else {
             const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
             *reinterpret_cast<float2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
@@ -373,9 +383,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
 }
 
 // Merges the slices of one (row, head): out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M).
-__global__ void __launch_bounds__(kThreads) attn_merge_kernel(const float* part_acc, const float2* part_ml,
-                                                              const int32_t* rows, int n_head, int hd,
-                                                              int splits, float* out) {
+__global__ void __launch_bounds__(kThreads)
+    attn_merge_kernel(const float* part_acc, const float2* part_ml, const int32_t* rows, int n_head,
+                      int hd, int splits, float* out) {
     __shared__ float w[kMaxSplits];
     __shared__ float inv_l;
     const int z = blockIdx.x, h = blockIdx.y;
@@ -418,8 +428,8 @@ struct PrefillArgs {
 template <int HD>
 struct PrefillTile {
     static constexpr int BR = kPrefillTileRows;  // query rows per block (16 per warp)
-    static constexpr int BC = 64;                 // keys per tile
-    static constexpr int ROW = HD + 8;            // padded smem row: conflict-free ldmatrix
+    static constexpr int BC = 64;                // keys per tile
+    static constexpr int ROW = HD + 8;           // padded smem row: conflict-free ldmatrix
     static constexpr size_t smem_bytes() { return size_t(BR + 2 * BC) * ROW * sizeof(__half); }
 };
 
@@ -455,7 +465,8 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
         for (int c = t; c < BC * CH; c += kThreads) {
             const int r = c / CH, cc = c % CH;
             const bool valid = k0 + r < kv_len;
-            cp_async16(dst + r * ROW + cc * 8, src + size_t(valid ? k0 + r : 0) * a.kv_dim + cc * 8, valid);
+            cp_async16(dst + r * ROW + cc * 8, src + size_t(valid ? k0 + r : 0) * a.kv_dim + cc * 8,
+                       valid);
         }
         cp_async_commit();
     };
@@ -469,7 +480,8 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
             const int r = c / C4, col = (c % C4) * 4;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
             if (r < tile.n_rows)
-                v = *reinterpret_cast<const float4*>(a.q + size_t(tile.row0 + r) * q_dim + size_t(h) * HD + col);
+                v = *reinterpret_cast<const float4*>(a.q + size_t(tile.row0 + r) * q_dim +
+                                                     size_t(h) * HD + col);
             __half2* dst = reinterpret_cast<__half2*>(qsm + r * ROW + col);
             dst[0] = __floats2half2_rn(v.x * s, v.y * s);
             dst[1] = __floats2half2_rn(v.z * s, v.w * s);
@@ -479,13 +491,14 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
     uint32_t qf[KD][4];
 #pragma unroll
     for (int kd = 0; kd < KD; kd++)
-        ldmatrix_x4(qf[kd], qsm + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW + kd * 16 + (lane >> 4) * 8);
+        ldmatrix_x4(qf[kd], qsm + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * ROW + kd * 16 +
+                                (lane >> 4) * 8);
 
     float o[ND][4];
 #pragma unroll
     for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g and g + 8 of the warp
-    const int warp_first = tile.pos0 + warp * 16;               // position of the warp's first row
+    const int warp_first = tile.pos0 + warp * 16;              // position of the warp's first row
     const int qp0 = warp_first + g, qp1 = qp0 + 8;
     const int n_kt = (kv_len + BC - 1) / BC;
 
@@ -507,7 +520,8 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
 #pragma unroll
                 for (int np = 0; np < NT / 2; np++) {
                     uint32_t b[4];
-                    ldmatrix_x4(b, ksm + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * ROW + kd * 16 + ((lane >> 3) & 1) * 8);
+                    ldmatrix_x4(b, ksm + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * ROW + kd * 16 +
+                                       ((lane >> 3) & 1) * 8);
                     mma_16816(s[2 * np], qf[kd], b[0], b[1]);
                     mma_16816(s[2 * np + 1], qf[kd], b[2], b[3]);
                 }
@@ -552,7 +566,8 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
                 s[nt][1] = exp2f(s[nt][1] - m0);
                 s[nt][2] = exp2f(s[nt][2] - m1);
                 s[nt][3] = exp2f(s[nt][3] - m1);
-                l0 += s[nt][0] + s[nt][1];  // per-lane partial sums; the quad adds them up at the end
+                l0 +=
+                    s[nt][0] + s[nt][1];  // per-lane partial sums; the quad adds them up at the end
                 l1 += s[nt][2] + s[nt][3];
             }
             // The score accumulators of n-tiles 2kk and 2kk+1 are exactly the A fragment of P
@@ -574,7 +589,9 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
 #pragma unroll
                 for (int dp = 0; dp < ND / 2; dp++) {
                     uint32_t b[4];
-                    ldmatrix_x4_trans(b, vsm + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ROW + dp * 16 + (lane >> 4) * 8);
+                    ldmatrix_x4_trans(b, vsm +
+                                             (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * ROW +
+                                             dp * 16 + (lane >> 4) * 8);
                     mma_16816(o[2 * dp], pf[kk], b[0], b[1]);
                     mma_16816(o[2 * dp + 1], pf[kk], b[2], b[3]);
                 }
@@ -602,14 +619,17 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
     }
 }
 
-float scale_log2(int head_dim) { return kLog2e / std::sqrt(float(head_dim)); }
+float scale_log2(int head_dim) {
+    return kLog2e / std::sqrt(float(head_dim));
+}
 
 void check_shape(const AttnShape& s) {
     if (s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0)
-        fail("attention needs n_head (%d) to be a multiple of n_head_kv (%d).", s.n_head, s.n_head_kv);
+        fail("attention needs n_head (%d) to be a multiple of n_head_kv (%d).", s.n_head,
+             s.n_head_kv);
     if (s.head_dim <= 0 || s.head_dim % 2 != 0 || s.head_dim > kGenericMaxHd)
-        fail("head_dim %d is not supported by the CUDA attention kernels (even, at most %d).", s.head_dim,
-             kGenericMaxHd);
+        fail("head_dim %d is not supported by the CUDA attention kernels (even, at most %d).",
+             s.head_dim, kGenericMaxHd);
 }
 
 }  // namespace
@@ -617,25 +637,31 @@ void check_shape(const AttnShape& s) {
 bool attn_has_fast_decode(const AttnShape& s) {
     return (s.head_dim == 64 || s.head_dim == 128) && s.group() <= kMaxGroup;
 }
-bool attn_has_prefill(const AttnShape& s) { return s.head_dim == 64 || s.head_dim == 128; }
-
-void attn_init() {
-    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tiled<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(DecodeTile<64>::smem_bytes(kMaxGroup))),
-                  "cudaFuncSetAttribute attn_decode_tiled<64>");
-    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_decode_tiled<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(DecodeTile<128>::smem_bytes(kMaxGroup))),
-                  "cudaFuncSetAttribute attn_decode_tiled<128>");
-    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(PrefillTile<64>::smem_bytes())),
-                  "cudaFuncSetAttribute attn_prefill_kernel<64>");
-    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       int(PrefillTile<128>::smem_bytes())),
-                  "cudaFuncSetAttribute attn_prefill_kernel<128>");
+bool attn_has_prefill(const AttnShape& s) {
+    return s.head_dim == 64 || s.head_dim == 128;
 }
 
-void kv_store(const AttnShape& s, const float* k, const float* v, const int32_t* pos, const int32_t* seq, int n,
-              __half* k_cache, __half* v_cache, cudaStream_t stream) {
+void attn_init() {
+    NT_CUDA_CHECK(
+        cudaFuncSetAttribute(attn_decode_tiled<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(DecodeTile<64>::smem_bytes(kMaxGroup))),
+        "cudaFuncSetAttribute attn_decode_tiled<64>");
+    NT_CUDA_CHECK(
+        cudaFuncSetAttribute(attn_decode_tiled<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(DecodeTile<128>::smem_bytes(kMaxGroup))),
+        "cudaFuncSetAttribute attn_decode_tiled<128>");
+    NT_CUDA_CHECK(
+        cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(PrefillTile<64>::smem_bytes())),
+        "cudaFuncSetAttribute attn_prefill_kernel<64>");
+    NT_CUDA_CHECK(
+        cudaFuncSetAttribute(attn_prefill_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(PrefillTile<128>::smem_bytes())),
+        "cudaFuncSetAttribute attn_prefill_kernel<128>");
+}
+
+void kv_store(const AttnShape& s, const float* k, const float* v, const int32_t* pos,
+              const int32_t* seq, int n, __half* k_cache, __half* v_cache, cudaStream_t stream) {
     if (n <= 0) return;
     kv_store_kernel<<<n, 256, 0, stream>>>(k, v, pos, seq, s.kv_dim(), s.n_ctx, k_cache, v_cache);
     NT_CUDA_CHECK(cudaGetLastError(), "kv_store kernel");
@@ -657,11 +683,12 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
 }
 
 void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
-                 const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows, int splits,
-                 float* scratch, float* out, cudaStream_t stream, int version) {
+                 const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
+                 int splits, float* scratch, float* out, cudaStream_t stream, int version) {
     if (n_rows <= 0) return;
     check_shape(s);
-    if (splits < 1 || splits > kMaxSplits) fail("attention: %d context slices (1..%d).", splits, kMaxSplits);
+    if (splits < 1 || splits > kMaxSplits)
+        fail("attention: %d context slices (1..%d).", splits, kMaxSplits);
     if (n_rows > 65535) fail("attention: %d decode rows in one launch (at most 65535).", n_rows);
     DecodeArgs a;
     a.q = q;
@@ -671,7 +698,8 @@ void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
     a.seq = seq;
     a.rows = rows;
     a.part_acc = scratch;
-    a.part_ml = reinterpret_cast<float2*>(scratch + size_t(n_rows) * s.n_head * splits * s.head_dim);
+    a.part_ml =
+        reinterpret_cast<float2*>(scratch + size_t(n_rows) * s.n_head * splits * s.head_dim);
     a.out = out;
     a.n_head = s.n_head;
     a.head_dim = s.head_dim;
@@ -681,13 +709,16 @@ void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
     a.splits = splits;
     a.scale_log2 = scale_log2(s.head_dim);
     const bool tiled = version == 2 || (version == 0 && attn_has_fast_decode(s));
-    if (tiled && !attn_has_fast_decode(s)) fail("attention: no tiled decode kernel for head_dim %d.", s.head_dim);
+    if (tiled && !attn_has_fast_decode(s))
+        fail("attention: no tiled decode kernel for head_dim %d.", s.head_dim);
     if (tiled) {
         const dim3 grid(unsigned(splits), unsigned(s.n_head_kv), unsigned(n_rows));
         if (s.head_dim == 64)
-            attn_decode_tiled<64><<<grid, kThreads, DecodeTile<64>::smem_bytes(a.group), stream>>>(a);
+            attn_decode_tiled<64>
+                <<<grid, kThreads, DecodeTile<64>::smem_bytes(a.group), stream>>>(a);
         else
-            attn_decode_tiled<128><<<grid, kThreads, DecodeTile<128>::smem_bytes(a.group), stream>>>(a);
+            attn_decode_tiled<128>
+                <<<grid, kThreads, DecodeTile<128>::smem_bytes(a.group), stream>>>(a);
         NT_CUDA_CHECK(cudaGetLastError(), "attention decode kernel (tiled)");
     } else {
         const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));

@@ -1,5 +1,3 @@
-#include "backend/cuda/cuda_backend.h"
-
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -8,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/ops.cuh"
@@ -29,22 +28,28 @@ constexpr int kMinPrefillRun = 16;
 // A key whose steps left their recorded graph this often stays eager.
 constexpr int kMaxGraphFailures = 2;
 
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-double gib(size_t n) { return double(n) / kGiB; }
+size_t align_up(size_t n) {
+    return (n + kAlign - 1) / kAlign * kAlign;
+}
+double gib(size_t n) {
+    return double(n) / kGiB;
+}
 
 }  // namespace
 
 bool CudaBackend::Op::operator==(const Op& o) const {
-    return kind == o.kind && i0 == o.i0 && i1 == o.i1 && n == o.n && p[0] == o.p[0] && p[1] == o.p[1] &&
-           p[2] == o.p[2] && p[3] == o.p[3] && w.type == o.w.type && w.cols == o.w.cols &&
-           w.rows == o.w.rows && w.data == o.w.data && w.nbytes == o.w.nbytes;
+    return kind == o.kind && i0 == o.i0 && i1 == o.i1 && n == o.n && p[0] == o.p[0] &&
+           p[1] == o.p[1] && p[2] == o.p[2] && p[3] == o.p[3] && w.type == o.w.type &&
+           w.cols == o.w.cols && w.rows == o.w.rows && w.data == o.w.data && w.nbytes == o.w.nbytes;
 }
 
 CudaBackend::CudaBackend(int device) {
     dev_ = cuda_device_info(device);  // throws a clear sentence when unusable; sets the device
     NT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    NT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    NT_CUDA_CHECK(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming), "cudaEventCreate");
+    NT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+                  "cudaStreamCreate");
+    NT_CUDA_CHECK(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming),
+                  "cudaEventCreate");
     for (auto& e : upload_done_)
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     const char* env = std::getenv("NT_CUDA_GRAPHS");
@@ -103,9 +108,11 @@ void* CudaBackend::device_alloc(size_t bytes, const char* what) {
         (void)cudaGetLastError();
         size_t free_b = 0, total_b = 0;
         cudaMemGetInfo(&free_b, &total_b);
-        fail("not enough GPU memory: need %.2f GiB for %s, %.2f GiB free on %s; reduce the context (-c), "
-             "the number of sequences or the batch size, or use a smaller model.",
-             gib(bytes), what, gib(free_b), dev_.name.c_str());
+        fail(
+            "not enough GPU memory: need %.2f GiB for %s, %.2f GiB free on %s; reduce the context "
+            "(-c), "
+            "the number of sequences or the batch size, or use a smaller model.",
+            gib(bytes), what, gib(free_b), dev_.name.c_str());
     }
     NT_CUDA_CHECK(e, "cudaMalloc");
     return p;
@@ -128,18 +135,23 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
         shape.head_dim <= 0 || shape.n_ff <= 0 || shape.n_vocab <= 0)
         fail("CUDA backend: model shape has a zero or negative dimension.");
     if (shape.n_head % shape.n_head_kv != 0)
-        fail("the model's %d attention heads are not a multiple of its %d KV heads.", shape.n_head, shape.n_head_kv);
+        fail("the model's %d attention heads are not a multiple of its %d KV heads.", shape.n_head,
+             shape.n_head_kv);
     if (shape.head_dim % 8 != 0 || shape.head_dim > 256)
-        fail("head dimension %d is not supported by the CUDA backend (a multiple of 8, at most 256); use "
-             "--device cpu.",
-             shape.head_dim);
+        fail(
+            "head dimension %d is not supported by the CUDA backend (a multiple of 8, at most "
+            "256); use "
+            "--device cpu.",
+            shape.head_dim);
     if (max_batch <= 0 || n_seq <= 0 || n_ctx <= 0)
-        fail("CUDA backend: batch (%d), sequences (%d) and context (%d) must be positive.", max_batch, n_seq, n_ctx);
+        fail("CUDA backend: batch (%d), sequences (%d) and context (%d) must be positive.",
+             max_batch, n_seq, n_ctx);
     n_rot_ = shape.rope.n_rot > 0 ? shape.rope.n_rot : shape.head_dim;
     if (n_rot_ > shape.head_dim || n_rot_ % 2 != 0)
         fail("rope dimension count %d does not fit head dimension %d.", n_rot_, shape.head_dim);
     if (!shape.rope.freq_factors.empty() && int(shape.rope.freq_factors.size()) != n_rot_ / 2)
-        fail("rope frequency factors: %zu values for %d rotated pairs.", shape.rope.freq_factors.size(), n_rot_ / 2);
+        fail("rope frequency factors: %zu values for %d rotated pairs.",
+             shape.rope.freq_factors.size(), n_rot_ / 2);
     shape_ = shape;
     max_batch_ = max_batch;
     n_seq_ = n_seq;
@@ -153,8 +165,15 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
 
     const size_t B = size_t(max_batch);
     // gate doubles as the final norm's output (n_embd wide) in the forward pass.
-    const int64_t widths[] = {shape.n_embd, shape.n_embd, qdim, kvdim, kvdim, qdim,
-                              std::max<int64_t>(shape.n_ff, shape.n_embd), shape.n_ff, shape.n_vocab};
+    const int64_t widths[] = {shape.n_embd,
+                              shape.n_embd,
+                              qdim,
+                              kvdim,
+                              kvdim,
+                              qdim,
+                              std::max<int64_t>(shape.n_ff, shape.n_embd),
+                              shape.n_ff,
+                              shape.n_vocab};
     size_t act_bytes = 0;
     for (int64_t w : widths) act_bytes += align_up(B * size_t(w) * sizeof(float));
     step_bytes_ = align_up(5 * B * sizeof(int32_t) + B * sizeof(cuda::AttnTile));
@@ -162,10 +181,12 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     cuda::AttnShape as{shape.n_head, shape.n_head_kv, shape.head_dim, n_ctx};
     size_t attn_floats = 0;
     for (int r = 1; r <= max_batch; r++)
-        attn_floats = std::max(attn_floats, cuda::attn_decode_scratch_floats(as, r, decode_splits(r)));
+        attn_floats =
+            std::max(attn_floats, cuda::attn_decode_scratch_floats(as, r, decode_splits(r)));
     const size_t attn_bytes = align_up(std::max<size_t>(attn_floats, 1) * sizeof(float));
     const int64_t max_cols = std::max({int64_t(shape.n_embd), int64_t(shape.n_ff), qdim});
-    const int64_t max_rows = std::max({int64_t(shape.n_vocab), int64_t(shape.n_ff), int64_t(shape.n_embd), qdim});
+    const int64_t max_rows =
+        std::max({int64_t(shape.n_vocab), int64_t(shape.n_ff), int64_t(shape.n_embd), qdim});
     const size_t mm_bytes = align_up(cuda::matmul_workspace_bytes(max_cols, max_rows, max_batch));
     const size_t scratch_bytes = act_bytes + step_bytes_ + rope_bytes + attn_bytes + mm_bytes;
 
@@ -173,11 +194,14 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     NT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     const size_t need = kv_bytes_ + scratch_bytes;
     if (need + kHeadroom > free_b)
-        fail("not enough GPU memory: need %.2f GiB for the KV cache (%d layers x %d sequences x %d positions) and "
-             "%.2f GiB for activations and scratch (batch %d), %.2f GiB free on %s; reduce the context (-c), the "
-             "number of sequences or the batch size.",
-             gib(kv_bytes_), shape.n_layer, n_seq, n_ctx, gib(scratch_bytes), max_batch, gib(free_b),
-             dev_.name.c_str());
+        fail(
+            "not enough GPU memory: need %.2f GiB for the KV cache (%d layers x %d sequences x %d "
+            "positions) and "
+            "%.2f GiB for activations and scratch (batch %d), %.2f GiB free on %s; reduce the "
+            "context (-c), the "
+            "number of sequences or the batch size.",
+            gib(kv_bytes_), shape.n_layer, n_seq, n_ctx, gib(scratch_bytes), max_batch, gib(free_b),
+            dev_.name.c_str());
 
     kv_ = device_alloc(kv_bytes_, "the KV cache");
     scratch_ = device_alloc(scratch_bytes, "activations and scratch");
@@ -190,8 +214,10 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
         p += align_up(bytes);
         return r;
     };
-    float** slots[] = {&acts_.x, &acts_.xn, &acts_.q, &acts_.k, &acts_.v, &acts_.att, &acts_.gate, &acts_.up, &acts_.logits};
-    for (size_t i = 0; i < 9; i++) *slots[i] = reinterpret_cast<float*>(take(B * size_t(widths[i]) * sizeof(float)));
+    float** slots[] = {&acts_.x,   &acts_.xn,   &acts_.q,  &acts_.k,     &acts_.v,
+                       &acts_.att, &acts_.gate, &acts_.up, &acts_.logits};
+    for (size_t i = 0; i < 9; i++)
+        *slots[i] = reinterpret_cast<float*>(take(B * size_t(widths[i]) * sizeof(float)));
     acts_.max_batch = max_batch;
     d_step_ = reinterpret_cast<int32_t*>(take(step_bytes_));
     rope_inv_freq_ = reinterpret_cast<float*>(take(rope_bytes));
@@ -208,13 +234,14 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     // both turn by the same float angle.
     std::vector<float> inv(size_t(n_rot_ / 2));
     for (int i = 0; i < n_rot_ / 2; i++) {
-        float f = shape.rope.freq_scale * std::pow(shape.rope.freq_base, -2.0f * float(i) / float(n_rot_));
+        float f = shape.rope.freq_scale *
+                  std::pow(shape.rope.freq_base, -2.0f * float(i) / float(n_rot_));
         if (!shape.rope.freq_factors.empty()) f /= shape.rope.freq_factors[size_t(i)];
         inv[size_t(i)] = f;
     }
     if (!inv.empty())
-        NT_CUDA_CHECK(cudaMemcpyAsync(rope_inv_freq_, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice,
-                                      stream_),
+        NT_CUDA_CHECK(cudaMemcpyAsync(rope_inv_freq_, inv.data(), inv.size() * sizeof(float),
+                                      cudaMemcpyHostToDevice, stream_),
                       "cudaMemcpyAsync rope table");
     NT_CUDA_CHECK(cudaStreamSynchronize(stream_), "cudaStreamSynchronize init");
     n_rows_ = n_logits_ = n_dec_ = n_tiles_ = 0;
@@ -236,7 +263,8 @@ void CudaBackend::begin_step(const Batch& batch) {
         if (batch.pos[u] < 0 || batch.pos[u] >= n_ctx_)
             fail("position %d is outside the context of %d tokens.", batch.pos[u], n_ctx_);
         if (batch.tokens[u] < 0 || batch.tokens[u] >= shape_.n_vocab)
-            fail("token id %d is outside the vocabulary (%d tokens).", batch.tokens[u], shape_.n_vocab);
+            fail("token id %d is outside the vocabulary (%d tokens).", batch.tokens[u],
+                 shape_.n_vocab);
     }
 
     // The pinned mirror may still feed the previous step's copy.
@@ -266,7 +294,8 @@ void CudaBackend::begin_step(const Batch& batch) {
             while (j < n && seq[j] == seq[i] && pos[j] == pos[j - 1] + 1) j++;
         if (j - i >= kMinPrefillRun) {
             for (int r = i; r < j; r += cuda::kPrefillTileRows)
-                tiles[n_tiles_++] = cuda::AttnTile{r, std::min(cuda::kPrefillTileRows, j - r), seq[i], pos[r]};
+                tiles[n_tiles_++] =
+                    cuda::AttnTile{r, std::min(cuda::kPrefillTileRows, j - r), seq[i], pos[r]};
         } else {
             for (int r = i; r < j; r++) dec_rows[n_dec_++] = r;
         }
@@ -286,7 +315,8 @@ void CudaBackend::begin_step(const Batch& batch) {
             replay_pos_ = 0;
             pending_.clear();
         } else if (it == graphs_.end() || it->second.failures < kMaxGraphFailures) {
-            NT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+            NT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+                          "cudaStreamBeginCapture");
             mode_ = Mode::Capture;
             recording_.clear();
         }
@@ -295,7 +325,9 @@ void CudaBackend::begin_step(const Batch& batch) {
 
 void CudaBackend::submit(const Op& op) {
     switch (mode_) {
-        case Mode::Eager: run(op); return;
+        case Mode::Eager:
+            run(op);
+            return;
         case Mode::Capture:
             try {
                 run(op);
@@ -339,7 +371,8 @@ void CudaBackend::leave_graph() {
 
 void CudaBackend::capture_failed() {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+    if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusNone) {
         cudaGraph_t g = nullptr;
         if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g) cudaGraphDestroy(g);
     }
@@ -391,7 +424,9 @@ void CudaBackend::flush() {
     }
 }
 
-void CudaBackend::end_step() { flush(); }
+void CudaBackend::end_step() {
+    flush();
+}
 
 void CudaBackend::set_graphs(bool on) {
     flush();
@@ -411,38 +446,52 @@ void CudaBackend::run(const Op& op) {
     const int32_t* d_dec_rows = d_step_ + 4 * B;
     const cuda::AttnTile* d_tiles = reinterpret_cast<const cuda::AttnTile*>(d_step_ + 5 * B);
     switch (op.kind) {
-        case OpKind::Embed: cuda::embed(op.w, d_tokens, n_rows_, f(0), stream_); return;
-        case OpKind::RmsNorm: cuda::rmsnorm(f(0), op.w, op.i0, op.i1, shape_.norm_eps, f(1), stream_); return;
-        case OpKind::Matmul: cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_); return;
+        case OpKind::Embed:
+            cuda::embed(op.w, d_tokens, n_rows_, f(0), stream_);
+            return;
+        case OpKind::RmsNorm:
+            cuda::rmsnorm(f(0), op.w, op.i0, op.i1, shape_.norm_eps, f(1), stream_);
+            return;
+        case OpKind::Matmul:
+            cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_);
+            return;
         case OpKind::Rope:
-            cuda::rope(f(0), f(1), d_pos, n_rows_, shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_rot_,
-                       rope_inv_freq_, stream_);
+            cuda::rope(f(0), f(1), d_pos, n_rows_, shape_.n_head, shape_.n_head_kv, shape_.head_dim,
+                       n_rot_, rope_inv_freq_, stream_);
             return;
         case OpKind::Attention: {
             const cuda::AttnShape as{shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_ctx_};
             __half* kc = static_cast<__half*>(kv_) + size_t(op.i0) * kv_layer_elems_;
             __half* vc = kc + size_t(shape_.n_layer) * kv_layer_elems_;
             cuda::kv_store(as, f(1), f(2), d_pos, d_seq, n_rows_, kc, vc, stream_);
-            cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_, attn_scratch_, f(3),
-                              stream_);
+            cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
+                              attn_scratch_, f(3), stream_);
             cuda::attn_prefill(as, f(0), kc, vc, d_tiles, n_tiles_, f(3), stream_);
             return;
         }
-        case OpKind::Swiglu: cuda::swiglu(f(0), f(1), op.n, f(2), stream_); return;
-        case OpKind::Add: cuda::add(f(0), f(1), op.n, stream_); return;
-        case OpKind::Gather: cuda::gather_rows(f(0), op.i0, d_logit_rows, n_logits_, f(1), stream_); return;
+        case OpKind::Swiglu:
+            cuda::swiglu(f(0), f(1), op.n, f(2), stream_);
+            return;
+        case OpKind::Add:
+            cuda::add(f(0), f(1), op.n, stream_);
+            return;
+        case OpKind::Gather:
+            cuda::gather_rows(f(0), op.i0, d_logit_rows, n_logits_, f(1), stream_);
+            return;
     }
 }
 
 void CudaBackend::embed(const WeightView& tok_embd, float* x) {
     require_init("embed");
     if (tok_embd.cols != shape_.n_embd)
-        fail("token embedding rows have %lld values, the model has n_embd = %d.", (long long)tok_embd.cols,
-             shape_.n_embd);
+        fail("token embedding rows have %lld values, the model has n_embd = %d.",
+             (long long)tok_embd.cols, shape_.n_embd);
     if (tok_embd.rows < shape_.n_vocab)
-        fail("token embedding table has %lld rows for a vocabulary of %d.", (long long)tok_embd.rows, shape_.n_vocab);
+        fail("token embedding table has %lld rows for a vocabulary of %d.",
+             (long long)tok_embd.rows, shape_.n_vocab);
     if (!cuda::elementwise_supports(tok_embd.type))
-        fail("token embeddings of type %s are not supported by the CUDA backend.", type_name(tok_embd.type));
+        fail("token embeddings of type %s are not supported by the CUDA backend.",
+             type_name(tok_embd.type));
     Op op;
     op.kind = OpKind::Embed;
     op.w = tok_embd;
@@ -452,7 +501,8 @@ void CudaBackend::embed(const WeightView& tok_embd, float* x) {
 
 void CudaBackend::rmsnorm(const float* x, const WeightView& w, int n, int dim, float* out) {
     require_init("rmsnorm");
-    if (w.cols * w.rows < dim) fail("norm weight has %lld values for rows of %d.", (long long)(w.cols * w.rows), dim);
+    if (w.cols * w.rows < dim)
+        fail("norm weight has %lld values for rows of %d.", (long long)(w.cols * w.rows), dim);
     if (!cuda::elementwise_supports(w.type))
         fail("norm weights of type %s are not supported by the CUDA backend.", type_name(w.type));
     Op op;
@@ -487,7 +537,8 @@ void CudaBackend::rope(float* q, float* k) {
 
 void CudaBackend::attention(int layer, const float* q, const float* k, const float* v, float* out) {
     require_init("attention");
-    if (layer < 0 || layer >= shape_.n_layer) fail("attention: layer %d of %d.", layer, shape_.n_layer);
+    if (layer < 0 || layer >= shape_.n_layer)
+        fail("attention: layer %d of %d.", layer, shape_.n_layer);
     Op op;
     op.kind = OpKind::Attention;
     op.i0 = layer;
@@ -524,7 +575,8 @@ void CudaBackend::gather_logit_rows(const float* x, int dim, float* dst) {
     // Rows are whole: dst must be x itself or lie clear of the rows it reads.
     const float* x_end = x + int64_t(n_rows_) * dim;
     const float* d_end = dst + int64_t(n_logits_) * dim;
-    if (dst != x && dst < x_end && x < d_end) fail("gather_logit_rows: destination overlaps the source rows.");
+    if (dst != x && dst < x_end && x < d_end)
+        fail("gather_logit_rows: destination overlaps the source rows.");
     Op op;
     op.kind = OpKind::Gather;
     op.i0 = dim;
@@ -537,8 +589,9 @@ void CudaBackend::download(const float* src, float* host_dst, size_t n) {
     flush();
     if (n == 0) return;
     if (!h_download_) {  // download before init(): plain copy
-        NT_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
-                      "cudaMemcpyAsync download");
+        NT_CUDA_CHECK(
+            cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync download");
         NT_CUDA_CHECK(cudaStreamSynchronize(stream_), "cudaStreamSynchronize download");
         return;
     }
@@ -557,7 +610,8 @@ void CudaBackend::download(const float* src, float* host_dst, size_t n) {
 void CudaBackend::kv_truncate(int seq, int from) {
     require_init("kv_truncate");
     if (seq < 0 || seq >= n_seq_) fail("sequence id %d is out of range (0..%d).", seq, n_seq_ - 1);
-    if (from < 0 || from > n_ctx_) fail("kv_truncate: position %d is outside the context of %d tokens.", from, n_ctx_);
+    if (from < 0 || from > n_ctx_)
+        fail("kv_truncate: position %d is outside the context of %d tokens.", from, n_ctx_);
     // Nothing to do on the device: cells are addressed by (sequence, position), attention
     // reads only positions up to the row's own, and a step stores its rows before reading.
 }
@@ -565,7 +619,8 @@ void CudaBackend::kv_truncate(int seq, int from) {
 void CudaBackend::upload(void* dst, const void* host_src, size_t bytes) {
     flush();
     if (bytes == 0) return;
-    NT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync upload");
+    NT_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_),
+                  "cudaMemcpyAsync upload");
     NT_CUDA_CHECK(cudaStreamSynchronize(stream_), "cudaStreamSynchronize upload");
 }
 
@@ -576,9 +631,11 @@ void CudaBackend::reserve_weights(size_t total_bytes) {
     size_t free_b = 0, total_b = 0;
     NT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     if (total_bytes + kHeadroom > free_b)
-        fail("not enough GPU memory for the weights: need %.2f GiB, %.2f GiB free on %s; use a smaller model or "
-             "quantization, or a smaller context (-c).",
-             gib(total_bytes), gib(free_b), dev_.name.c_str());
+        fail(
+            "not enough GPU memory for the weights: need %.2f GiB, %.2f GiB free on %s; use a "
+            "smaller model or "
+            "quantization, or a smaller context (-c).",
+            gib(total_bytes), gib(free_b), dev_.name.c_str());
     Arena a;
     a.base = static_cast<char*>(device_alloc(total_bytes, "the weights"));
     a.size = total_bytes;
@@ -600,9 +657,11 @@ void* CudaBackend::alloc_weight(size_t bytes) {
         (void)cudaGetLastError();
         size_t free_b = 0, total_b = 0;
         cudaMemGetInfo(&free_b, &total_b);
-        fail("not enough GPU memory for the weights: a %.1f MiB tensor does not fit in the %.2f GiB free on %s; use "
-             "a smaller model or quantization, or a smaller context (-c).",
-             double(bytes) / double(1 << 20), gib(free_b), dev_.name.c_str());
+        fail(
+            "not enough GPU memory for the weights: a %.1f MiB tensor does not fit in the %.2f GiB "
+            "free on %s; use "
+            "a smaller model or quantization, or a smaller context (-c).",
+            double(bytes) / double(1 << 20), gib(free_b), dev_.name.c_str());
     }
     NT_CUDA_CHECK(e, "cudaMalloc weights");
     weight_allocs_.push_back(p);
@@ -618,15 +677,17 @@ const void* CudaBackend::upload_weight(const void* host, size_t nbytes) {
 
     char* dst = static_cast<char*>(alloc_weight(nbytes));
     if (!h_upload_[0])
-        for (void*& b : h_upload_) NT_CUDA_CHECK(cudaMallocHost(&b, kUploadChunk), "cudaMallocHost upload");
+        for (void*& b : h_upload_)
+            NT_CUDA_CHECK(cudaMallocHost(&b, kUploadChunk), "cudaMallocHost upload");
     // Two pinned buffers: the CPU fills one while the copy engine drains the other.
     for (size_t off = 0, i = 0; off < nbytes; off += kUploadChunk, i++) {
         const size_t len = std::min(kUploadChunk, nbytes - off);
         const int b = int(i & 1);
         NT_CUDA_CHECK(cudaEventSynchronize(upload_done_[b]), "cudaEventSynchronize upload");
         std::memcpy(h_upload_[b], static_cast<const char*>(host) + off, len);
-        NT_CUDA_CHECK(cudaMemcpyAsync(dst + off, h_upload_[b], len, cudaMemcpyHostToDevice, copy_stream_),
-                      "cudaMemcpyAsync weights");
+        NT_CUDA_CHECK(
+            cudaMemcpyAsync(dst + off, h_upload_[b], len, cudaMemcpyHostToDevice, copy_stream_),
+            "cudaMemcpyAsync weights");
         NT_CUDA_CHECK(cudaEventRecord(upload_done_[b], copy_stream_), "cudaEventRecord upload");
     }
     NT_CUDA_CHECK(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize weights");
@@ -639,7 +700,8 @@ double CudaBackend::measure_read_bandwidth() {
     size_t free_b = 0, total_b = 0;
     NT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     // Far larger than L2 (50 MB on an H100/H200), well inside what is free.
-    size_t bytes = std::min<size_t>(size_t(1) << 30, free_b / 4) / (size_t(16) << 20) * (size_t(16) << 20);
+    size_t bytes =
+        std::min<size_t>(size_t(1) << 30, free_b / 4) / (size_t(16) << 20) * (size_t(16) << 20);
     if (bytes < (size_t(64) << 20)) return 0;
     const int blocks = dev_.sm_count * 4;
     void* buf = nullptr;
@@ -648,7 +710,8 @@ double CudaBackend::measure_read_bandwidth() {
     double best = 0;
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     try {
-        NT_CUDA_CHECK(cudaMalloc(&sink, size_t(blocks) * sizeof(uint32_t)), "cudaMalloc bandwidth sink");
+        NT_CUDA_CHECK(cudaMalloc(&sink, size_t(blocks) * sizeof(uint32_t)),
+                      "cudaMalloc bandwidth sink");
         NT_CUDA_CHECK(cudaMemsetAsync(buf, 1, bytes, stream_), "cudaMemsetAsync bandwidth buffer");
         NT_CUDA_CHECK(cudaEventCreate(&e0), "cudaEventCreate");
         NT_CUDA_CHECK(cudaEventCreate(&e1), "cudaEventCreate");

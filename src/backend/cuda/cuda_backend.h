@@ -28,7 +28,7 @@ struct MatmulWorkspace;
 }
 
 class CudaBackend : public Backend {
-public:
+  public:
     static constexpr int kGraphMaxBatch = 8;  // steps of at most this many rows use CUDA graphs
 
     // Throws nt::Error when there is no usable GPU `device`.
@@ -59,7 +59,7 @@ public:
     // Reserves device memory for weights once (the sum of weight_footprint() of every tensor to
     // be uploaded); throws nt::Error naming both sizes when it does not fit. Uploads then carve
     // from it; without a reservation each upload allocates for itself.
-    void reserve_weights(size_t total_bytes);
+    void reserve_weights(size_t total_bytes) override;
     // Device bytes one upload of nbytes takes in a reservation (rounded up to 256).
     static size_t weight_footprint(size_t nbytes) { return (nbytes + 255) / 256 * 256; }
     // Copies bytes from host memory to backend (device) memory and waits (tests, tools).
@@ -80,7 +80,7 @@ public:
     // Context slices of the decode attention kernel for a step of n_rows decode rows.
     int decode_splits(int n_rows) const;
 
-private:
+  private:
     enum class OpKind : int32_t { Embed, RmsNorm, Matmul, Rope, Attention, Swiglu, Add, Gather };
     // One backend op with its arguments: executed at once, recorded into a graph, or compared
     // with the recorded sequence when a graph is replayed.
@@ -102,11 +102,11 @@ private:
 
     void submit(const Op& op);
     void run(const Op& op);
-    void flush();          // ends a capture or replays the graph; afterwards the stream is eager
+    void flush();           // ends a capture or replays the graph; afterwards the stream is eager
     void capture_failed();  // a capture broke: give up graphs for this key, run the step eagerly
-    void leave_graph();    // the step left its recorded sequence: catch up eagerly
+    void leave_graph();     // the step left its recorded sequence: catch up eagerly
     void drop_graphs();
-    void release();        // frees everything init() allocated
+    void release();  // frees everything init() allocated
     void require_init(const char* op) const;
     void* device_alloc(size_t bytes, const char* what);
     void* alloc_weight(size_t bytes);

@@ -1,8 +1,7 @@
-#include "backend/cuda/device_info.h"
-
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/device_info.h"
 #include "core/error.h"
 
 namespace nt {
@@ -14,7 +13,9 @@ constexpr int kMinMajor = 8;  // cp.async, bf16 and the mma shapes the kernels u
 // Loading any kernel tells whether this build carries GPU code (or PTX) the device can run.
 __global__ void probe_kernel() {}
 
-bool supported(const cudaDeviceProp& p) { return p.major >= kMinMajor; }
+bool supported(const cudaDeviceProp& p) {
+    return p.major >= kMinMajor;
+}
 
 }  // namespace
 
@@ -37,27 +38,31 @@ CudaDeviceInfo cuda_device_info(int device) {
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
         (void)cudaGetLastError();
-        fail("no CUDA GPU found (%s); run on a machine with an NVIDIA GPU and its driver, or use "
-             "--device cpu.",
-             e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports no devices");
+        fail(
+            "no CUDA GPU found (%s); run on a machine with an NVIDIA GPU and its driver, or use "
+            "--device cpu.",
+            e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports no devices");
     }
     if (device < 0 || device >= n)
-        fail("GPU %d does not exist (this machine has %d CUDA GPU%s).", device, n, n == 1 ? "" : "s");
+        fail("GPU %d does not exist (this machine has %d CUDA GPU%s).", device, n,
+             n == 1 ? "" : "s");
     cudaDeviceProp p{};
     NT_CUDA_CHECK(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
     if (!supported(p))
-        fail("GPU %d (%s) has compute capability %d.%d, but the CUDA backend needs %d.0 (Ampere) or "
-             "newer; use --device cpu.",
-             device, p.name, p.major, p.minor, kMinMajor);
+        fail(
+            "GPU %d (%s) has compute capability %d.%d, but the CUDA backend needs %d.0 (Ampere) or "
+            "newer; use --device cpu.",
+            device, p.name, p.major, p.minor, kMinMajor);
 
     NT_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
     cudaFuncAttributes attr{};
     const cudaError_t fe = cudaFuncGetAttributes(&attr, probe_kernel);
     if (fe != cudaSuccess) {
         (void)cudaGetLastError();
-        fail("this build has no GPU code for %s (compute capability %d.%d: %s); rebuild with "
-             "-DCMAKE_CUDA_ARCHITECTURES=%d%d.",
-             p.name, p.major, p.minor, cudaGetErrorString(fe), p.major, p.minor);
+        fail(
+            "this build has no GPU code for %s (compute capability %d.%d: %s); rebuild with "
+            "-DCMAKE_CUDA_ARCHITECTURES=%d%d.",
+            p.name, p.major, p.minor, cudaGetErrorString(fe), p.major, p.minor);
     }
 
     CudaDeviceInfo info;
@@ -74,8 +79,9 @@ CudaDeviceInfo cuda_device_info(int device) {
 }
 
 std::string describe(const CudaDeviceInfo& info) {
-    return strfmt("%s (compute capability %d.%d, %d SMs, %.1f GiB)", info.name.c_str(), info.cc_major,
-                  info.cc_minor, info.sm_count, double(info.total_mem) / double(1ull << 30));
+    return strfmt("%s (compute capability %d.%d, %d SMs, %.1f GiB)", info.name.c_str(),
+                  info.cc_major, info.cc_minor, info.sm_count,
+                  double(info.total_mem) / double(1ull << 30));
 }
 
 }  // namespace nt

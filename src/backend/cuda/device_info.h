@@ -11,7 +11,7 @@ struct CudaDeviceInfo {
     std::string name;
     int cc_major = 0, cc_minor = 0;
     int sm_count = 0;
-    size_t total_mem = 0;             // bytes
+    size_t total_mem = 0;  // bytes
     size_t l2_bytes = 0;
     size_t smem_per_block_optin = 0;  // the most dynamic shared memory a block may ask for
     size_t smem_per_sm = 0;

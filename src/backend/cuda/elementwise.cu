@@ -17,10 +17,18 @@ namespace nt::cuda {
 
 namespace {
 
-__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ float addf(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float h2f(uint16_t h) {
+    return __half2float(__ushort_as_half(h));
+}
+__device__ __forceinline__ float mul(float a, float b) {
+    return __fmul_rn(a, b);
+}
+__device__ __forceinline__ float sub(float a, float b) {
+    return __fsub_rn(a, b);
+}
+__device__ __forceinline__ float addf(float a, float b) {
+    return __fadd_rn(a, b);
+}
 
 // ---- dequantization of one element of a GGML block ---------------------------------------------
 // Deq<T>::at(block, j) returns element j (< QK) of the block at `b`, computed exactly as
@@ -37,7 +45,9 @@ struct Deq<GgmlType::F32> {
 template <>
 struct Deq<GgmlType::F16> {
     static constexpr int QK = 1, BYTES = 2;
-    __device__ static float at(const uint8_t* b, int) { return h2f(*reinterpret_cast<const uint16_t*>(b)); }
+    __device__ static float at(const uint8_t* b, int) {
+        return h2f(*reinterpret_cast<const uint16_t*>(b));
+    }
 };
 template <>
 struct Deq<GgmlType::BF16> {
@@ -203,7 +213,8 @@ bool dispatch_type(GgmlType t, F&& f) {
         NT_CASE(Q5_K)
         NT_CASE(Q6_K)
 #undef NT_CASE
-        default: return false;
+        default:
+            return false;
     }
 }
 
@@ -233,7 +244,8 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
     return v;
 }
 
-// One block per row. The row is read twice (sum of squares, then scale); the second read hits L1/L2.
+// One block per row. The row is read twice (sum of squares, then scale); the second read hits
+// L1/L2.
 template <GgmlType T>
 __global__ void rmsnorm_kernel(const float* x, const uint8_t* w, int dim, float eps, float* out) {
     __shared__ float red[32];
@@ -252,7 +264,8 @@ __global__ void rmsnorm_kernel(const float* x, const uint8_t* w, int dim, float 
     s = block_sum(s, red);
     // As the CPU: scale = 1 / sqrt(mean + eps), then (x * scale) * w, each rounded.
     const float scale = __frcp_rn(__fsqrt_rn(addf(__fdiv_rn(s, float(dim)), eps)));
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) o[j] = mul(mul(xr[j], scale), elem<T>(w, j));
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
+        o[j] = mul(mul(xr[j], scale), elem<T>(w, j));
 }
 
 // One block per batch row: the row's cos/sin table first (double precision, so the only
@@ -329,14 +342,16 @@ __global__ void gather_inplace_kernel(float* x, int dim, const int32_t* rows, in
     for (int j = 0; j < n; j++) {
         const int r = rows[j];
         if (r != j)
-            for (int c = threadIdx.x; c < dim; c += blockDim.x) x[int64_t(j) * dim + c] = x[int64_t(r) * dim + c];
+            for (int c = threadIdx.x; c < dim; c += blockDim.x)
+                x[int64_t(j) * dim + c] = x[int64_t(r) * dim + c];
         __syncthreads();
     }
 }
 
 __global__ void read_kernel(const uint4* buf, size_t n, uint32_t* sink) {
     uint32_t acc = 0;
-    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+         i += size_t(gridDim.x) * blockDim.x) {
         const uint4 v = __ldcs(buf + i);
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
@@ -346,9 +361,13 @@ __global__ void read_kernel(const uint4* buf, size_t n, uint32_t* sink) {
 }
 
 // Grid for elementwise loops: enough blocks to fill any current GPU, grid-stride beyond.
-int grid_for(int64_t n) { return int(std::min<int64_t>((n + kThreads - 1) / kThreads, 8192)); }
+int grid_for(int64_t n) {
+    return int(std::min<int64_t>((n + kThreads - 1) / kThreads, 8192));
+}
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+bool aligned16(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
 
 }  // namespace
 
@@ -356,27 +375,33 @@ bool elementwise_supports(GgmlType t) {
     return dispatch_type(t, [](auto) {});
 }
 
-void embed(const WeightView& tok_embd, const int32_t* tokens, int n, float* x, cudaStream_t stream) {
+void embed(const WeightView& tok_embd, const int32_t* tokens, int n, float* x,
+           cudaStream_t stream) {
     if (n <= 0) return;
     const size_t rb = row_bytes(tok_embd.type, tok_embd.cols);
     const dim3 grid(unsigned(n), unsigned((tok_embd.cols + kThreads - 1) / kThreads));
     const bool ok = dispatch_type(tok_embd.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        embed_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(tok_embd.data), rb,
-                                                      tokens, tok_embd.cols, x);
+        embed_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(tok_embd.data),
+                                                       rb, tokens, tok_embd.cols, x);
     });
-    if (!ok) fail("token embeddings of type %s are not supported by the CUDA backend.", type_name(tok_embd.type));
+    if (!ok)
+        fail("token embeddings of type %s are not supported by the CUDA backend.",
+             type_name(tok_embd.type));
     NT_CUDA_CHECK(cudaGetLastError(), "embed kernel");
 }
 
-void rmsnorm(const float* x, const WeightView& w, int n, int dim, float eps, float* out, cudaStream_t stream) {
+void rmsnorm(const float* x, const WeightView& w, int n, int dim, float eps, float* out,
+             cudaStream_t stream) {
     if (n <= 0) return;
     const int threads = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
     const bool ok = dispatch_type(w.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
-        rmsnorm_kernel<T><<<n, threads, 0, stream>>>(x, static_cast<const uint8_t*>(w.data), dim, eps, out);
+        rmsnorm_kernel<T>
+            <<<n, threads, 0, stream>>>(x, static_cast<const uint8_t*>(w.data), dim, eps, out);
     });
-    if (!ok) fail("norm weights of type %s are not supported by the CUDA backend.", type_name(w.type));
+    if (!ok)
+        fail("norm weights of type %s are not supported by the CUDA backend.", type_name(w.type));
     NT_CUDA_CHECK(cudaGetLastError(), "rmsnorm kernel");
 }
 
@@ -403,14 +428,15 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStrea
 void add(float* x, const float* y, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;
     if ((n & 3) == 0 && aligned16(x) && aligned16(y))
-        add4_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<float4*>(x),
-                                                             reinterpret_cast<const float4*>(y), n / 4);
+        add4_kernel<<<grid_for(n / 4), kThreads, 0, stream>>>(
+            reinterpret_cast<float4*>(x), reinterpret_cast<const float4*>(y), n / 4);
     else
         add_kernel<<<grid_for(n), kThreads, 0, stream>>>(x, y, n);
     NT_CUDA_CHECK(cudaGetLastError(), "add kernel");
 }
 
-void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* dst, cudaStream_t stream) {
+void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* dst,
+                 cudaStream_t stream) {
     if (n <= 0) return;
     if (dst == x)
         gather_inplace_kernel<<<1, 1024, 0, stream>>>(dst, dim, rows, n);
@@ -419,7 +445,8 @@ void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* dst
     NT_CUDA_CHECK(cudaGetLastError(), "gather_logit_rows kernel");
 }
 
-void read_bandwidth_kernel(const void* buf, size_t bytes, uint32_t* sink, int blocks, cudaStream_t stream) {
+void read_bandwidth_kernel(const void* buf, size_t bytes, uint32_t* sink, int blocks,
+                           cudaStream_t stream) {
     read_kernel<<<blocks, 512, 0, stream>>>(static_cast<const uint4*>(buf), bytes / 16, sink);
     NT_CUDA_CHECK(cudaGetLastError(), "read bandwidth kernel");
 }

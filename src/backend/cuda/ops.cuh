@@ -86,8 +86,7 @@ void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
 
 // Causal attention for whole tiles of consecutive positions (flash attention on tensor cores,
 // online softmax, GQA). Needs attn_has_prefill(s).
-void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache,
-                  const __half* v_cache, const AttnTile* tiles, int n_tiles, float* out,
-                  cudaStream_t stream);
+void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
+                  const AttnTile* tiles, int n_tiles, float* out, cudaStream_t stream);
 
 }  // namespace nt::cuda
