@@ -196,7 +196,9 @@ bool gemv_config_available(GgmlType t, const GemvConfig& c) {
 GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count, GemvConfig want) {
     GemvConfig c = want;
     if (c.nx == 0) c.nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
-    if (c.rows_per_warp == 0) c.rows_per_warp = c.nx == 1 ? 1 : 2;
+    // Two weight rows per warp halve the activation reads from L1 where the registers allow it
+    // (nx = 8 with two rows would spill).
+    if (c.rows_per_warp == 0) c.rows_per_warp = (c.nx == 2 || c.nx == 4) ? 2 : 1;
     if (c.ksplit == 0) {
         // More warps per row group when the row groups alone would not give every
         // multiprocessor 16 warps, but never more than there are column chunks to share.

@@ -11,13 +11,16 @@
 // Staged kernel: the RW rows' bytes of a chunk (kUnits units of blocks) are contiguous per
 // row; lanes copy them into the warp's shared-memory stage with 16-byte cp.async from the
 // 16-byte aligned address at or below the chunk start, so every global load is a full, aligned,
-// coalesced 16 bytes whatever the block size (Q8_0's 34 bytes, Q6_K's 210). Three stages keep
-// two chunks in flight while the warp computes on the third. Blocks keep their global address
+// coalesced 16 bytes whatever the block size (Q8_0's 34 bytes, Q6_K's 210). Four stages keep
+// three chunks in flight while the warp computes on the fourth. With `persistent`, the grid
+// holds only as many CTAs as fit on the GPU at once and each loops over several row tiles, its
+// copy pipeline running on from one tile into the next. Blocks keep their global address
 // modulo 16 in shared memory, so the type's aligned loads stay valid.
 //
 // Direct kernel (blocks that are 16-byte aligned: Q4_K, Q5_K): 16-byte loads straight into
 // registers, kDirectUnroll units in flight per warp.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -28,7 +31,7 @@ namespace nt::cuda::detail {
 
 constexpr int kGemvWarps = 4;
 constexpr int kGemvThreads = kGemvWarps * 32;
-constexpr int kGemvStages = 3;
+constexpr int kGemvStages = 4;
 constexpr int kDirectUnroll = 2;
 // At least 4 CTAs (16 warps) per multiprocessor: caps registers at 128 per thread.
 constexpr int kGemvMinBlocks = 4;
@@ -60,11 +63,12 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// Sums acc over the warp, then over the ksplit warps of each row group, and writes y.
+// Sums acc over the warp, then over the ksplit warps of each row group, and writes the rows
+// of CTA tile `tile` (kGemvWarps / ksplit groups of RW rows) into y.
 // `red` holds kGemvWarps * RW * NX floats of shared memory.
 template <int NX, int RW>
 __device__ __forceinline__ void gemv_reduce_store(float (&acc)[RW][NX], float* red, int ksplit,
-                                                  int64_t rows, int n, float* __restrict__ y) {
+                                                  int64_t rows, int n, float* __restrict__ y, int64_t tile) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < RW; ++r)
@@ -83,9 +87,10 @@ __device__ __forceinline__ void gemv_reduce_store(float (&acc)[RW][NX], float* r
         const int g = t / (RW * NX), idx = t % (RW * NX), r = idx / NX, k = idx % NX;
         float s = 0.f;
         for (int kp = 0; kp < ksplit; ++kp) s += red[((g * ksplit + kp) * RW + r) * NX + k];
-        const int64_t row = (int64_t(blockIdx.x) * groups + g) * RW + r;
+        const int64_t row = (tile * groups + g) * RW + r;
         if (row < rows && k < n) y[int64_t(k) * rows + row] = s;
     }
+    __syncthreads();  // red is reused by the next tile
 }
 
 template <GgmlType T, int NX, int RW>
@@ -99,30 +104,39 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
     extern __shared__ __align__(16) uint8_t smem[];
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int kpart = warp % ksplit;
-    const int64_t row0 = (int64_t(blockIdx.x) * (kGemvWarps / ksplit) + warp / ksplit) * RW;
+    const int kpart = warp % ksplit, group = warp / ksplit;
+    const int groups = kGemvWarps / ksplit;
     const size_t row_bytes = size_t(nb) * kBB;
     const uint8_t* wend = w + size_t(rows) * row_bytes;
     uint8_t* buf = smem + warp * (kGemvStages * RW * S::kStageBytes);
     float* red = reinterpret_cast<float*>(smem + kGemvWarps * kGemvStages * RW * S::kStageBytes);
 
-    const uint8_t* wrow[RW];
-#pragma unroll
-    for (int r = 0; r < RW; ++r) wrow[r] = w + size_t(min(row0 + r, rows - 1)) * row_bytes;
-
+    // A tile is the CTA's groups x RW rows; CTAs take tiles blockIdx.x, + gridDim.x, ... (one
+    // each when the grid has a CTA per tile). The copy pipeline runs on across tiles, so a
+    // warp's next rows are in flight while it finishes the current ones.
+    const int64_t tiles = (rows + int64_t(groups) * RW - 1) / (int64_t(groups) * RW);
+    const int my_tiles = int64_t(blockIdx.x) < tiles ? int((tiles - 1 - blockIdx.x) / gridDim.x + 1) : 0;
     const int nchunks = (nb + S::kBlocksPerChunk - 1) / S::kBlocksPerChunk;
     const int my_chunks = kpart < nchunks ? (nchunks - kpart + ksplit - 1) / ksplit : 0;
+    const int total = my_tiles * my_chunks;
 
-    // Starts the copy of this warp's it-th chunk into stage it % kGemvStages. Always commits a
+    auto row_ptr = [&](int tile_iter, int r) {
+        const int64_t tile = blockIdx.x + int64_t(tile_iter) * gridDim.x;
+        const int64_t row = (tile * groups + group) * RW + r;
+        return w + size_t(row < rows ? row : rows - 1) * row_bytes;  // tail rows: computed, not stored
+    };
+
+    // Starts the copy of this warp's i-th chunk into stage i % kGemvStages. Always commits a
     // group (possibly empty) so that wait_group counts stay uniform.
-    auto issue = [&](int it) {
-        if (it < my_chunks) {
+    auto issue = [&](int i) {
+        if (i < total) {
+            const int ti = i / my_chunks, it = i - ti * my_chunks;
             const int kb0 = (kpart + it * ksplit) * S::kBlocksPerChunk;
             const int len = min(S::kBlocksPerChunk, nb - kb0) * kBB;
-            uint8_t* dst = buf + (it % kGemvStages) * RW * S::kStageBytes;
+            uint8_t* dst = buf + (i % kGemvStages) * RW * S::kStageBytes;
 #pragma unroll
             for (int r = 0; r < RW; ++r) {
-                const uint8_t* src = wrow[r] + size_t(kb0) * kBB;
+                const uint8_t* src = row_ptr(ti, r) + size_t(kb0) * kBB;
                 const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15));
                 const int nv = (int(src - a0) + len + 15) >> 4;
                 for (int v = lane; v < nv; v += 32) {
@@ -138,46 +152,52 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
 #pragma unroll
     for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
 
-    float acc[RW][NX];
-#pragma unroll
-    for (int r = 0; r < RW; ++r)
-#pragma unroll
-        for (int k = 0; k < NX; ++k) acc[r][k] = 0.f;
-
     const int part = lane % kLPB;
     const int64_t xd_stride = cols / 32;
-    for (int it = 0; it < my_chunks; ++it) {
-        issue(it + kGemvStages - 1);
-        cp_async_wait<kGemvStages - 1>();
-        __syncwarp();
-        const int kb0 = (kpart + it * ksplit) * S::kBlocksPerChunk;
-        const uint8_t* stage = buf + (it % kGemvStages) * RW * S::kStageBytes;
+    int i = 0;
+    for (int ti = 0; ti < my_tiles; ++ti) {
+        float acc[RW][NX];
 #pragma unroll
-        for (int u = 0; u < Q::kUnits; ++u) {
-            const int j = u * S::kBlocksPerUnit + lane / kLPB;
-            const int kb = kb0 + j;
-            if (kb < nb) {
-                typename Q::W wr[RW];
+        for (int r = 0; r < RW; ++r)
 #pragma unroll
-                for (int r = 0; r < RW; ++r) {
-                    const int off = int(reinterpret_cast<uintptr_t>(wrow[r] + size_t(kb0) * kBB) & 15);
-                    Q::load_w(stage + r * S::kStageBytes + off + j * kBB, part, wr[r]);
-                }
+            for (int k = 0; k < NX; ++k) acc[r][k] = 0.f;
+        // Offset of each row's first block from 16-byte alignment (blocks keep it in the stage).
+        int off[RW];
 #pragma unroll
-                for (int k = 0; k < NX; ++k) {
-                    const int64_t xr = k < n ? k : n - 1;
-                    typename Q::X xv;
-                    Q::load_x(xq + xr * cols + int64_t(kb) * Q::kBlockElems,
-                              xd + xr * xd_stride + int64_t(kb) * (Q::kBlockElems / 32), part, xv);
+        for (int r = 0; r < RW; ++r) off[r] = int(reinterpret_cast<uintptr_t>(row_ptr(ti, r)) & 15);
+
+        for (int it = 0; it < my_chunks; ++it, ++i) {
+            issue(i + kGemvStages - 1);
+            cp_async_wait<kGemvStages - 1>();
+            __syncwarp();
+            const int kb0 = (kpart + it * ksplit) * S::kBlocksPerChunk;
+            const int chunk_off = (kb0 * kBB) & 15;
+            const uint8_t* stage = buf + (i % kGemvStages) * RW * S::kStageBytes;
 #pragma unroll
-                    for (int r = 0; r < RW; ++r) acc[r][k] += Q::dot(wr[r], xv);
+            for (int u = 0; u < Q::kUnits; ++u) {
+                const int j = u * S::kBlocksPerUnit + lane / kLPB;
+                const int kb = kb0 + j;
+                if (kb < nb) {
+                    typename Q::W wr[RW];
+#pragma unroll
+                    for (int r = 0; r < RW; ++r)
+                        Q::load_w(stage + r * S::kStageBytes + ((off[r] + chunk_off) & 15) + j * kBB, part, wr[r]);
+#pragma unroll
+                    for (int k = 0; k < NX; ++k) {
+                        const int64_t xr = k < n ? k : n - 1;
+                        typename Q::X xv;
+                        Q::load_x(xq + xr * cols + int64_t(kb) * Q::kBlockElems,
+                                  xd + xr * xd_stride + int64_t(kb) * (Q::kBlockElems / 32), part, xv);
+#pragma unroll
+                        for (int r = 0; r < RW; ++r) acc[r][k] += Q::dot(wr[r], xv);
+                    }
                 }
             }
+            __syncwarp();
         }
-        __syncwarp();
+        gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y, blockIdx.x + int64_t(ti) * gridDim.x);
     }
     cp_async_wait<0>();
-    gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y);
 }
 
 template <GgmlType T, int NX, int RW>
@@ -234,28 +254,40 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
             }
         }
     }
-    gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y);
+    gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y, blockIdx.x);
 }
 
 template <GgmlType T, int NX, int RW>
 void launch_staged(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
-                   int n, float* y, int ksplit, cudaStream_t stream) {
+                   int n, float* y, int ksplit, bool persistent, cudaStream_t stream) {
     using S = Staging<T>;
     constexpr size_t smem = size_t(kGemvWarps) * kGemvStages * RW * S::kStageBytes +
                             size_t(kGemvWarps) * RW * NX * sizeof(float);
     auto* kernel = gemv_q8_staged<T, NX, RW>;
-    if constexpr (smem > 48 * 1024) {
-        // Raised once per instantiation; cudaFuncSetAttribute is not a stream operation, so
-        // this is also fine while a graph is being captured.
-        static const cudaError_t raised =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        NT_CUDA_CHECK(raised, "gemv shared memory limit");
-    }
+    // Set up once per instantiation (host-side queries, not stream operations, so also fine
+    // while a graph is being captured): the shared-memory limit above 48 KB and how many CTAs
+    // of this kernel fit on the whole GPU.
+    static const int resident = [&] {
+        if (smem > 48 * 1024)
+            NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                          "gemv shared memory limit");
+        int dev = 0, sms = 0, per_sm = 0;
+        NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
+        NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device attribute");
+        NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem),
+                      "gemv occupancy");
+        return std::max(1, per_sm) * sms;
+    }();
     const int64_t rows_per_cta = int64_t(kGemvWarps / ksplit) * RW;
-    const dim3 grid(unsigned((rows + rows_per_cta - 1) / rows_per_cta));
-    kernel<<<grid, kGemvThreads, smem, stream>>>(static_cast<const uint8_t*>(w), rows,
-                                                  int(cols / Quant<T>::kBlockElems), xq, xd, cols, n,
-                                                  y, ksplit);
+    const int64_t tiles = (rows + rows_per_cta - 1) / rows_per_cta;
+    int64_t grid = tiles;
+    if (persistent && tiles > resident) {
+        const int64_t per_cta = (tiles + resident - 1) / resident;  // balanced: every CTA gets per_cta or one less
+        grid = (tiles + per_cta - 1) / per_cta;
+    }
+    kernel<<<unsigned(grid), kGemvThreads, smem, stream>>>(static_cast<const uint8_t*>(w), rows,
+                                                            int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y,
+                                                            ksplit);
     NT_CUDA_CHECK(cudaGetLastError(), "gemv (staged)");
 }
 
@@ -291,7 +323,8 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
             if (c.kernel == GemvKernel::Direct)                                                \
                 return launch_direct<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, stream); \
         }                                                                                      \
-        return launch_staged<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, stream);        \
+        return launch_staged<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, c.persistent,   \
+                                        stream);                                               \
     }
     NT_GEMV_CASE(1, 1)
     NT_GEMV_CASE(1, 2)

@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
             }
         }
     }
-    gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y);
+    gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y, blockIdx.x);
 }
 
 template <GgmlType T, int NX>
