@@ -33,18 +33,18 @@ constexpr NamedKind kNames[] = {
 // some other format even if it also mentions Llama 3's header tokens. (Both strings must occur;
 // an empty second string matches always.)
 constexpr std::pair<const char*, const char*> kOtherFormats[] = {
-    {"<|assistant|>", "<|end|>"},                        // phi3
-    {"[gMASK]<sop>", ""},                                // chatglm4
-    {"<|assistant|>", "<|user|>"},                       // falcon3, glmedge, exaone-moe
-    {"<|{{ item['role'] }}|>", "<|begin_of_image|>"},    // glmedge
-    {"<|user|>", "<|endoftext|>"},                       // zephyr
-    {"bos_token + message['role']", ""},                 // monarch
-    {"<start_of_turn>", ""},                             // gemma
-    {"'\\n\\nAssistant: ' + eos_token", ""},             // orion
-    {"GPT4 Correct ", ""},                               // openchat
-    {"USER: ", "ASSISTANT: "},                           // vicuna
-    {"### Instruction:", "<|EOT|>"},                     // deepseek
-    {"<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>"},       // command-r
+    {"<|assistant|>", "<|end|>"},                      // phi3
+    {"[gMASK]<sop>", ""},                              // chatglm4
+    {"<|assistant|>", "<|user|>"},                     // falcon3, glmedge, exaone-moe
+    {"<|{{ item['role'] }}|>", "<|begin_of_image|>"},  // glmedge
+    {"<|user|>", "<|endoftext|>"},                     // zephyr
+    {"bos_token + message['role']", ""},               // monarch
+    {"<start_of_turn>", ""},                           // gemma
+    {"'\\n\\nAssistant: ' + eos_token", ""},           // orion
+    {"GPT4 Correct ", ""},                             // openchat
+    {"USER: ", "ASSISTANT: "},                         // vicuna
+    {"### Instruction:", "<|EOT|>"},                   // deepseek
+    {"<|START_OF_TURN_TOKEN|>", "<|USER_TOKEN|>"},     // command-r
 };
 
 // llama.cpp's trim: ASCII whitespace as classified by isspace() in the C locale.
@@ -199,9 +199,10 @@ std::string apply_chat_template(ChatTemplateKind kind, const std::vector<ChatMes
         case ChatTemplateKind::Unknown:
             break;
     }
-    fail("this model's chat template is not one we can render; choose one with --chat-template "
-         "(%s).",
-         valid_names().c_str());
+    fail(
+        "this model's chat template is not one we can render; choose one with --chat-template "
+        "(%s).",
+        valid_names().c_str());
 }
 
 std::vector<std::string> template_stop_strings(ChatTemplateKind kind) {

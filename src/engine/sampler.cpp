@@ -22,7 +22,7 @@ constexpr size_t kTopPFirstPass = 256;  // top-p sorts this many first; most mas
 // vocabulary above (measured crossover on a 128k vocabulary: between k = 1000 and k = 8000).
 constexpr size_t kHeapTopKMin = 256;
 constexpr size_t kHeapTopKVocabDiv = 64;
-constexpr size_t kBlock = 64;            // top-k skips whole blocks whose maximum cannot enter
+constexpr size_t kBlock = 64;  // top-k skips whole blocks whose maximum cannot enter
 
 // Maximum of x[0..n) and whether any element is NaN (ignored by the maximum). GCC vector
 // extensions keep four 4-wide accumulators in flight on any x86-64 (SSE2) or ARM target; the
@@ -89,9 +89,10 @@ Sampler::Sampler(const SamplerParams& params, int n_vocab) : params_(params), n_
         fail("sampler: presence_penalty must be a finite number, got %g.",
              double(p.presence_penalty));
     if (p.repeat_last_n < -1)
-        fail("sampler: repeat_last_n must be -1 (whole sequence), 0 (off) or a window size, got "
-             "%d.",
-             p.repeat_last_n);
+        fail(
+            "sampler: repeat_last_n must be -1 (whole sequence), 0 (off) or a window size, got "
+            "%d.",
+            p.repeat_last_n);
 
     work_.resize(size_t(n_vocab));
     cand_.resize(size_t(n_vocab));
@@ -123,7 +124,9 @@ void Sampler::reset() {
     reseed();
 }
 
-double Sampler::uniform01() { return double(rng_() >> 11) * 0x1.0p-53; }
+double Sampler::uniform01() {
+    return double(rng_() >> 11) * 0x1.0p-53;
+}
 
 bool Sampler::penalties_active() const {
     return params_.repeat_last_n != 0 && !distinct_.empty() &&

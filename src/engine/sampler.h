@@ -11,13 +11,13 @@ namespace nt {
 
 // Defaults are llama.cpp's common_params_sampling defaults.
 struct SamplerParams {
-    float temperature = 0.8f;    // <= 0: greedy argmax
-    int top_k = 40;              // <= 0 or >= n_vocab: disabled
-    float top_p = 0.95f;         // 1: disabled
-    float min_p = 0.05f;         // 0: disabled
-    float repeat_penalty = 1.0f; // 1: disabled
-    int repeat_last_n = 64;      // window of accepted tokens the penalties look at; 0: penalties
-                                 // off, -1: every token accepted since the last reset()
+    float temperature = 0.8f;     // <= 0: greedy argmax
+    int top_k = 40;               // <= 0 or >= n_vocab: disabled
+    float top_p = 0.95f;          // 1: disabled
+    float min_p = 0.05f;          // 0: disabled
+    float repeat_penalty = 1.0f;  // 1: disabled
+    int repeat_last_n = 64;       // window of accepted tokens the penalties look at; 0: penalties
+                                  // off, -1: every token accepted since the last reset()
     float frequency_penalty = 0.f;
     float presence_penalty = 0.f;
     uint64_t seed = 0xFFFFFFFF;  // 0xFFFFFFFF (llama.cpp's LLAMA_DEFAULT_SEED): a random seed
@@ -27,7 +27,8 @@ struct SamplerParams {
 //
 // Semantics follow llama.cpp's sampler chain with default settings:
 // - penalties: for each token with count c > 0 in the window, a logit l becomes
-//   (l <= 0 ? l * repeat_penalty : l / repeat_penalty) - (c * frequency_penalty + presence_penalty);
+//   (l <= 0 ? l * repeat_penalty : l / repeat_penalty) - (c * frequency_penalty +
+//   presence_penalty);
 // - top-k keeps the k largest logits; top-p keeps the shortest prefix (by descending probability
 //   at temperature 1) whose mass reaches top_p; min-p keeps tokens with p >= min_p * p_max; only
 //   then are the survivors' logits divided by the temperature, softmaxed, and one is drawn.
@@ -40,7 +41,7 @@ struct SamplerParams {
 //
 // To match llama.cpp's penalties, accept() the prompt tokens as well as the generated ones.
 class Sampler {
-public:
+  public:
     static constexpr uint64_t kRandomSeed = 0xFFFFFFFF;
 
     // Throws nt::Error when a parameter is out of range (named in the message).
@@ -73,7 +74,7 @@ public:
     const SamplerParams& params() const { return params_; }
     int n_vocab() const { return n_vocab_; }
 
-private:
+  private:
     struct Candidate {
         float logit;
         float p;
@@ -105,7 +106,7 @@ private:
     // is unbounded: nothing is ever evicted), per-token counts, and the distinct tokens with
     // count > 0 so that applying the penalties costs O(distinct tokens), not O(n_vocab).
     std::vector<int32_t> ring_;
-    size_t ring_head_ = 0;   // index of the oldest token when the ring is full
+    size_t ring_head_ = 0;  // index of the oldest token when the ring is full
     size_t ring_size_ = 0;
     std::vector<int32_t> count_;     // n_vocab
     std::vector<int32_t> slot_;      // n_vocab: index in distinct_, or -1

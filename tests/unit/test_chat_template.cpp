@@ -1,5 +1,6 @@
 // Chat templates against independent references:
-//  1. tests/python/chat_template_fixtures.txt, written by tests/python/gen_chat_template_fixtures.py:
+//  1. tests/python/chat_template_fixtures.txt, written by
+//  tests/python/gen_chat_template_fixtures.py:
 //     llama.cpp's own rendering (llama_chat_apply_template via llama-cpp-python 0.3.36) of every
 //     format on several conversations, and the real Jinja rendering (jinja2) of SmolLM2's own
 //     template and Meta-Llama-3-Instruct's;
@@ -36,7 +37,7 @@ struct FixtureCase {
 };
 
 class FixtureReader {
-public:
+  public:
     explicit FixtureReader(const std::string& path) {
         std::ifstream f(path, std::ios::binary);
         if (!f) throw std::runtime_error("cannot open " + path);
@@ -73,7 +74,7 @@ public:
         return data_.substr(pos_, e - pos_);
     }
 
-private:
+  private:
     std::string data_;
     size_t pos_ = 0;
 };
@@ -265,9 +266,12 @@ const LlamaCppCase kLlamaCppCases[] = {
 // clang-format on
 
 const std::vector<ChatMessage> kLlamaCppConversation = {
-    {"system", "You are a helpful assistant"}, {"user", "Hello"},
-    {"assistant", "Hi there"},                 {"user", "Who are you"},
-    {"assistant", "   I am an assistant   "},  {"user", "Another question"},
+    {"system", "You are a helpful assistant"},
+    {"user", "Hello"},
+    {"assistant", "Hi there"},
+    {"user", "Who are you"},
+    {"assistant", "   I am an assistant   "},
+    {"user", "Another question"},
 };
 
 TEST(ChatTemplate, DetectionMatchesLlamaCpp) {

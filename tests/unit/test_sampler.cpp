@@ -81,7 +81,8 @@ std::vector<double> reference_probs(const std::vector<float>& l, const SamplerPa
     std::vector<double> probs(l.size(), 0.0);
     double z = 0;
     for (int i : keep) z += std::exp((double(l[i]) - double(l[keep[0]])) / p.temperature);
-    for (int i : keep) probs[size_t(i)] = std::exp((double(l[i]) - double(l[keep[0]])) / p.temperature) / z;
+    for (int i : keep)
+        probs[size_t(i)] = std::exp((double(l[i]) - double(l[keep[0]])) / p.temperature) / z;
     return probs;
 }
 
@@ -315,7 +316,8 @@ TEST(Sampler, TruncationExcludesAndRenormalises) {
         p.top_p = c.top_p;
         p.min_p = c.min_p;
         const auto want = reference_probs(l, p);
-        const int kept = int(std::count_if(want.begin(), want.end(), [](double x) { return x > 0; }));
+        const int kept =
+            int(std::count_if(want.begin(), want.end(), [](double x) { return x > 0; }));
         ASSERT_GT(kept, 2) << c.name;
         ASSERT_LT(kept, V) << c.name;
         Sampler s(p, V);
@@ -327,8 +329,8 @@ TEST(Sampler, TruncationExcludesAndRenormalises) {
         int df = 0;
         const double chi = chi_square(counts, want, N, &df);
         EXPECT_LT(chi, chi2_critical(df)) << c.name;
-        // Power: the same kept set without renormalisation is rejected (pmf over the whole vocabulary
-        // restricted to the set).
+        // Power: the same kept set without renormalisation is rejected (pmf over the whole
+        // vocabulary restricted to the set).
         auto unnormalised = reference_probs(l, plain(c.temperature));
         for (int i = 0; i < V; ++i)
             if (want[size_t(i)] == 0) unnormalised[size_t(i)] = 0;
@@ -404,7 +406,8 @@ TEST(Sampler, PenaltiesFollowFormulaOverWindow) {
         for (int t : history) s.accept(t);
 
         std::map<int, int> count;
-        const size_t from = last_n < 0 ? 0 : history.size() - std::min(history.size(), size_t(last_n));
+        const size_t from =
+            last_n < 0 ? 0 : history.size() - std::min(history.size(), size_t(last_n));
         for (size_t i = from; i < history.size(); ++i) ++count[history[i]];
         std::vector<float> got(l);
         s.apply_penalties(got.data());
@@ -525,7 +528,8 @@ TEST(Sampler, LargeVocabularyMatchesBruteForce) {
         p.top_p = c.top_p;
         p.min_p = c.min_p;
         const auto want = reference_probs(l, p);
-        const int kept = int(std::count_if(want.begin(), want.end(), [](double x) { return x > 0; }));
+        const int kept =
+            int(std::count_if(want.begin(), want.end(), [](double x) { return x > 0; }));
         ASSERT_GE(kept, c.min_kept) << c.name;
         ASSERT_LE(kept, c.max_kept) << c.name;
         Sampler s(p, V);
