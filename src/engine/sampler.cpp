@@ -98,7 +98,10 @@ Sampler::Sampler(const SamplerParams& params, int n_vocab) : params_(params), n_
     cand_.resize(size_t(n_vocab));
     count_.assign(size_t(n_vocab), 0);
     slot_.assign(size_t(n_vocab), -1);
-    if (p.repeat_last_n > 0) ring_.resize(size_t(p.repeat_last_n));
+    if (p.repeat_last_n > 0) {
+        ring_.resize(size_t(p.repeat_last_n));
+        distinct_.reserve(std::min(size_t(p.repeat_last_n), size_t(n_vocab)));
+    }
     reseed();
 }
 
