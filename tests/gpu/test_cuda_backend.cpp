@@ -725,10 +725,12 @@ TEST(CudaBackend, WeightsReservationAndSharing) {
     gpu.init(make_shape(64, 4, 1), 8, 1, 128);
     const HostWeight a = random_weight(GgmlType::F32, 3, 100, 1),
                      c = random_weight(GgmlType::Q8_0, 2, 64, 2);
-    gpu.reserve_weights(CudaBackend::weight_footprint(a.bytes.size()) +
-                        CudaBackend::weight_footprint(c.bytes.size()));
+    gpu.reserve_weights(a.bytes.size() + c.bytes.size());  // as the engine calls it
     const void* da = gpu.upload_weight(a.bytes.data(), a.bytes.size());
     const void* dc = gpu.upload_weight(c.bytes.data(), c.bytes.size());
+    // Carved one after the other from the reservation.
+    EXPECT_EQ(static_cast<const char*>(dc),
+              static_cast<const char*>(da) + CudaBackend::weight_footprint(a.bytes.size()));
     EXPECT_EQ(gpu.upload_weight(a.bytes.data(), a.bytes.size()), da);  // tied embeddings: one copy
     EXPECT_EQ(reinterpret_cast<uintptr_t>(da) % 256, 0u);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(dc) % 256, 0u);

@@ -636,9 +636,12 @@ void CudaBackend::reserve_weights(size_t total_bytes) {
             "smaller model or "
             "quantization, or a smaller context (-c).",
             gib(total_bytes), gib(free_b), dev_.name.c_str());
+    // Each tensor is rounded up to 256 bytes: 1 MiB covers 4096 tensors (a 70B model has 723);
+    // a tensor past the end gets its own allocation.
+    const size_t size = total_bytes + (size_t(1) << 20);
     Arena a;
-    a.base = static_cast<char*>(device_alloc(total_bytes, "the weights"));
-    a.size = total_bytes;
+    a.base = static_cast<char*>(device_alloc(size, "the weights"));
+    a.size = size;
     arenas_.push_back(a);
 }
 

@@ -54,14 +54,15 @@ class CudaBackend : public Backend {
     const void* upload_weight(const void* host, size_t nbytes) override;
     void end_step() override;
     double measure_read_bandwidth() override;
-
-    // ---- beyond the Backend interface ----
-    // Reserves device memory for weights once (the sum of weight_footprint() of every tensor to
-    // be uploaded); throws nt::Error naming both sizes when it does not fit. Uploads then carve
-    // from it; without a reservation each upload allocates for itself.
+    // Reserves device memory for all weights at once (the sum of their sizes, plus slack for
+    // rounding each tensor up to 256 bytes); throws nt::Error naming both sizes when it does
+    // not fit. Uploads then carve from it; without a reservation, or past its end, each upload
+    // allocates for itself.
     void reserve_weights(size_t total_bytes) override;
     // Device bytes one upload of nbytes takes in a reservation (rounded up to 256).
     static size_t weight_footprint(size_t nbytes) { return (nbytes + 255) / 256 * 256; }
+
+    // ---- beyond the Backend interface ----
     // Copies bytes from host memory to backend (device) memory and waits (tests, tools).
     void upload(void* dst, const void* host_src, size_t bytes);
 
