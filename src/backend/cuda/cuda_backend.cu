@@ -674,10 +674,8 @@ void* CudaBackend::alloc_weight(size_t bytes) {
 const void* CudaBackend::upload_weight(const void* host, size_t nbytes) {
     if (nbytes == 0) return nullptr;
     flush();
-    // The same host tensor uploaded twice (tied input and output embeddings) shares one copy.
-    auto it = uploaded_.find(host);
-    if (it != uploaded_.end() && it->second.second >= nbytes) return it->second.first;
-
+    // Every call copies: the engine uploads tied embeddings once itself, and a host pointer
+    // says nothing about contents (a freed buffer's address is reused).
     char* dst = static_cast<char*>(alloc_weight(nbytes));
     if (!h_upload_[0])
         for (void*& b : h_upload_)
@@ -694,7 +692,6 @@ const void* CudaBackend::upload_weight(const void* host, size_t nbytes) {
         NT_CUDA_CHECK(cudaEventRecord(upload_done_[b], copy_stream_), "cudaEventRecord upload");
     }
     NT_CUDA_CHECK(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize weights");
-    uploaded_[host] = {dst, nbytes};
     return dst;
 }
 

@@ -145,7 +145,6 @@ class CudaBackend : public Backend {
     };
     std::vector<Arena> arenas_;         // weight reservations (bump-allocated)
     std::vector<void*> weight_allocs_;  // per-tensor allocations made without a reservation
-    std::unordered_map<const void*, std::pair<const void*, size_t>> uploaded_;  // host -> device
     void* h_upload_[2] = {nullptr, nullptr};
     cudaEvent_t upload_done_[2] = {nullptr, nullptr};
 
