@@ -93,7 +93,7 @@ int cmd_bench(int argc, char** argv) {
     const double gbs = st.mean * double(bytes) / 1e9;
     if (a.has("--json")) {
         std::printf("{\"model\": \"%s\", \"size_gib\": %.3f, \"params\": %lld, \"backend\": \"%s\", \"threads\": %d,\n",
-                    hp.name.c_str(), size_gib, (long long)hp.n_params(), backend.c_str(), a.integer("--threads", 0));
+                    hp.name.c_str(), size_gib, (long long)count_params(*l.model->file), backend.c_str(), a.integer("--threads", 0));
         std::printf(" \"pp\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f},\n", n_prompt, sp.mean, sp.sd);
         std::printf(" \"tg\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f},\n", n_gen, st.mean, st.sd);
         std::printf(" \"decode_bytes_per_token\": %zu, \"decode_gb_s\": %.3f, \"ceiling_gb_s\": %.3f, \"roofline_tok_s\": %.3f, "
@@ -104,10 +104,10 @@ int cmd_bench(int argc, char** argv) {
     std::printf("| model | size | params | backend | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: |\n");
     if (!pp.empty())
         std::printf("| %s | %.2f GiB | %.2f B | %s | pp%d | %.2f ± %.2f |\n", hp.name.c_str(), size_gib,
-                    double(hp.n_params()) / 1e9, backend.c_str(), n_prompt, sp.mean, sp.sd);
+                    double(count_params(*l.model->file)) / 1e9, backend.c_str(), n_prompt, sp.mean, sp.sd);
     if (!tg.empty())
         std::printf("| %s | %.2f GiB | %.2f B | %s | tg%d | %.2f ± %.2f |\n", hp.name.c_str(), size_gib,
-                    double(hp.n_params()) / 1e9, backend.c_str(), n_gen, st.mean, st.sd);
+                    double(count_params(*l.model->file)) / 1e9, backend.c_str(), n_gen, st.mean, st.sd);
     if (!tg.empty()) {
         std::printf("\ndecode: %.1f MiB of weights per token, %.1f GB/s", double(bytes) / (1 << 20), gbs);
         if (ceiling > 0)

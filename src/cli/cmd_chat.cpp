@@ -70,7 +70,6 @@ int cmd_chat(int argc, char** argv) {
         std::vector<int32_t> fresh(ids.begin() + int64_t(common), ids.end());
         int pos = int(common);
         std::string answer;
-        sampler.reset();
         std::vector<int32_t> answer_ids;
         generate(eng, sampler, 0, pos, fresh, n_predict, [&](int32_t id, const std::string& piece) {
             if (id >= 0) answer_ids.push_back(id);

@@ -51,7 +51,7 @@ int cmd_info(int argc, char** argv) {
         LlamaHParams hp = read_llama_hparams(*f);
         ModelWeights w = map_llama_weights(*f, hp);
         const ModelShape& s = hp.shape;
-        std::printf("\nmodel:       %s (%s), %.1fM parameters\n", hp.name.c_str(), hp.arch.c_str(), double(hp.n_params()) / 1e6);
+        std::printf("\nmodel:       %s (%s), %.1fM parameters\n", hp.name.c_str(), hp.arch.c_str(), double(count_params(*f)) / 1e6);
         std::printf("shape:       %d layers, embd %d, ff %d, heads %d (kv %d), head dim %d, vocab %d, context %d\n",
                     s.n_layer, s.n_embd, s.n_ff, s.n_head, s.n_head_kv, s.head_dim, s.n_vocab, hp.n_ctx_train);
         std::printf("rope:        base %g, scale %g%s\n", double(s.rope.freq_base), double(s.rope.freq_scale),

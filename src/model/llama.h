@@ -16,7 +16,6 @@ struct LlamaHParams {
     int n_ctx_train = 0;
     ModelShape shape;
     std::string name;
-    int64_t n_params() const;
 };
 
 // One layer's weights, in the paper's names.
@@ -30,6 +29,9 @@ struct ModelWeights {
     WeightView tok_embd, output_norm, output;
     std::vector<LayerWeights> layers;
 };
+
+// Parameters of the model as stored: the elements of every tensor (tied embeddings once).
+int64_t count_params(const GgufFile& f);
 
 // Reads and validates hyperparameters; throws nt::Error naming the file and the problem.
 LlamaHParams read_llama_hparams(const GgufFile& f);

@@ -5,12 +5,10 @@
 
 namespace nt {
 
-int64_t LlamaHParams::n_params() const {
-    const ModelShape& s = shape;
-    const int64_t qdim = int64_t(s.n_head) * s.head_dim, kvdim = int64_t(s.n_head_kv) * s.head_dim;
-    const int64_t per_layer = 2 * int64_t(s.n_embd) + int64_t(s.n_embd) * (2 * qdim + 2 * kvdim) +
-                              3 * int64_t(s.n_embd) * s.n_ff;
-    return per_layer * s.n_layer + 2 * int64_t(s.n_vocab) * s.n_embd + s.n_embd;
+int64_t count_params(const GgufFile& f) {
+    int64_t n = 0;
+    for (const GgufTensorInfo& t : f.tensors()) n += t.nelements();
+    return n;
 }
 
 size_t LayerWeights::nbytes() const {
