@@ -3,9 +3,9 @@
 //
 // Each block's integer dot product is exact (int32); only the per-block float scaling and the
 // accumulation over blocks round. The SIMD paths compute the same integers, so they differ from
-// this code by float rounding alone. Offsets and mins use the exact activation sums (the Q8_K
-// bsums, or sums of the Q8_0/Q8_1 quants computed here; the f16 s field of Q8_1 blocks, which
-// carries rounding error, is not used).
+// this code by float rounding alone. The mins of Q4_1/Q5_1 multiply the activation block's
+// s = d * sum(q) field, as in llama.cpp (s is an f16: its rounding, 2^-12 relative, is part of the
+// Q8_1 format); the K-quant mins use the exact Q8_K bsums.
 #include "core/f16.h"
 #include "quant/kernels.h"
 
@@ -13,13 +13,6 @@ namespace nt::quant_detail {
 namespace {
 
 inline float h2f(f16_t h) { return f16_to_f32(h); }
-
-// Sum of the 32 quants of a Q8_0/Q8_1 block.
-inline int qsum32(const int8_t* y) {
-    int s = 0;
-    for (int j = 0; j < 32; ++j) s += y[j];
-    return s;
-}
 
 float dot_q4_0(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q4_0*>(vw);
@@ -46,8 +39,7 @@ float dot_q4_1(int64_t n, const void* vw, const void* va) {
             s += (w[b].qs[j] & 15) * a[b].qs[j];
             s += (w[b].qs[j] >> 4) * a[b].qs[j + 16];
         }
-        const float da = h2f(a[b].d);
-        acc += h2f(w[b].d) * da * float(s) + h2f(w[b].m) * (da * float(qsum32(a[b].qs)));
+        acc += h2f(w[b].d) * h2f(a[b].d) * float(s) + h2f(w[b].m) * h2f(a[b].s);
     }
     return acc;
 }
@@ -86,8 +78,7 @@ float dot_q5_1(int64_t n, const void* vw, const void* va) {
         q5_values(w[b], q);
         int s = 0;
         for (int j = 0; j < 32; ++j) s += q[j] * a[b].qs[j];
-        const float da = h2f(a[b].d);
-        acc += h2f(w[b].d) * da * float(s) + h2f(w[b].m) * (da * float(qsum32(a[b].qs)));
+        acc += h2f(w[b].d) * h2f(a[b].d) * float(s) + h2f(w[b].m) * h2f(a[b].s);
     }
     return acc;
 }

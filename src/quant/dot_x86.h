@@ -1,0 +1,847 @@
+// The x86 SIMD dot-product kernels, written once over an ISA wrapper `I` and instantiated by
+// dot_avx2.cpp (8 lanes, AVX2) and dot_avx512.cpp (16 lanes, AVX-512 VNNI). Include it only
+// from those two files: the code needs their ISA flags.
+//
+// Quantized weights. A tile is I::L weight rows, one per 32-bit lane. Every weight block of the
+// tile's rows is unpacked to unsigned bytes in element order and transposed, so that vector k
+// holds elements 4k..4k+3 of each row in its lane. Dotting it with a broadcast 4-byte group of
+// an activation row (VPDPBUSD, or PMADDUBSW + PMADDWD) adds four products per row at once, and
+// the per-block float scaling is then one multiply-add for all rows of the tile. Offsets of the
+// signed formats (q - 8, q - 16, q - 128, q - 4, q - 32) are applied exactly, as integer starting
+// values -offset * sum(activation quants); mins use the activation sums as well. With few
+// activation columns the unpacked block goes straight from registers into the dot products
+// (GEMV); with many, each block is unpacked once to memory and reused for every column (GEMM).
+//
+// Float weights (F32/F16/BF16 against F32 activations) use the classic register-blocked shape:
+// lanes are elements, R rows x C columns of accumulators.
+#pragma once
+#include <algorithm>
+#include <memory>
+#include <cstring>
+#include <vector>
+
+#include "quant/kernels.h"
+
+namespace nt::quant_detail::x86 {
+
+inline int32_t load_i32(const void* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+}
+
+template <typename T>
+T* scratch(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+}
+
+// Bits of one byte moved: every byte's bits from..from+width-1 to to..to+width-1, others clear.
+template <class I>
+inline typename I::VI move_bits(typename I::VI v, int from, int to, int width) {
+    const typename I::VI s = to >= from ? I::slli16(v, to - from) : I::srli16(v, from - to);
+    return I::and_(s, I::set1_i8(char(((1u << width) - 1) << to)));
+}
+template <class I>
+inline typename I::VI low_nibbles(typename I::VI v) {
+    return I::and_(v, I::set1_i8(0x0F));
+}
+template <class I>
+inline typename I::VI high_nibbles(typename I::VI v) {
+    return I::and_(I::srli16(v, 4), I::set1_i8(0x0F));
+}
+template <class I>
+inline typename I::VI byte_of(typename I::VI v, int i) {  // byte i of each lane, zero-extended
+    return I::and_(I::srli32(v, 8 * i), I::set1_i32(0xFF));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations, prepared once per call.
+
+// Q8_0 / Q8_1 rows: the f16 scales (and Q8_1's s = d * sum(q)) as floats; for the Q8_0 types
+// on the many-column path also the exact sums of each block's quants (their offsets need them).
+struct ActQ8 {
+    const uint8_t* a;
+    size_t stride;
+    int64_t nb;
+    size_t block;   // bytes per block
+    size_t qs_off;  // offset of the quants in a block
+    const float* dy;
+    const float* ds;     // Q8_1 only
+    const int32_t* sy;  // Q8_0 with sums only
+
+    const uint8_t* qs(int c, int64_t b) const { return a + size_t(c) * stride + size_t(b) * block + qs_off; }
+    size_t idx(int c, int64_t b) const { return size_t(c) * size_t(nb) + size_t(b); }
+};
+
+template <class I>
+ActQ8 prepare_q8(const void* a, size_t stride, int ncols, int64_t nb, bool q8_1, bool sums) {
+    thread_local std::vector<float> dyv, dsv;
+    thread_local std::vector<int32_t> syv;
+    ActQ8 r{static_cast<const uint8_t*>(a), stride, nb, q8_1 ? sizeof(block_q8_1) : sizeof(block_q8_0),
+            q8_1 ? size_t(4) : size_t(2), nullptr, nullptr, nullptr};
+    const size_t count = size_t(ncols) * size_t(nb);
+    float* dy = scratch(dyv, count);
+    float* ds = q8_1 ? scratch(dsv, count) : nullptr;
+    int32_t* sy = !q8_1 && sums ? scratch(syv, count) : nullptr;
+    for (int c = 0; c < ncols; ++c) {
+        const uint8_t* row = r.a + size_t(c) * stride;
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* blk = row + size_t(b) * r.block;
+            dy[r.idx(c, b)] = _cvtsh_ss(load_u16(blk));
+            if (ds) ds[r.idx(c, b)] = _cvtsh_ss(load_u16(blk + 2));
+        }
+        if (sy) I::q8_sums(row, r.block, r.qs_off, nb, sy + r.idx(c, 0));
+    }
+    r.dy = dy;
+    r.ds = ds;
+    r.sy = sy;
+    return r;
+}
+
+// Q8_K rows are used in place; Q3_K and Q6_K also need -offset * bsum per 16 quants as 32-bit
+// values (the starting values of their sub-block sums).
+struct ActQ8K {
+    const uint8_t* a;
+    size_t stride;
+    int64_t nb;
+    const int32_t* corr;  // [col][block][16]
+
+    const block_q8_K* blk(int c, int64_t b) const {
+        return reinterpret_cast<const block_q8_K*>(a + size_t(c) * stride) + b;
+    }
+    const int32_t* corr_of(int c, int64_t b) const { return corr + (size_t(c) * size_t(nb) + size_t(b)) * 16; }
+};
+
+inline ActQ8K prepare_q8k(const void* a, size_t stride, int ncols, int64_t nb, int offset) {
+    thread_local std::vector<int32_t> corrv;
+    ActQ8K r{static_cast<const uint8_t*>(a), stride, nb, nullptr};
+    if (offset == 0) return r;
+    int32_t* corr = scratch(corrv, size_t(ncols) * size_t(nb) * 16);
+    for (int c = 0; c < ncols; ++c) {
+        for (int64_t b = 0; b < nb; ++b) {
+            const int16_t* bs = r.blk(c, b)->bsums;
+            int32_t* o = corr + (size_t(c) * size_t(nb) + size_t(b)) * 16;
+            for (int j = 0; j < 16; ++j) o[j] = -offset * bs[j];
+        }
+    }
+    r.corr = corr;
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The 32-element formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0.
+
+template <GgmlType T>
+constexpr bool kHasMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+template <GgmlType T>
+constexpr int kOffset = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : T == GgmlType::Q8_0 ? 128 : 0;
+template <GgmlType T>
+constexpr size_t kBlockBytes = T == GgmlType::Q4_0   ? sizeof(block_q4_0)
+                               : T == GgmlType::Q4_1 ? sizeof(block_q4_1)
+                               : T == GgmlType::Q5_0 ? sizeof(block_q5_0)
+                               : T == GgmlType::Q5_1 ? sizeof(block_q5_1)
+                                                     : sizeof(block_q8_0);
+
+template <class I>
+struct LegacyBlock {
+    typename I::VI w[8];  // unsigned quants (Q8_0: q + 128)
+    typename I::VF d, m;
+};
+
+template <class I, GgmlType T>
+inline void decode_legacy(const typename I::Rows& rows, int64_t b, LegacyBlock<I>& out) {
+    using VI = typename I::VI;
+    const size_t at = size_t(b) * kBlockBytes<T>;
+    const VI dm = rows.gather(at);  // d (and m) in the first 32-bit word of every block
+    out.d = I::half_lo(dm);
+    if constexpr (kHasMin<T>) out.m = I::half_hi(dm);
+    VI q[4];
+    if constexpr (T == GgmlType::Q8_0) {
+        const VI flip = I::set1_i8(char(0x80));
+        rows.transpose16(at + 2, q);
+        for (int k = 0; k < 4; ++k) out.w[k] = I::xor_(q[k], flip);
+        rows.transpose16(at + 18, q);
+        for (int k = 0; k < 4; ++k) out.w[k + 4] = I::xor_(q[k], flip);
+    } else {
+        constexpr size_t qs_off = T == GgmlType::Q4_0 ? 2 : T == GgmlType::Q4_1 ? 4 : T == GgmlType::Q5_0 ? 6 : 8;
+        rows.transpose16(at + qs_off, q);
+        for (int k = 0; k < 4; ++k) {
+            out.w[k] = low_nibbles<I>(q[k]);
+            out.w[k + 4] = high_nibbles<I>(q[k]);
+        }
+        if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+            I::add_q5_high_bits(rows.gather(at + (T == GgmlType::Q5_0 ? 2 : 4)), out.w);
+        }
+    }
+}
+
+// One decoded block against columns c0..c0+G-1: f[g] += d * dy * sum + m * dy * sy.
+template <class I, GgmlType T, int G>
+inline void legacy_block(const LegacyBlock<I>& B, int64_t b, const ActQ8& act, int c0, typename I::VF* f) {
+    using VI = typename I::VI;
+    VI acc[G];
+    for (int g = 0; g < G; ++g) {
+        acc[g] = kOffset<T> ? I::set1_i32(-kOffset<T> * act.sy[act.idx(c0 + g, b)]) : I::zero();
+    }
+    for (int k = 0; k < 8; ++k) {
+        const VI wk = B.w[k];
+        for (int g = 0; g < G; ++g) {
+            if constexpr (T == GgmlType::Q8_0) {
+                acc[g] = I::dot4_wide(acc[g], wk, act.qs(c0 + g, b) + 4 * k);
+            } else {
+                acc[g] = I::dot4(acc[g], wk, act.qs(c0 + g, b) + 4 * k);
+            }
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        const size_t ci = act.idx(c0 + g, b);
+        f[g] = I::fmadd(I::cvt(acc[g]), I::mul(B.d, I::set1_ps(act.dy[ci])), f[g]);
+        if constexpr (kHasMin<T>) f[g] = I::fmadd(B.m, I::set1_ps(act.ds[ci]), f[g]);
+    }
+}
+
+// Many columns: a chunk of blocks decoded once, then every column group runs over it.
+template <class I, GgmlType T, int G>
+void legacy_chunk_cols(const LegacyBlock<I>* blk, int nbc, int64_t b0, const ActQ8& act, int c0,
+                       float* out, size_t out_stride, int nvalid) {
+    typename I::VF f[G];
+    for (int g = 0; g < G; ++g) f[g] = I::load_rows(out + size_t(c0 + g) * out_stride, nvalid);
+    for (int i = 0; i < nbc; ++i) legacy_block<I, T, G>(blk[i], b0 + i, act, c0, f);
+    for (int g = 0; g < G; ++g) I::store_rows(out + size_t(c0 + g) * out_stride, nvalid, f[g]);
+}
+
+// Calls fn.template operator()<G>(c0) over ncols in groups of kG and one remainder group.
+template <int kG, typename F>
+inline void for_col_groups(int ncols, F&& fn) {
+    int c0 = 0;
+    for (; c0 + kG <= ncols; c0 += kG) fn.template operator()<kG>(c0);
+    const int rem = ncols - c0;
+    if constexpr (kG > 1) {
+        if (rem == 1) fn.template operator()<1>(c0);
+    }
+    if constexpr (kG > 2) {
+        if (rem == 2) fn.template operator()<2>(c0);
+    }
+    if constexpr (kG > 3) {
+        if (rem == 3) fn.template operator()<3>(c0);
+    }
+    if constexpr (kG > 4) {
+        if (rem == 4) fn.template operator()<4>(c0);
+    }
+    if constexpr (kG > 5) {
+        if (rem == 5) fn.template operator()<5>(c0);
+    }
+    if constexpr (kG > 6) {
+        if (rem == 6) fn.template operator()<6>(c0);
+    }
+    if constexpr (kG > 7) {
+        if (rem == 7) fn.template operator()<7>(c0);
+    }
+}
+
+template <class I>
+inline void zero_tile(float* out, size_t out_stride, int ncols, int nvalid) {
+    for (int c = 0; c < ncols; ++c) I::store_rows(out + size_t(c) * out_stride, nvalid, I::zero_ps());
+}
+
+// K-quant block constants (used by the row-direct kernels below and the K tiles further on).
+template <GgmlType T>
+constexpr int kSubBlocks = (T == GgmlType::Q4_K || T == GgmlType::Q5_K) ? 8 : 16;
+template <GgmlType T>
+constexpr int kKOffset = T == GgmlType::Q3_K ? 4 : T == GgmlType::Q6_K ? 32 : 0;
+template <GgmlType T>
+constexpr bool kKMins = T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::Q5_K;
+template <GgmlType T>
+constexpr size_t kKBlockBytes = T == GgmlType::Q2_K   ? sizeof(block_q2_K)
+                                : T == GgmlType::Q3_K ? sizeof(block_q3_K)
+                                : T == GgmlType::Q4_K ? sizeof(block_q4_K)
+                                : T == GgmlType::Q5_K ? sizeof(block_q5_K)
+                                                      : sizeof(block_q6_K);
+
+// ---------------------------------------------------------------------------------------------
+// Row-direct kernels for few activation columns (the GEMV of decoding): lanes are elements, one
+// weight row at a time, its blocks unpacked in registers (256-bit vectors at both levels) and
+// used for every column at once. No transposition: each row is one sequential stream, which the
+// prefetchers follow, and the unpacking is in-lane shifts and masks. The signed formats use the
+// sign trick (|w| against y with w's sign), exact because quantize_row never produces -128.
+
+inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline __m256i bytes_mask(uint8_t m) { return _mm256_set1_epi8(char(m)); }
+// Bits from..from+width-1 of every byte moved to to..to+width-1, others clear.
+inline __m256i ymove_bits(__m256i v, int from, int to, int width) {
+    const __m256i s = to >= from ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
+    return _mm256_and_si256(s, bytes_mask(uint8_t(((1u << width) - 1) << to)));
+}
+// 32 bits -> 32 bytes, 0xFF where the bit is set (bit j -> byte j).
+inline __m256i bits_to_bytes(uint32_t x) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(int(x)),
+                                               _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                 0x0101010101010101, 0x0000000000000000));
+    const __m256i probe = _mm256_set1_epi64x(0x8040201008040201);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, probe), probe);
+}
+// Signed weights against signed activations: |w| . (y with w's sign).
+template <class I>
+inline __m256i ydot_signed(__m256i acc, __m256i ws, __m256i y) {
+    return I::ydot(acc, _mm256_abs_epi8(ws), _mm256_sign_epi8(y, ws));
+}
+
+// Calls fn.template operator()<G>(row, c0, res) for every weight row and group of <= kG
+// columns; res[g] is then stored to out[(c0 + g) * out_stride + row].
+template <int kG, typename F>
+inline void row_direct(int nrows, int ncols, const uint8_t* w, size_t w_stride, float* out, size_t out_stride, F&& fn) {
+    for (int r = 0; r < nrows; ++r) {
+        const uint8_t* row = w + size_t(r) * w_stride;
+        for_col_groups<kG>(ncols, [&]<int G>(int c0) {
+            float res[G];
+            fn.template operator()<G>(row, c0, res);
+            for (int g = 0; g < G; ++g) out[size_t(c0 + g) * out_stride + size_t(r)] = res[g];
+        });
+    }
+}
+
+template <class I, GgmlType T, int G>
+void rd_legacy(int64_t nb, const uint8_t* row, const ActQ8& act, int c0, float* res) {
+    __m256 acc[G];
+    float mins[G];
+    for (int g = 0; g < G; ++g) {
+        acc[g] = _mm256_setzero_ps();
+        mins[g] = 0.0f;
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* x = row + size_t(b) * kBlockBytes<T>;
+        const float dw = _cvtsh_ss(load_u16(x));
+        __m256i w;  // unsigned quants (min formats) or signed values (offset formats)
+        if constexpr (T == GgmlType::Q8_0) {
+            w = _mm256_loadu_si256((const __m256i*)(x + 2));
+        } else {
+            constexpr size_t qs_off = T == GgmlType::Q4_0 ? 2 : T == GgmlType::Q4_1 ? 4 : T == GgmlType::Q5_0 ? 6 : 8;
+            const __m128i q = _mm_loadu_si128((const __m128i*)(x + qs_off));
+            w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), bytes_mask(0x0F));
+            if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+                const uint32_t qh = uint32_t(load_i32(x + (T == GgmlType::Q5_0 ? 2 : 4)));
+                w = _mm256_or_si256(w, _mm256_and_si256(bits_to_bytes(qh), bytes_mask(0x10)));
+            }
+            if constexpr (kOffset<T> != 0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(char(kOffset<T>)));
+        }
+        for (int g = 0; g < G; ++g) {
+            const size_t ci = act.idx(c0 + g, b);
+            const __m256i y = _mm256_loadu_si256((const __m256i*)act.qs(c0 + g, b));
+            __m256i i;
+            if constexpr (kHasMin<T>) {
+                i = I::ydot(_mm256_setzero_si256(), w, y);
+            } else {
+                i = ydot_signed<I>(_mm256_setzero_si256(), w, y);
+            }
+            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * act.dy[ci]), acc[g]);
+            if constexpr (kHasMin<T>) mins[g] += _cvtsh_ss(load_u16(x + 2)) * act.ds[ci];
+        }
+    }
+    for (int g = 0; g < G; ++g) res[g] = hsum8(acc[g]) + mins[g];
+}
+
+// The 12 scale bytes of Q4_K/Q5_K -> bytes 0..7: the 6-bit scales, 8..15: the 6-bit mins,
+// computed on 32-bit words (a = bytes 0..3, b = 4..7, c = 8..11): scale j < 4 is a's byte j,
+// min j < 4 is b's; for j >= 4 the low four bits come from c's byte j-4 (low nibble: scale,
+// high: min), the top two from the top bits of a's (scale) or b's (min) byte j-4.
+inline __m128i k4_scales_mins(const uint8_t* s) {
+    const uint32_t a = uint32_t(load_i32(s)), b = uint32_t(load_i32(s + 4)), c = uint32_t(load_i32(s + 8));
+    const uint32_t sc_lo = a & 0x3F3F3F3Fu, m_lo = b & 0x3F3F3F3Fu;
+    const uint32_t sc_hi = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);
+    const uint32_t m_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
+    return _mm_set_epi32(int(m_hi), int(m_lo), int(sc_hi), int(sc_lo));
+}
+// The 12 scale bytes of Q3_K -> the 16 signed scales (6-bit value - 32), as unpack_q3k_scales.
+inline __m128i q3k_scales(const uint8_t* s) {
+    const uint32_t a = uint32_t(load_i32(s)), b = uint32_t(load_i32(s + 4)), c = uint32_t(load_i32(s + 8));
+    const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
+    const uint32_t w0 = (a & m4) | ((c & m2) << 4), w1 = (b & m4) | (((c >> 2) & m2) << 4);
+    const uint32_t w2 = ((a >> 4) & m4) | (((c >> 4) & m2) << 4), w3 = ((b >> 4) & m4) | (((c >> 6) & m2) << 4);
+    return _mm_sub_epi8(_mm_set_epi32(int(w3), int(w2), int(w1), int(w0)), _mm_set1_epi8(32));
+}
+
+// 16 int8 scales -> the 16-bit multipliers of a 32-element group made of sub-blocks 2p, 2p+1
+// (16 elements each): [s[2p] x 8 | s[2p+1] x 8].
+inline __m256i pair_scales(__m128i s8, int p) {
+    const __m128i idx = _mm_set_epi64x(0x0101010101010101 * uint64_t(2 * p + 1), 0x0101010101010101 * uint64_t(2 * p));
+    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, idx));
+}
+// 8 uint8 scales (low 8 bytes) -> the 16-bit multiplier of sub-block j of 32 elements, x 16.
+inline __m256i single_scale(__m128i s8, int j) {
+    return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(s8, _mm_set1_epi8(char(j))));
+}
+
+template <class I, GgmlType T, int G>
+void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res) {
+    __m256 acc[G];
+    __m256 accm[G];  // the mins (K-quants with mins) are accumulated apart
+    for (int g = 0; g < G; ++g) {
+        acc[g] = _mm256_setzero_ps();
+        accm[g] = _mm256_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* x = row + size_t(b) * kKBlockBytes<T>;
+        const block_q8_K* y[G];
+        __m256i isum[G];
+        for (int g = 0; g < G; ++g) y[g] = act.blk(c0 + g, b);
+        // d*isum, the offsets in isum's start (Q3_K, Q6_K), and the mins apart.
+        auto madd_q = [&](__m256i q, int e, __m256i scale) {  // elements e..e+31 of the block
+            for (int g = 0; g < G; ++g) {
+                const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i*)(y[g]->qs + e)));
+                isum[g] = I::ydot16(isum[g], p, scale);
+            }
+        };
+        float d;
+        if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+            const auto* blk = reinterpret_cast<const block_q4_K*>(x);  // same header as block_q5_K
+            d = _cvtsh_ss(blk->d);
+            const float dmin = _cvtsh_ss(blk->dmin);
+            const __m128i scm = k4_scales_mins(x + 4);  // scales 0..7, mins 0..7
+            const __m128i mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
+            for (int g = 0; g < G; ++g) {
+                isum[g] = _mm256_setzero_si256();
+                const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
+                const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                const __m128 m = _mm_cvtepi32_ps(_mm_madd_epi16(mins16, bs32));
+                accm[g] = _mm256_fmadd_ps(_mm256_castps128_ps256(m), _mm256_set1_ps(-dmin * y[g]->d), accm[g]);
+            }
+            const uint8_t* qs = x + (T == GgmlType::Q4_K ? 16 : 48);
+            __m256i hb;
+            if constexpr (T == GgmlType::Q5_K) hb = _mm256_loadu_si256((const __m256i*)(x + 16));
+            for (int c = 0; c < 4; ++c) {
+                const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+                __m256i lo = _mm256_and_si256(q, bytes_mask(0x0F));
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), bytes_mask(0x0F));
+                if constexpr (T == GgmlType::Q5_K) {  // bit g of qh[l] is the fifth bit of sub-block g
+                    lo = _mm256_or_si256(lo, ymove_bits(hb, 2 * c, 4, 1));
+                    hi = _mm256_or_si256(hi, ymove_bits(hb, 2 * c + 1, 4, 1));
+                }
+                madd_q(lo, 64 * c, single_scale(scm, 2 * c));
+                madd_q(hi, 64 * c + 32, single_scale(scm, 2 * c + 1));
+            }
+        } else if constexpr (T == GgmlType::Q6_K) {
+            const auto* blk = reinterpret_cast<const block_q6_K*>(x);
+            d = _cvtsh_ss(blk->d);
+            const __m128i s8 = _mm_loadu_si128((const __m128i*)blk->scales);
+            const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+            for (int g = 0; g < G; ++g) {  // the offset: -32 * sum_j scale_j * bsum_j
+                const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
+                isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 5));
+            }
+            for (int h = 0; h < 2; ++h) {
+                const __m256i l0 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h));
+                const __m256i l1 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h + 32));
+                const __m256i hq = _mm256_loadu_si256((const __m256i*)(blk->qh + 32 * h));
+                const __m256i m4 = bytes_mask(0x0F);
+                madd_q(_mm256_or_si256(_mm256_and_si256(l0, m4), ymove_bits(hq, 0, 4, 2)), 128 * h, pair_scales(s8, 4 * h));
+                madd_q(_mm256_or_si256(_mm256_and_si256(l1, m4), ymove_bits(hq, 2, 4, 2)), 128 * h + 32, pair_scales(s8, 4 * h + 1));
+                madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), ymove_bits(hq, 4, 4, 2)), 128 * h + 64,
+                       pair_scales(s8, 4 * h + 2));
+                madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), ymove_bits(hq, 6, 4, 2)), 128 * h + 96,
+                       pair_scales(s8, 4 * h + 3));
+            }
+        } else if constexpr (T == GgmlType::Q3_K) {
+            const auto* blk = reinterpret_cast<const block_q3_K*>(x);
+            d = _cvtsh_ss(blk->d);
+            const __m128i s8 = q3k_scales(blk->scales);
+            const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+            for (int g = 0; g < G; ++g) {  // the offset: -4 * sum_j scale_j * bsum_j
+                const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
+                isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 2));
+            }
+            const __m256i hm = _mm256_loadu_si256((const __m256i*)blk->hmask);
+            for (int h = 0; h < 2; ++h) {
+                const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * h));
+                for (int sh = 0; sh < 4; ++sh) {  // q + 4 = low two bits + 4 * hmask bit
+                    const __m256i v = _mm256_or_si256(ymove_bits(q, 2 * sh, 0, 2), ymove_bits(hm, 4 * h + sh, 2, 1));
+                    madd_q(v, 128 * h + 32 * sh, pair_scales(s8, 4 * h + sh));
+                }
+            }
+        } else {  // Q2_K
+            const auto* blk = reinterpret_cast<const block_q2_K*>(x);
+            d = _cvtsh_ss(blk->d);
+            const float dmin = _cvtsh_ss(blk->dmin);
+            const __m128i raw = _mm_loadu_si128((const __m128i*)blk->scales);
+            const __m128i s8 = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
+            const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
+            for (int g = 0; g < G; ++g) {
+                isum[g] = _mm256_setzero_si256();
+                const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
+                const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bs));
+                accm[g] = _mm256_fmadd_ps(m, _mm256_set1_ps(-dmin * y[g]->d), accm[g]);
+            }
+            for (int h = 0; h < 2; ++h) {
+                const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * h));
+                for (int sh = 0; sh < 4; ++sh) madd_q(ymove_bits(q, 2 * sh, 0, 2), 128 * h + 32 * sh, pair_scales(s8, 4 * h + sh));
+            }
+        }
+        for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_set1_ps(d * y[g]->d), acc[g]);
+    }
+    for (int g = 0; g < G; ++g) res[g] = hsum8(_mm256_add_ps(acc[g], accm[g]));
+}
+
+template <class I, GgmlType T>
+void tile_legacy(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, const void* a,
+                 size_t a_stride, float* out, size_t out_stride) {
+    constexpr int kChunk = 8;  // blocks decoded at a time on the many-column path
+    const int64_t nb = n / 32;
+    const bool few = ncols <= I::kRowCols;
+    const ActQ8 act = prepare_q8<I>(a, a_stride, ncols, nb, kHasMin<T>, !few);
+    const auto* wb = static_cast<const uint8_t*>(w);
+    if (few) {
+        row_direct<I::kRowCols>(nrows, ncols, wb, w_stride, out, out_stride, [&]<int G>(const uint8_t* row, int c0, float* res) {
+            rd_legacy<I, T, G>(nb, row, act, c0, res);
+        });
+        return;
+    }
+    for (int r0 = 0; r0 < nrows; r0 += I::L) {
+        const typename I::Rows rows(wb + size_t(r0) * w_stride, w_stride, std::min(I::L, nrows - r0));
+        float* o = out + r0;
+        alignas(64) LegacyBlock<I> blk[kChunk];
+        zero_tile<I>(o, out_stride, ncols, rows.nvalid);
+        for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
+            const int nbc = int(std::min<int64_t>(kChunk, nb - b0));
+            for (int i = 0; i < nbc; ++i) decode_legacy<I, T>(rows, b0 + i, blk[i]);
+            for_col_groups<I::kCols>(ncols, [&]<int G>(int c0) {
+                legacy_chunk_cols<I, T, G>(blk, nbc, b0, act, c0, o, out_stride, rows.nvalid);
+            });
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The K-quants: 256-element blocks of 8 (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K) scaled
+// sub-blocks. Each sub-block's integer sum is scaled by d * scale in float; the mins are one more
+// integer dot product (16-bit mins with the activation's 16-bit bsums); the offsets of Q3_K
+// (q - 4) and Q6_K (q - 32) start each sub-block sum at -offset * bsum.
+
+template <class I>
+struct KScales {
+    typename I::VF ds[16];    // d * scale of each sub-block
+    typename I::VI mins[8];   // 16-bit pairs of mins, matched to 32-bit words of the bsums
+    typename I::VF ndmin;     // -dmin
+};
+
+template <class I, GgmlType T>
+inline void decode_k_scales(const typename I::Rows& rows, int64_t b, KScales<I>& out) {
+    using VI = typename I::VI;
+    const size_t at = size_t(b) * kKBlockBytes<T>;
+    if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+        const VI dd = rows.gather(at);
+        const typename I::VF d = I::half_lo(dd);
+        out.ndmin = I::sub_ps(I::zero_ps(), I::half_hi(dd));
+        // 6-bit scales and mins: bytes 0..3 low six bits are sc0..3, bytes 4..7 m0..3; bytes
+        // 8..11 hold the low four bits of sc4..7 / m4..7, their top two bits are bytes 0..7's.
+        const VI s0 = rows.gather(at + 4), s1 = rows.gather(at + 8), s2 = rows.gather(at + 12);
+        const VI sc_lo = I::and_(s0, I::set1_i8(0x3F)), m_lo = I::and_(s1, I::set1_i8(0x3F));
+        const VI sc_hi = I::or_(low_nibbles<I>(s2), move_bits<I>(s0, 6, 4, 2));
+        const VI m_hi = I::or_(high_nibbles<I>(s2), move_bits<I>(s1, 6, 4, 2));
+        for (int j = 0; j < 4; ++j) {
+            out.ds[j] = I::mul(d, I::cvt(byte_of<I>(sc_lo, j)));
+            out.ds[j + 4] = I::mul(d, I::cvt(byte_of<I>(sc_hi, j)));
+            const VI x = byte_of<I>(m_lo, j), y = byte_of<I>(m_hi, j);
+            out.mins[j] = I::or_(x, I::slli32(x, 16));
+            out.mins[j + 4] = I::or_(y, I::slli32(y, 16));
+        }
+    } else if constexpr (T == GgmlType::Q6_K) {
+        const typename I::VF d = I::half_hi(rows.gather(at + 206));
+        for (int i = 0; i < 4; ++i) {
+            const VI g = rows.gather(at + 192 + 4 * i);
+            for (int j = 0; j < 4; ++j) {
+                out.ds[4 * i + j] = I::mul(d, I::cvt(I::srai32(I::slli32(g, 24 - 8 * j), 24)));
+            }
+        }
+    } else if constexpr (T == GgmlType::Q3_K) {
+        const typename I::VF d = I::half_hi(rows.gather(at + 106));
+        const VI a = rows.gather(at + 96), bb = rows.gather(at + 100), c = rows.gather(at + 104);
+        // Scale j: low four bits from byte j % 8 (low nibble for j < 8, high for j >= 8), top two
+        // bits from byte 8 + j % 4 at bit 2 * (j / 4).
+        const VI lows[4] = {low_nibbles<I>(a), low_nibbles<I>(bb), high_nibbles<I>(a), high_nibbles<I>(bb)};
+        for (int t = 0; t < 4; ++t) {
+            const VI sc = I::or_(lows[t], move_bits<I>(c, 2 * t, 4, 2));  // scale + 32
+            for (int j = 0; j < 4; ++j) {
+                out.ds[4 * t + j] = I::mul(d, I::cvt(I::sub32(byte_of<I>(sc, j), I::set1_i32(32))));
+            }
+        }
+    } else {  // Q2_K: scale in the low nibble, min in the high nibble of scales[j]
+        const VI dd = rows.gather(at + 80);
+        const typename I::VF d = I::half_lo(dd);
+        out.ndmin = I::sub_ps(I::zero_ps(), I::half_hi(dd));
+        for (int i = 0; i < 4; ++i) {
+            const VI g = rows.gather(at + 4 * i);
+            for (int j = 0; j < 4; ++j) out.ds[4 * i + j] = I::mul(d, I::cvt(I::and_(byte_of<I>(g, j), I::set1_i32(15))));
+            for (int p = 0; p < 2; ++p) {  // mins of sub-blocks 4i+2p and 4i+2p+1
+                const VI x = I::srli32(g, 16 * p);
+                out.mins[2 * i + p] = I::or_(I::and_(I::srli32(x, 4), I::set1_i32(0x0F)),
+                                             I::and_(I::slli32(x, 4), I::set1_i32(0xF0000)));
+            }
+        }
+    }
+}
+
+// Unpacks the quants of block b of the tile's rows and calls fn(k, w) for the element groups
+// k = 0..63 in order (w: the unsigned quants of elements 4k..4k+3 of every row).
+template <class I, GgmlType T, typename F>
+inline void decode_k_quants(const typename I::Rows& rows, int64_t b, F&& fn) {
+    using VI = typename I::VI;
+    const size_t at = size_t(b) * kKBlockBytes<T>;
+    if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+        constexpr size_t qs = T == GgmlType::Q4_K ? 16 : 48;
+        VI h[8];
+        if constexpr (T == GgmlType::Q5_K) {  // fifth bit of sub-block g: bit g of qh[l]
+            rows.transpose16(at + 16, h);
+            rows.transpose16(at + 32, h + 4);
+        }
+        for (int c = 0; c < 4; ++c) {  // qs[32c..32c+31]: sub-block 2c (low nibbles), 2c+1 (high)
+            VI p[8];
+            rows.transpose16(at + qs + 32 * c, p);
+            rows.transpose16(at + qs + 32 * c + 16, p + 4);
+            for (int k = 0; k < 8; ++k) {
+                VI lo = low_nibbles<I>(p[k]);
+                if constexpr (T == GgmlType::Q5_K) lo = I::or_(lo, move_bits<I>(h[k], 2 * c, 4, 1));
+                fn(16 * c + k, lo);
+            }
+            for (int k = 0; k < 8; ++k) {
+                VI hi = high_nibbles<I>(p[k]);
+                if constexpr (T == GgmlType::Q5_K) hi = I::or_(hi, move_bits<I>(h[k], 2 * c + 1, 4, 1));
+                fn(16 * c + 8 + k, hi);
+            }
+        }
+    } else if constexpr (T == GgmlType::Q6_K) {
+        // Element 128h + r: low four bits are nibble r / 64 of ql[64h + r % 64], the top two are
+        // bits 2 * (r / 32) of qh[32h + r % 32].
+        for (int half = 0; half < 2; ++half) {
+            VI l[16], hb[8];
+            for (int t = 0; t < 4; ++t) rows.transpose16(at + 64 * half + 16 * t, l + 4 * t);
+            rows.transpose16(at + 128 + 32 * half, hb);
+            rows.transpose16(at + 128 + 32 * half + 16, hb + 4);
+            for (int kk = 0; kk < 32; ++kk) {
+                const VI lv = l[kk % 16];
+                const VI lo = kk < 16 ? low_nibbles<I>(lv) : high_nibbles<I>(lv);
+                fn(32 * half + kk, I::or_(lo, move_bits<I>(hb[kk % 8], 2 * (kk / 8), 4, 2)));
+            }
+        }
+    } else if constexpr (T == GgmlType::Q3_K) {
+        // Element 128h + 32s + l: bits 2s..2s+1 of qs[32h + l], plus 4 when bit 4h + s of
+        // hmask[l] is set (q + 4, 0..7).
+        VI m[8];
+        rows.transpose16(at, m);
+        rows.transpose16(at + 16, m + 4);
+        for (int half = 0; half < 2; ++half) {
+            VI q[8];
+            rows.transpose16(at + 32 + 32 * half, q);
+            rows.transpose16(at + 48 + 32 * half, q + 4);
+            for (int kk = 0; kk < 32; ++kk) {
+                const int s = kk / 8;
+                const VI lo = move_bits<I>(q[kk % 8], 2 * s, 0, 2);
+                fn(32 * half + kk, I::or_(lo, move_bits<I>(m[kk % 8], 4 * half + s, 2, 1)));
+            }
+        }
+    } else {  // Q2_K: element 128h + 32s + l is bits 2s..2s+1 of qs[32h + l]
+        for (int half = 0; half < 2; ++half) {
+            VI q[8];
+            rows.transpose16(at + 16 + 32 * half, q);
+            rows.transpose16(at + 32 + 32 * half, q + 4);
+            for (int kk = 0; kk < 32; ++kk) fn(32 * half + kk, move_bits<I>(q[kk % 8], 2 * (kk / 8), 0, 2));
+        }
+    }
+}
+
+// The K-quant dot products of one block for columns c0..c0+G-1, given the quants as
+// quant(k) for k = 0..63: fb[g] accumulates sum over sub-blocks of d*scale*sum, minus the mins.
+template <class I, GgmlType T, int G>
+struct KAccum {
+    using VI = typename I::VI;
+    using VF = typename I::VF;
+    static constexpr int K = 64 / kSubBlocks<T>;  // element groups per sub-block
+    const KScales<I>& S;
+    const ActQ8K& act;
+    int64_t b;
+    int c0;
+    const int8_t* y[G];
+    VI acc[G];
+    VF fb[G];
+
+    KAccum(const KScales<I>& s, const ActQ8K& a, int64_t blk, int col0) : S(s), act(a), b(blk), c0(col0) {
+        for (int g = 0; g < G; ++g) {
+            y[g] = act.blk(c0 + g, b)->qs;
+            acc[g] = I::zero();  // set again at each sub-block's start; this keeps GCC sure of it
+            fb[g] = I::zero_ps();
+        }
+    }
+    inline void operator()(int k, VI wk) {
+        const int j = k / K;
+        if (k % K == 0) {
+            for (int g = 0; g < G; ++g) {
+                if constexpr (kKOffset<T> != 0) {
+                    acc[g] = I::set1_i32(act.corr_of(c0 + g, b)[j]);
+                } else {
+                    acc[g] = I::zero();
+                }
+            }
+        }
+        for (int g = 0; g < G; ++g) acc[g] = I::dot4(acc[g], wk, y[g] + 4 * k);
+        if (k % K == K - 1) {
+            for (int g = 0; g < G; ++g) fb[g] = I::fmadd(I::cvt(acc[g]), S.ds[j], fb[g]);
+        }
+    }
+    // f[g] += dy * (fb[g] - dmin * sum(mins * bsums)).
+    inline void finish(VF* f) {
+        for (int g = 0; g < G; ++g) {
+            const block_q8_K* yb = act.blk(c0 + g, b);
+            if constexpr (kKMins<T>) {
+                VI m = I::zero();
+                for (int i = 0; i < 8; ++i) m = I::dot_pairs16(m, S.mins[i], yb->bsums + 2 * i);
+                fb[g] = I::fmadd(I::cvt(m), S.ndmin, fb[g]);
+            }
+            f[g] = I::fmadd(fb[g], I::set1_ps(yb->d), f[g]);
+        }
+    }
+};
+
+template <class I>
+struct KBlock {
+    typename I::VI w[64];
+    KScales<I> s;
+};
+
+template <class I, GgmlType T, int G>
+void k_block_cols(const KBlock<I>& B, int64_t b, const ActQ8K& act, int c0, float* out, size_t out_stride,
+                  int nvalid) {
+    KAccum<I, T, G> acc(B.s, act, b, c0);
+    for (int k = 0; k < 64; ++k) acc(k, B.w[k]);
+    typename I::VF f[G];
+    for (int g = 0; g < G; ++g) f[g] = I::load_rows(out + size_t(c0 + g) * out_stride, nvalid);
+    acc.finish(f);
+    for (int g = 0; g < G; ++g) I::store_rows(out + size_t(c0 + g) * out_stride, nvalid, f[g]);
+}
+
+template <class I, GgmlType T>
+void tile_k(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, const void* a,
+            size_t a_stride, float* out, size_t out_stride) {
+    const int64_t nb = n / QK_K;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    if (ncols <= I::kRowCols) {
+        const ActQ8K act{static_cast<const uint8_t*>(a), a_stride, nb, nullptr};
+        row_direct<I::kRowCols>(nrows, ncols, wb, w_stride, out, out_stride, [&]<int G>(const uint8_t* row, int c0, float* res) {
+            rd_k<I, T, G>(nb, row, act, c0, res);
+        });
+        return;
+    }
+    const ActQ8K act = prepare_q8k(a, a_stride, ncols, nb, kKOffset<T>);
+    thread_local const std::unique_ptr<KBlock<I>> blk(new KBlock<I>);  // 6 KiB, per thread
+    for (int r0 = 0; r0 < nrows; r0 += I::L) {
+        const typename I::Rows rows(wb + size_t(r0) * w_stride, w_stride, std::min(I::L, nrows - r0));
+        float* o = out + r0;
+        zero_tile<I>(o, out_stride, ncols, rows.nvalid);
+        for (int64_t b = 0; b < nb; ++b) {
+            decode_k_scales<I, T>(rows, b, blk->s);
+            decode_k_quants<I, T>(rows, b, [&](int k, typename I::VI wk) { blk->w[k] = wk; });
+            for_col_groups<I::kCols>(ncols, [&]<int G>(int c0) {
+                k_block_cols<I, T, G>(*blk, b, act, c0, o, out_stride, rows.nvalid);
+            });
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Float weights against float activations: lanes are elements, R x C accumulators.
+
+template <class I, GgmlType T, int R, int C>
+void float_block(int64_t n, const uint8_t* const* w, const float* const* a, float* out, size_t out_stride) {
+    using VF = typename I::VF;
+    constexpr int L = I::L;
+    VF acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = I::zero_ps();
+    int64_t i = 0;
+    for (; i + L <= n; i += L) {
+        VF av[C];
+        for (int c = 0; c < C; ++c) av[c] = I::loadu_ps(a[c] + i);
+        for (int r = 0; r < R; ++r) {
+            const VF wv = I::template load_weights<T>(w[r], i);
+            for (int c = 0; c < C; ++c) acc[r][c] = I::fmadd(wv, av[c], acc[r][c]);
+        }
+    }
+    if (i < n) {  // the tail, zero-padded
+        constexpr size_t es = T == GgmlType::F32 ? 4 : 2;
+        alignas(64) uint8_t wt[L * 4];
+        alignas(64) float at[L];
+        VF av[C];
+        for (int c = 0; c < C; ++c) {
+            std::memset(at, 0, sizeof at);
+            std::memcpy(at, a[c] + i, size_t(n - i) * 4);
+            av[c] = I::loadu_ps(at);
+        }
+        for (int r = 0; r < R; ++r) {
+            std::memset(wt, 0, sizeof wt);
+            std::memcpy(wt, w[r] + size_t(i) * es, size_t(n - i) * es);
+            const VF wv = I::template load_weights<T>(wt, 0);
+            for (int c = 0; c < C; ++c) acc[r][c] = I::fmadd(wv, av[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) out[size_t(c) * out_stride + size_t(r)] = I::reduce_ps(acc[r][c]);
+}
+
+template <class I, GgmlType T, int R>
+inline void float_cols(int64_t n, const uint8_t* const* w, const float* a, size_t a_stride, int ncols,
+                       float* out, size_t out_stride) {
+    constexpr int C = I::kFloatCols;
+    int c0 = 0;
+    const float* ap[C];
+    for (; c0 + C <= ncols; c0 += C) {
+        for (int c = 0; c < C; ++c) ap[c] = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(a) + size_t(c0 + c) * a_stride);
+        float_block<I, T, R, C>(n, w, ap, out + size_t(c0) * out_stride, out_stride);
+    }
+    for (; c0 < ncols; ++c0) {
+        ap[0] = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(a) + size_t(c0) * a_stride);
+        float_block<I, T, R, 1>(n, w, ap, out + size_t(c0) * out_stride, out_stride);
+    }
+}
+
+template <class I, GgmlType T>
+void tile_float(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, const void* a,
+                size_t a_stride, float* out, size_t out_stride) {
+    constexpr int R = I::kFloatRows;
+    const auto* wb = static_cast<const uint8_t*>(w);
+    const auto* af = static_cast<const float*>(a);
+    const uint8_t* wp[R];
+    int r0 = 0;
+    for (; r0 + R <= nrows; r0 += R) {
+        for (int r = 0; r < R; ++r) wp[r] = wb + size_t(r0 + r) * w_stride;
+        float_cols<I, T, R>(n, wp, af, a_stride, ncols, out + r0, out_stride);
+    }
+    for (; r0 < nrows; ++r0) {
+        wp[0] = wb + size_t(r0) * w_stride;
+        float_cols<I, T, 1>(n, wp, af, a_stride, ncols, out + r0, out_stride);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+template <class I>
+KernelTable make_table() {
+    KernelTable t;
+    t.tile[int(GgmlType::F32)] = tile_float<I, GgmlType::F32>;
+    t.tile[int(GgmlType::F16)] = tile_float<I, GgmlType::F16>;
+    t.tile[int(GgmlType::BF16)] = tile_float<I, GgmlType::BF16>;
+    t.tile[int(GgmlType::Q4_0)] = tile_legacy<I, GgmlType::Q4_0>;
+    t.tile[int(GgmlType::Q4_1)] = tile_legacy<I, GgmlType::Q4_1>;
+    t.tile[int(GgmlType::Q5_0)] = tile_legacy<I, GgmlType::Q5_0>;
+    t.tile[int(GgmlType::Q5_1)] = tile_legacy<I, GgmlType::Q5_1>;
+    t.tile[int(GgmlType::Q8_0)] = tile_legacy<I, GgmlType::Q8_0>;
+    t.tile[int(GgmlType::Q2_K)] = tile_k<I, GgmlType::Q2_K>;
+    t.tile[int(GgmlType::Q3_K)] = tile_k<I, GgmlType::Q3_K>;
+    t.tile[int(GgmlType::Q4_K)] = tile_k<I, GgmlType::Q4_K>;
+    t.tile[int(GgmlType::Q5_K)] = tile_k<I, GgmlType::Q5_K>;
+    t.tile[int(GgmlType::Q6_K)] = tile_k<I, GgmlType::Q6_K>;
+    return t;
+}
+
+}  // namespace nt::quant_detail::x86

@@ -1,0 +1,451 @@
+// Quant formats on the CPU: dequantization and quantization bit-exact against gguf-py, dot
+// products against float dot products of the dequantized rows, and every SIMD level against the
+// portable scalar path.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/f16.h"
+#include "quant/kernels.h"
+#include "quant/quant.h"
+
+namespace nt {
+namespace {
+
+using quant_detail::SimdLevel;
+
+const GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
+                                 GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                                 GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                                 GgmlType::Q6_K};
+
+std::vector<SimdLevel> levels_to_test() {
+    std::vector<SimdLevel> v;
+    for (int l = 0; l <= int(quant_detail::cpu_level()); ++l) v.push_back(SimdLevel(l));
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bit-exact against gguf-py: tests/python/gen_quant_fixtures.py writes the fixtures.
+
+std::vector<uint8_t> read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error("cannot read fixture " + path);
+    return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)),
+                                std::istreambuf_iterator<char>());
+}
+
+class QuantGgufPy : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        if (std::system("python3 -c 'import gguf, numpy' >/dev/null 2>&1") != 0) {
+            skip_reason_ = "python3 with the gguf and numpy packages is not available "
+                           "(pip install gguf numpy) - cannot compare with gguf-py";
+            return;
+        }
+        dir_ = std::string(NT_BINARY_DIR) + "/quant_fixtures." + std::to_string(getpid());
+        const std::string cmd = "python3 '" + std::string(NT_SOURCE_DIR) +
+                                "/tests/python/gen_quant_fixtures.py' '" + dir_ + "'";
+        generated_ = std::system(cmd.c_str()) == 0;
+    }
+    static void TearDownTestSuite() {
+        if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    }
+    void SetUp() override {
+        if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
+        ASSERT_TRUE(generated_) << "tests/python/gen_quant_fixtures.py failed";
+    }
+    static std::vector<uint8_t> fixture(const std::string& name) { return read_file(dir_ + "/" + name); }
+
+    static inline std::string dir_, skip_reason_;
+    static inline bool generated_ = false;
+};
+
+TEST_F(QuantGgufPy, DequantizeIsBitExact) {
+    const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
+                              GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                              GgmlType::Q8_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+                              GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_K};
+    for (GgmlType t : types) {
+        const std::string name = type_name(t);
+        SCOPED_TRACE(name);
+        const std::vector<uint8_t> in = fixture("dq_" + name + ".bin");
+        const std::vector<uint8_t> want = fixture("dq_" + name + ".f32");
+        const int64_t n = int64_t(want.size() / 4);
+        ASSERT_GT(n, 0);
+        ASSERT_EQ(in.size(), row_bytes(t, n));
+        std::vector<float> got(size_t(n), -1.0f);
+        dequantize_row(t, in.data(), got.data(), n);
+        if (std::memcmp(got.data(), want.data(), want.size()) != 0) {
+            for (int64_t i = 0; i < n; ++i) {
+                float w;
+                std::memcpy(&w, want.data() + 4 * i, 4);
+                if (std::memcmp(&w, &got[size_t(i)], 4) != 0) {
+                    FAIL() << "first mismatch at element " << i << ": got " << got[size_t(i)]
+                           << ", gguf-py " << w;
+                }
+            }
+        }
+    }
+}
+
+TEST_F(QuantGgufPy, QuantizeIsBitExact) {
+    const GgmlType types[] = {GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
+                              GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                              GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K};
+    for (GgmlType t : types) {
+        const std::string name = type_name(t);
+        SCOPED_TRACE(name);
+        const std::vector<uint8_t> in = fixture("q_" + name + ".f32");
+        const std::vector<uint8_t> want = fixture("q_" + name + ".bin");
+        const int64_t n = int64_t(in.size() / 4);
+        ASSERT_EQ(want.size(), row_bytes(t, n));
+        std::vector<float> x(static_cast<size_t>(n));
+        std::memcpy(x.data(), in.data(), in.size());
+        std::vector<uint8_t> got(want.size(), 0xAA);
+        quantize_row(t, x.data(), got.data(), n);
+        const size_t bb = size_t(traits(t).block_bytes);
+        for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_EQ(int(got[i]), int(want[i]))
+                << "byte " << i % bb << " of block " << i / bb << " differs";
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantization without gguf-py: round trips and invariants.
+
+TEST(Quantize, ActivationFormatsRoundTrip) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t n = 1024;
+    std::vector<float> x(n), y(n);
+    for (auto& v : x) v = nd(rng);
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K}) {
+        SCOPED_TRACE(type_name(t));
+        const int be = traits(t).block_elems;
+        std::vector<uint8_t> q(row_bytes(t, n));
+        quantize_row(t, x.data(), q.data(), n);
+        dequantize_row(t, q.data(), y.data(), n);
+        for (int64_t b = 0; b < n / be; ++b) {
+            float amax = 0.0f;
+            for (int j = 0; j < be; ++j) amax = std::max(amax, std::fabs(x[b * be + j]));
+            // Half a quantization step plus the f16 rounding of the scale.
+            const float tol = amax / 127 * 0.5f + amax * 1e-3f;
+            for (int j = 0; j < be; ++j) ASSERT_NEAR(y[b * be + j], x[b * be + j], tol);
+        }
+        if (t == GgmlType::Q8_K) {
+            const auto* blk = reinterpret_cast<const block_q8_K*>(q.data());
+            for (int64_t b = 0; b < n / be; ++b) {
+                for (int g = 0; g < 16; ++g) {
+                    int s = 0;
+                    for (int j = 0; j < 16; ++j) s += blk[b].qs[g * 16 + j];
+                    ASSERT_EQ(s, blk[b].bsums[g]);
+                }
+            }
+        }
+    }
+}
+
+TEST(Quantize, RejectsWhatItCannotDo) {
+    std::vector<float> x(256, 1.0f);
+    std::vector<uint8_t> out(2048);
+    EXPECT_FALSE(can_quantize(GgmlType::Q4_K));
+    EXPECT_TRUE(can_quantize(GgmlType::Q8_K));
+    EXPECT_THROW(quantize_row(GgmlType::Q4_K, x.data(), out.data(), 256), Error);
+    EXPECT_THROW(quantize_row(GgmlType::Q8_0, x.data(), out.data(), 40), Error);
+    EXPECT_THROW(dequantize_row(GgmlType::Q4_K, out.data(), x.data(), 100), Error);
+    EXPECT_THROW(vec_dot_type(GgmlType::Q8_K), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dot products.
+
+// Random weight rows: random bytes everywhere, with the scale fields set to values of a
+// realistic size (so the float rounding of the result is meaningful) and mins of the same order
+// as the scaled quants.
+struct Weights {
+    GgmlType type;
+    int64_t n;
+    int rows;
+    size_t stride;  // bytes between rows (>= row_bytes: tests padded rows too)
+    std::vector<uint8_t> data;
+};
+
+void put_f16(uint8_t* p, float v) {
+    const uint16_t h = f32_to_f16(v);
+    std::memcpy(p, &h, 2);
+}
+
+Weights random_weights(GgmlType t, int64_t n, int rows, std::mt19937& rng, size_t pad = 0) {
+    Weights w{t, n, rows, row_bytes(t, n) + pad, {}};
+    w.data.resize(w.stride * size_t(rows));
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    std::bernoulli_distribution coin(0.5);
+    for (auto& b : w.data) b = uint8_t(byte(rng));
+    auto sgn = [&] { return coin(rng) ? 1.0f : -1.0f; };
+    const int be = traits(t).block_elems, bb = traits(t).block_bytes;
+    for (int r = 0; r < rows; ++r) {
+        uint8_t* row = w.data.data() + size_t(r) * w.stride;
+        if (t == GgmlType::F32) {
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = sgn() * u(rng) * 0.05f;
+                std::memcpy(row + 4 * i, &v, 4);
+            }
+            continue;
+        }
+        if (t == GgmlType::F16 || t == GgmlType::BF16) {
+            for (int64_t i = 0; i < n; ++i) {
+                const float v = sgn() * u(rng) * 0.05f;
+                const uint16_t h = t == GgmlType::F16 ? f32_to_f16(v) : f32_to_bf16(v);
+                std::memcpy(row + 2 * i, &h, 2);
+            }
+            continue;
+        }
+        for (int64_t b = 0; b < n / be; ++b) {
+            uint8_t* blk = row + b * bb;
+            const float d = u(rng) * 0.004f;
+            switch (t) {
+                case GgmlType::Q4_0:
+                case GgmlType::Q5_0:
+                case GgmlType::Q8_0: put_f16(blk, sgn() * d); break;
+                case GgmlType::Q4_1:
+                case GgmlType::Q5_1:
+                    put_f16(blk, d);
+                    put_f16(blk + 2, -u(rng) * d * (t == GgmlType::Q4_1 ? 8 : 16));
+                    break;
+                case GgmlType::Q2_K:
+                    put_f16(blk + 80, d * 0.1f);
+                    put_f16(blk + 82, d * 0.05f);
+                    break;
+                case GgmlType::Q3_K: put_f16(blk + 108, d * 0.1f); break;
+                case GgmlType::Q4_K:
+                case GgmlType::Q5_K:
+                    put_f16(blk, d * 0.05f);
+                    put_f16(blk + 2, d * 0.1f);
+                    break;
+                case GgmlType::Q6_K: put_f16(blk + 208, d * 0.02f); break;
+                default: break;
+            }
+        }
+    }
+    return w;
+}
+
+// Activation rows: floats (kept for the float reference) and their vec_dot_type encoding.
+struct Acts {
+    int64_t n;
+    int cols;
+    size_t stride;
+    std::vector<float> x;       // cols * n
+    std::vector<uint8_t> data;  // cols * stride
+};
+
+Acts random_acts(GgmlType wt, int64_t n, int cols, std::mt19937& rng, size_t pad = 0) {
+    const GgmlType at = vec_dot_type(wt);
+    Acts a{n, cols, row_bytes(at, n) + pad, {}, {}};
+    a.x.resize(size_t(n) * size_t(cols));
+    a.data.resize(a.stride * size_t(cols));
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int c = 0; c < cols; ++c) {
+        const float scale = std::pow(10.0f, float(c % 5) - 2.0f);
+        for (int64_t i = 0; i < n; ++i) a.x[size_t(c) * size_t(n) + size_t(i)] = nd(rng) * scale;
+        quantize_row(at, a.x.data() + size_t(c) * size_t(n), a.data.data() + size_t(c) * a.stride, n);
+    }
+    return a;
+}
+
+std::vector<float> dequant(GgmlType t, const uint8_t* row, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    dequantize_row(t, row, v.data(), n);
+    return v;
+}
+
+// Size of the terms a dot product adds: sum |w_i * a_i|, and apart the min part of each weight
+// (a kernel adds d*q*a and m*a as separate terms, so its rounding error scales with both).
+// The min part comes from dequantizing with the scale d zeroed.
+struct Magnitude {
+    double all = 0;  // sum |w_i a_i|
+    double min = 0;  // sum |m_i a_i|
+};
+
+// What a correct kernel may differ from the exact dot product of the dequantized rows: float
+// rounding (rel of the terms) plus, for Q4_1/Q5_1, the f16 rounding of the Q8_1 activation's
+// s = d * sum(q) field that their min term multiplies (2^-11 relative, llama.cpp's semantics).
+double tolerance(GgmlType t, const Magnitude& m, double rel) {
+    double tol = rel * (m.all + 2 * m.min) + 1e-30;
+    if (vec_dot_type(t) == GgmlType::Q8_1) tol += 5e-4 * m.min;
+    return tol;
+}
+
+Magnitude term_magnitude(GgmlType t, const uint8_t* row, const std::vector<float>& a, int64_t n) {
+    const std::vector<float> w = dequant(t, row, n);
+    Magnitude mag;
+    for (int64_t i = 0; i < n; ++i) mag.all += std::fabs(double(w[size_t(i)]) * a[size_t(i)]);
+    int min_off = -1;
+    switch (t) {
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_1: min_off = 2; break;
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K: min_off = 2; break;
+        case GgmlType::Q2_K: min_off = 82; break;
+        default: break;
+    }
+    if (min_off >= 0) {
+        const int bb = traits(t).block_bytes;
+        std::vector<uint8_t> only_min(row, row + row_bytes(t, n));
+        const int d_off = t == GgmlType::Q2_K ? 80 : 0;
+        for (size_t b = 0; b < only_min.size(); b += size_t(bb)) std::memset(&only_min[b + d_off], 0, 2);
+        const std::vector<float> m = dequant(t, only_min.data(), n);
+        for (int64_t i = 0; i < n; ++i) mag.min += std::fabs(double(m[size_t(i)]) * a[size_t(i)]);
+    }
+    return mag;
+}
+
+std::vector<int64_t> lengths_for(GgmlType t) {
+    const int be = traits(t).block_elems;
+    if (be == 1) return {1, 7, 32, 100, 4096 + 24};
+    if (be == 32) return {32, 96, 32 * 37, 4096};
+    return {256, 768, 256 * 11, 4096};
+}
+
+// vec_dot at every SIMD level against the dequantized rows: tight against the dequantized
+// activations (only float rounding differs), loose against the original floats (the activation
+// quantization error).
+TEST(VecDot, MatchesFloatDotOfDequantizedRows) {
+    std::mt19937 rng(11);
+    for (GgmlType t : kWeightTypes) {
+        const GgmlType at = vec_dot_type(t);
+        for (int64_t n : lengths_for(t)) {
+            const Weights w = random_weights(t, n, 3, rng);
+            const Acts a = random_acts(t, n, 3, rng);
+            for (int r = 0; r < w.rows; ++r) {
+                const uint8_t* wr = w.data.data() + size_t(r) * w.stride;
+                const std::vector<float> wf = dequant(t, wr, n);
+                for (int c = 0; c < a.cols; ++c) {
+                    const uint8_t* ar = a.data.data() + size_t(c) * a.stride;
+                    const std::vector<float> aq = dequant(at, ar, n);
+                    const float* ax = a.x.data() + size_t(c) * size_t(n);
+                    double ref_q = 0, ref_x = 0, mag_x = 0;
+                    for (int64_t i = 0; i < n; ++i) {
+                        ref_q += double(wf[size_t(i)]) * aq[size_t(i)];
+                        ref_x += double(wf[size_t(i)]) * ax[i];
+                        mag_x += std::fabs(double(wf[size_t(i)]) * ax[i]);
+                    }
+                    const Magnitude mag_q = term_magnitude(t, wr, aq, n);
+                    for (SimdLevel l : levels_to_test()) {
+                        SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n) +
+                                     " level=" + quant_detail::level_name(l));
+                        float got = 0;
+                        quant_detail::tile_kernel(l, t)(n, 1, 1, wr, 0, ar, 0, &got, 1);
+                        EXPECT_NEAR(got, ref_q, tolerance(t, mag_q, 1e-5));
+                        EXPECT_NEAR(got, ref_x, 1e-2 * mag_x);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Every level's tile kernel against the scalar level, over tile shapes that reach each code
+// path (single column, a few columns, full and partial column groups), with padded strides.
+TEST(VecDot, SimdLevelsAgreeWithScalar) {
+    std::mt19937 rng(12);
+    const int col_counts[] = {1, 2, 3, 4, 5, 8, 9, 16, 17, 33, 64};
+    for (GgmlType t : kWeightTypes) {
+        for (int64_t n : lengths_for(t)) {
+            const int rows = 13;
+            const Weights w = random_weights(t, n, rows, rng, 8);
+            const Acts a = random_acts(t, n, 64, rng, 16);
+            std::vector<Magnitude> mag(size_t(rows) * 64);
+            for (int c = 0; c < 64; ++c) {
+                const std::vector<float> aq =
+                    dequant(vec_dot_type(t), a.data.data() + size_t(c) * a.stride, n);
+                for (int r = 0; r < rows; ++r)
+                    mag[size_t(c) * rows + size_t(r)] =
+                        term_magnitude(t, w.data.data() + size_t(r) * w.stride, aq, n);
+            }
+            const size_t out_stride = size_t(rows) + 3;
+            std::vector<float> ref(out_stride * 64, NAN);
+            quant_detail::tile_kernel(SimdLevel::Scalar, t)(n, rows, 64, w.data.data(), w.stride,
+                                                           a.data.data(), a.stride, ref.data(),
+                                                           out_stride);
+            for (SimdLevel l : levels_to_test()) {
+                for (int cols : col_counts) {
+                    SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n) +
+                                 " cols=" + std::to_string(cols) +
+                                 " level=" + quant_detail::level_name(l));
+                    std::vector<float> out(out_stride * 64, NAN);
+                    quant_detail::tile_kernel(l, t)(n, rows, cols, w.data.data(), w.stride,
+                                                    a.data.data(), a.stride, out.data(),
+                                                    out_stride);
+                    for (int c = 0; c < 64; ++c) {
+                        for (size_t r = 0; r < out_stride; ++r) {
+                            const float got = out[size_t(c) * out_stride + r];
+                            if (c >= cols || r >= size_t(rows)) {
+                                ASSERT_TRUE(std::isnan(got)) << "wrote outside the tile";
+                                continue;
+                            }
+                            ASSERT_NEAR(got, ref[size_t(c) * out_stride + r],
+                                        1e-5 * (mag[size_t(c) * rows + r].all + 2 * mag[size_t(c) * rows + r].min) + 1e-30)
+                                << "row " << r << " col " << c;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The public entry points: vec_dot_tile equals vec_dot element by element at the active level.
+TEST(VecDot, TileEqualsVecDot) {
+    std::mt19937 rng(13);
+    for (GgmlType t : kWeightTypes) {
+        const int64_t n = lengths_for(t)[1];
+        const int rows = 9, cols = 20;
+        const Weights w = random_weights(t, n, rows, rng);
+        const Acts a = random_acts(t, n, cols, rng);
+        std::vector<float> out(size_t(rows) * cols);
+        vec_dot_tile(t, n, rows, cols, w.data.data(), w.stride, a.data.data(), a.stride,
+                     out.data(), rows);
+        for (int c = 0; c < cols; ++c) {
+            const uint8_t* ar = a.data.data() + size_t(c) * a.stride;
+            const std::vector<float> aq = dequant(vec_dot_type(t), ar, n);
+            for (int r = 0; r < rows; ++r) {
+                const uint8_t* wr = w.data.data() + size_t(r) * w.stride;
+                const float one = vec_dot(t, n, wr, ar);
+                const Magnitude m = term_magnitude(t, wr, aq, n);
+                EXPECT_NEAR(out[size_t(c) * rows + r], one, 1e-5 * (m.all + 2 * m.min) + 1e-30)
+                    << type_name(t) << " row " << r << " col " << c;
+            }
+        }
+    }
+}
+
+TEST(Simd, LevelSelection) {
+    using quant_detail::level_from_env;
+    const SimdLevel best = quant_detail::cpu_level();
+    EXPECT_EQ(level_from_env(nullptr), best);
+    EXPECT_EQ(level_from_env(""), best);
+    EXPECT_EQ(level_from_env("scalar"), SimdLevel::Scalar);
+    EXPECT_EQ(level_from_env("avx2"), std::min(best, SimdLevel::Avx2));
+    EXPECT_EQ(level_from_env("avx512"), best);
+    EXPECT_THROW(level_from_env("sse9"), Error);
+    const char* env = std::getenv("NT_SIMD");
+    EXPECT_STREQ(simd_level(), quant_detail::level_name(level_from_env(env)));
+}
+
+}  // namespace
+}  // namespace nt
