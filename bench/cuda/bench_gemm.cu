@@ -36,27 +36,35 @@ int main(int argc, char** argv) try {
         };
         if (a == "--types") {
             const std::string v = val();
-            types = v == "all" ? std::vector<std::string>{"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K", "q4_K",
-                                                          "q5_K", "q6_K", "f16", "bf16", "f32"}
+            types = v == "all" ? std::vector<std::string>{"q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+                                                          "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
+                                                          "f16",  "bf16", "f32"}
                                : split(v);
-        } else if (a == "--shapes") shape_names = split(val());
+        } else if (a == "--shapes")
+            shape_names = split(val());
         else if (a == "--n") {
             ns.clear();
             for (auto& s : split(val())) ns.push_back(std::atoi(s.c_str()));
-        } else if (a == "--hbm") hbm = std::atof(val().c_str());
-        else if (a == "--tflops") tflops = std::atof(val().c_str());
-        else if (a == "--iters") iters = std::atoi(val().c_str());
-        else if (a == "--check-rows") check_rows = std::atoi(val().c_str());
-        else nt::fail("unknown option %s (see the header of bench_gemm.cu).", a.c_str());
+        } else if (a == "--hbm")
+            hbm = std::atof(val().c_str());
+        else if (a == "--tflops")
+            tflops = std::atof(val().c_str());
+        else if (a == "--iters")
+            iters = std::atoi(val().c_str());
+        else if (a == "--check-rows")
+            check_rows = std::atoi(val().c_str());
+        else
+            nt::fail("unknown option %s (see the header of bench_gemm.cu).", a.c_str());
     }
     print_device(hbm);
     std::printf("# FP16 dense peak used for %%: %.0f TFLOP/s\n", tflops);
-    std::printf("# %-5s %-13s %-13s %4s  %-9s %9s %8s %7s %9s\n", "type", "shape", "rows x cols", "n", "what", "us",
-                "TFLOP/s", "%peak", "GB/s|err");
+    std::printf("# %-5s %-13s %-13s %4s  %-9s %9s %8s %7s %9s\n", "type", "shape", "rows x cols",
+                "n", "what", "us", "TFLOP/s", "%peak", "GB/s|err");
     cudaStream_t stream;
     NT_CUDA_CHECK(cudaStreamCreate(&stream), "stream");
     int sms = 0;
-    NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "device attribute");
+    NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0),
+                  "device attribute");
     int failures = 0;
     uint64_t seed = 100;
 
@@ -75,10 +83,12 @@ int main(int argc, char** argv) try {
             dw.upload(hw.data(), hw.size());
             const auto rows_checked = sample_rows(sh.rows, check_rows);
             DeviceBuffer<__half> wh(quantized ? size_t(sh.rows) * sh.cols : 0);
-            if (quantized) nt::cuda::detail::dequant_to_f16(t, dw.p, sh.rows, sh.cols, wh.p, stream);
+            if (quantized)
+                nt::cuda::detail::dequant_to_f16(t, dw.p, sh.rows, sh.cols, wh.p, stream);
 
             for (int n : ns) {
-                if (n <= nt::cuda::kGemvMaxBatch) nt::fail("bench_gemm measures n > 8; use bench_gemv below that.");
+                if (n <= nt::cuda::kGemvMaxBatch)
+                    nt::fail("bench_gemm measures n > 8; use bench_gemv below that.");
                 const std::vector<float> hx = random_activations(n, sh.cols, seed++);
                 const std::vector<float> xr = t == GgmlType::F32    ? hx
                                               : t == GgmlType::BF16 ? round_bf16(hx)
@@ -93,18 +103,21 @@ int main(int argc, char** argv) try {
                 const double flop = 2.0 * n * double(sh.rows) * double(sh.cols);
                 auto line = [&](const char* what, double us, const char* extra) {
                     const double tf = flop / us * 1e-6;
-                    std::printf("  %-5s %-13s %6lldx%-6lld %4d  %-9s %9.1f %8.1f %6.1f%% %9s\n", tname.c_str(), sh.name,
-                                (long long)sh.rows, (long long)sh.cols, n, what, us, tf, 100 * tf / tflops, extra);
+                    std::printf("  %-5s %-13s %6lldx%-6lld %4d  %-9s %9.1f %8.1f %6.1f%% %9s\n",
+                                tname.c_str(), sh.name, (long long)sh.rows, (long long)sh.cols, n,
+                                what, us, tf, 100 * tf / tflops, extra);
                     std::fflush(stdout);
                 };
 
-                NT_CUDA_CHECK(cudaMemsetAsync(dy.p, 0xFF, dy.count * sizeof(float), stream), "memset");
+                NT_CUDA_CHECK(cudaMemsetAsync(dy.p, 0xFF, dy.count * sizeof(float), stream),
+                              "memset");
                 nt::cuda::matmul(wv, dx.p, n, dy.p, ws, stream);
                 NT_CUDA_CHECK(cudaStreamSynchronize(stream), "matmul");
                 const double err = max_rel_error(ref, dy.download(dy.count), n, sh.rows);
                 const bool ok = err <= 5e-5;
                 failures += ok ? 0 : 1;
-                const double mm_us = time_stream_us(stream, iters, [&](int) { nt::cuda::matmul(wv, dx.p, n, dy.p, ws, stream); });
+                const double mm_us = time_stream_us(
+                    stream, iters, [&](int) { nt::cuda::matmul(wv, dx.p, n, dy.p, ws, stream); });
                 char extra[64];
                 std::snprintf(extra, sizeof extra, "%.1e %s", err, ok ? "ok" : "FAIL");
                 line("matmul", mm_us, extra);
@@ -113,18 +126,22 @@ int main(int argc, char** argv) try {
                     const double dq_us = time_stream_us(stream, iters, [&](int) {
                         nt::cuda::detail::dequant_to_f16(t, dw.p, sh.rows, sh.cols, wh.p, stream);
                     });
-                    const double bytes = double(hw.size()) + 2.0 * double(sh.rows) * double(sh.cols);
-                    std::snprintf(extra, sizeof extra, "%.0f %.0f%%", bytes / dq_us * 1e-3, 100 * bytes / dq_us * 1e-3 / hbm);
+                    const double bytes =
+                        double(hw.size()) + 2.0 * double(sh.rows) * double(sh.cols);
+                    std::snprintf(extra, sizeof extra, "%.0f %.0f%%", bytes / dq_us * 1e-3,
+                                  100 * bytes / dq_us * 1e-3 / hbm);
                     line("dequant", dq_us, extra);
 
                     DeviceBuffer<__half> xh(hx.size());
                     nt::cuda::detail::convert_to_f16(dx.p, int64_t(hx.size()), xh.p, stream);
                     const float alpha = 1.f, beta = 0.f;
                     const double cb_us = time_stream_us(stream, iters, [&](int) {
-                        NT_CUDA_CHECK(cublasGemmEx(ws.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(sh.rows), n, int(sh.cols), &alpha,
-                                                   wh.p, CUDA_R_16F, int(sh.cols), xh.p, CUDA_R_16F, int(sh.cols), &beta,
-                                                   dy.p, CUDA_R_32F, int(sh.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                                      "cublasGemmEx");
+                        NT_CUDA_CHECK(
+                            cublasGemmEx(ws.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(sh.rows), n,
+                                         int(sh.cols), &alpha, wh.p, CUDA_R_16F, int(sh.cols), xh.p,
+                                         CUDA_R_16F, int(sh.cols), &beta, dy.p, CUDA_R_32F,
+                                         int(sh.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                            "cublasGemmEx");
                     });
                     line("cublas", cb_us, "");
 
@@ -135,7 +152,8 @@ int main(int argc, char** argv) try {
                         const double gl_us = time_stream_us(stream, iters, [&](int) {
                             for (int i0 = 0; i0 < n; i0 += 8) {
                                 const int m = std::min(8, n - i0);
-                                nt::cuda::detail::quantize_q8(dx.p + size_t(i0) * sh.cols, m, sh.cols, xq.p, xd.p, stream);
+                                nt::cuda::detail::quantize_q8(dx.p + size_t(i0) * sh.cols, m,
+                                                              sh.cols, xq.p, xd.p, stream);
                                 nt::cuda::detail::gemv_q8(t, dw.p, sh.rows, sh.cols, xq.p, xd.p, m,
                                                           dy.p + size_t(i0) * sh.rows, cfg, stream);
                             }

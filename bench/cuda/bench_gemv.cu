@@ -10,8 +10,9 @@
 //   over time, and that against --hbm; mm_us / GB/s / %hbm: the public matmul() (activation
 //   quantization + GEMV). Variant: staged-p = staged kernel with a persistent grid, staged = one
 //   CTA per row tile, direct = registers only; nxN rwR kK = activation rows per pass, weight
-//   rows per warp, warps splitting the columns. err: max |y - ref| / sum|w*x| over the checked rows, against a double
-//   reference on the same int8-rounded activations; ok / FAIL against the tolerance.
+//   rows per warp, warps splitting the columns. err: max |y - ref| / sum|w*x| over the checked
+//   rows, against a double reference on the same int8-rounded activations; ok / FAIL against the
+//   tolerance.
 // A '*' marks the dispatcher's default variant. Exit status 1 if any check fails.
 #include <cstdio>
 #include <string>
@@ -47,18 +48,25 @@ Options parse(int argc, char** argv) {
         };
         if (a == "--types") {
             const std::string v = val();
-            o.types = v == "all" ? std::vector<std::string>{"q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K",
-                                                            "q4_K", "q5_K", "q6_K", "f16", "bf16", "f32"}
+            o.types = v == "all" ? std::vector<std::string>{"q4_0", "q4_1", "q5_0", "q5_1", "q8_0",
+                                                            "q2_K", "q3_K", "q4_K", "q5_K", "q6_K",
+                                                            "f16",  "bf16", "f32"}
                                  : split(v);
-        } else if (a == "--shapes") o.shapes = split(val());
+        } else if (a == "--shapes")
+            o.shapes = split(val());
         else if (a == "--n") {
             o.ns.clear();
             for (auto& s : split(val())) o.ns.push_back(std::atoi(s.c_str()));
-        } else if (a == "--variants") o.all_variants = val() == "all";
-        else if (a == "--hbm") o.hbm = std::atof(val().c_str());
-        else if (a == "--reps") o.reps = std::atoi(val().c_str());
-        else if (a == "--check-rows") o.check_rows = std::atoi(val().c_str());
-        else nt::fail("unknown option %s (see the header of bench_gemv.cu).", a.c_str());
+        } else if (a == "--variants")
+            o.all_variants = val() == "all";
+        else if (a == "--hbm")
+            o.hbm = std::atof(val().c_str());
+        else if (a == "--reps")
+            o.reps = std::atoi(val().c_str());
+        else if (a == "--check-rows")
+            o.check_rows = std::atoi(val().c_str());
+        else
+            nt::fail("unknown option %s (see the header of bench_gemv.cu).", a.c_str());
     }
     for (int n : o.ns)
         if (n < 1 || n > nt::cuda::kGemvMaxBatch) nt::fail("--n values must lie in 1..8.");
@@ -68,14 +76,17 @@ Options parse(int argc, char** argv) {
 std::string describe(const GemvConfig& c) {
     char b[64];
     const bool direct = c.kernel == GemvKernel::Direct;
-    std::snprintf(b, sizeof b, "%s nx%d rw%d k%d", direct ? "direct" : c.persistent ? "staged-p" : "staged", c.nx,
-                  c.rows_per_warp, c.ksplit);
+    std::snprintf(b, sizeof b, "%s nx%d rw%d k%d",
+                  direct         ? "direct"
+                  : c.persistent ? "staged-p"
+                                 : "staged",
+                  c.nx, c.rows_per_warp, c.ksplit);
     return b;
 }
 
 bool same(const GemvConfig& a, const GemvConfig& b) {
-    return a.kernel == b.kernel && a.nx == b.nx && a.rows_per_warp == b.rows_per_warp && a.ksplit == b.ksplit &&
-           (a.kernel == GemvKernel::Direct || a.persistent == b.persistent);
+    return a.kernel == b.kernel && a.nx == b.nx && a.rows_per_warp == b.rows_per_warp &&
+           a.ksplit == b.ksplit && (a.kernel == GemvKernel::Direct || a.persistent == b.persistent);
 }
 
 }  // namespace
@@ -83,10 +94,12 @@ bool same(const GemvConfig& a, const GemvConfig& b) {
 int main(int argc, char** argv) try {
     const Options opt = parse(argc, argv);
     int sms = 0;
-    NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "device attribute");
+    NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0),
+                  "device attribute");
     print_device(opt.hbm);
-    std::printf("# %-5s %-15s %-12s %2s   %-20s %8s %7s %6s | %8s %7s %6s | %8s\n", "type", "shape", "rows x cols", "n",
-                "variant", "gemv_us", "GB/s", "%hbm", "mm_us", "GB/s", "%hbm", "err");
+    std::printf("# %-5s %-15s %-12s %2s   %-20s %8s %7s %6s | %8s %7s %6s | %8s\n", "type", "shape",
+                "rows x cols", "n", "variant", "gemv_us", "GB/s", "%hbm", "mm_us", "GB/s", "%hbm",
+                "err");
     cudaStream_t stream;
     NT_CUDA_CHECK(cudaStreamCreate(&stream), "stream");
     int failures = 0;
@@ -96,40 +109,51 @@ int main(int argc, char** argv) try {
     for (auto& s : opt.shapes)
         for (auto& sh : shapes_named(s)) shapes.push_back(sh);
 
+    int64_t max_cols = 1, max_rows = 1;
+    for (const Shape& sh : shapes)
+        max_cols = std::max(max_cols, sh.cols), max_rows = std::max(max_rows, sh.rows);
+    nt::cuda::MatmulWorkspace ws;
+    DeviceBuffer<uint8_t> wsbuf(
+        nt::cuda::matmul_workspace_bytes(max_cols, max_rows, nt::cuda::kGemvMaxBatch));
+    nt::cuda::matmul_init(ws, wsbuf.p, wsbuf.count, stream);
+
     for (const auto& tname : opt.types) {
         const GgmlType t = type_from_name(tname);
         const auto& tr = nt::traits(t);
         const bool quantized = tr.block_elems > 1;
         for (const Shape& sh : shapes) {
             if (sh.cols % tr.block_elems != 0) {
-                std::printf("  %-5s %-15s %6lldx%-6lld    skipped: cols not a multiple of %d\n", tname.c_str(), sh.name,
-                            (long long)sh.rows, (long long)sh.cols, tr.block_elems);
+                std::printf("  %-5s %-15s %6lldx%-6lld    skipped: cols not a multiple of %d\n",
+                            tname.c_str(), sh.name, (long long)sh.rows, (long long)sh.cols,
+                            tr.block_elems);
                 continue;
             }
             const std::vector<uint8_t> hw = random_weights(t, sh.rows, sh.cols, seed++);
             const size_t wbytes = hw.size();
             // Enough copies to exceed L2 several times over, so each call reads from HBM.
-            const int copies = int(std::min<size_t>(64, std::max<size_t>(1, (size_t(256) << 20) / wbytes + 1)));
+            const int copies =
+                int(std::min<size_t>(64, std::max<size_t>(1, (size_t(256) << 20) / wbytes + 1)));
             std::vector<DeviceBuffer<uint8_t>> dw;
             for (int c = 0; c < copies; ++c) {
                 dw.emplace_back(wbytes);
-                if (c == 0) dw[0].upload(hw.data(), wbytes);
-                else NT_CUDA_CHECK(cudaMemcpy(dw[c].p, dw[0].p, wbytes, cudaMemcpyDeviceToDevice), "copy weights");
+                if (c == 0)
+                    dw[0].upload(hw.data(), wbytes);
+                else
+                    NT_CUDA_CHECK(cudaMemcpy(dw[c].p, dw[0].p, wbytes, cudaMemcpyDeviceToDevice),
+                                  "copy weights");
             }
             const auto rows_checked = sample_rows(sh.rows, opt.check_rows);
             const int per_graph = std::max(20, copies);
 
             for (int n : opt.ns) {
                 const std::vector<float> hx = random_activations(n, sh.cols, seed++);
-                const Reference ref = reference(t, hw, sh.cols, quantized ? q8_roundtrip(hx, sh.cols) : hx, n,
-                                                rows_checked, false);
+                const Reference ref =
+                    reference(t, hw, sh.cols, quantized ? q8_roundtrip(hx, sh.cols) : hx, n,
+                              rows_checked, false);
                 const double tol = quantized ? 1e-4 : 1e-5;
                 DeviceBuffer<float> dx(hx.size()), dy(size_t(n) * sh.rows);
                 dx.upload(hx.data(), hx.size());
 
-                nt::cuda::MatmulWorkspace ws;
-                DeviceBuffer<uint8_t> wsbuf(nt::cuda::matmul_workspace_bytes(sh.cols, sh.rows, n));
-                nt::cuda::matmul_init(ws, wsbuf.p, wsbuf.count, stream);
                 nt::WeightView wv{t, sh.cols, sh.rows, dw[0].p, wbytes};
 
                 // matmul() as the engine calls it.
@@ -143,16 +167,20 @@ int main(int argc, char** argv) try {
                 const double mm_us = time_graph_us(stream, per_graph, opt.reps, run_matmul);
 
                 std::vector<GemvConfig> variants;
-                const GemvConfig def = quantized ? nt::cuda::detail::gemv_config(t, sh.rows, sh.cols, n, sms) : GemvConfig{};
+                const GemvConfig def =
+                    quantized ? nt::cuda::detail::gemv_config(t, sh.rows, sh.cols, n, sms)
+                              : GemvConfig{};
                 variants.push_back(def);
                 if (quantized && opt.all_variants) {
                     for (auto kern : {GemvKernel::Staged, GemvKernel::Direct})
                         for (int rw : {1, 2})
                             for (int ks : {1, 2, 4})
                                 for (bool pers : {true, false}) {
-                                    if (kern == GemvKernel::Direct && pers) continue;  // Direct ignores it
+                                    if (kern == GemvKernel::Direct && pers)
+                                        continue;  // Direct ignores it
                                     GemvConfig c{kern, def.nx, rw, ks, pers};
-                                    if (!same(c, def) && nt::cuda::detail::gemv_config_available(t, c))
+                                    if (!same(c, def) &&
+                                        nt::cuda::detail::gemv_config_available(t, c))
                                         variants.push_back(c);
                                 }
                 }
@@ -165,18 +193,22 @@ int main(int argc, char** argv) try {
                     std::string name = quantized ? describe(c) : "float";
                     if (quantized) {
                         auto run = [&](int i) {
-                            nt::cuda::detail::gemv_q8(t, dw[i % copies].p, sh.rows, sh.cols, xq.p, xd.p, n, dy.p, c, stream);
+                            nt::cuda::detail::gemv_q8(t, dw[i % copies].p, sh.rows, sh.cols, xq.p,
+                                                      xd.p, n, dy.p, c, stream);
                         };
-                        NT_CUDA_CHECK(cudaMemsetAsync(dy.p, 0xFF, dy.count * sizeof(float), stream), "memset");
+                        NT_CUDA_CHECK(cudaMemsetAsync(dy.p, 0xFF, dy.count * sizeof(float), stream),
+                                      "memset");
                         run(0);
                         NT_CUDA_CHECK(cudaStreamSynchronize(stream), "gemv");
                         err = max_rel_error(ref, dy.download(dy.count), n, sh.rows);
                         us = time_graph_us(stream, per_graph, opt.reps, run);
                     } else {
                         auto run = [&](int i) {
-                            nt::cuda::detail::gemv_float(t, dw[i % copies].p, sh.rows, sh.cols, dx.p, n, dy.p, sms, stream);
+                            nt::cuda::detail::gemv_float(t, dw[i % copies].p, sh.rows, sh.cols,
+                                                         dx.p, n, dy.p, sms, stream);
                         };
-                        NT_CUDA_CHECK(cudaMemsetAsync(dy.p, 0xFF, dy.count * sizeof(float), stream), "memset");
+                        NT_CUDA_CHECK(cudaMemsetAsync(dy.p, 0xFF, dy.count * sizeof(float), stream),
+                                      "memset");
                         run(0);
                         NT_CUDA_CHECK(cudaStreamSynchronize(stream), "gemv");
                         err = max_rel_error(ref, dy.download(dy.count), n, sh.rows);
@@ -186,21 +218,28 @@ int main(int argc, char** argv) try {
                     const double e = is_def ? std::max(err, mm_err) : err;
                     const bool ok = e <= tol;  // NaN fails too
                     failures += ok ? 0 : 1;
-                    const double gbs = double(wbytes) / us * 1e-3, mgbs = double(wbytes) / mm_us * 1e-3;
+                    const double gbs = double(wbytes) / us * 1e-3,
+                                 mgbs = double(wbytes) / mm_us * 1e-3;
                     if (is_def)
-                        std::printf("%s %-5s %-15s %6lldx%-6lld %2d   %-20s %8.2f %7.0f %5.1f%% | %8.2f %7.0f %5.1f%% | %8.1e %s\n",
-                                    "*", tname.c_str(), sh.name, (long long)sh.rows, (long long)sh.cols, n, name.c_str(), us,
-                                    gbs, 100 * gbs / opt.hbm, mm_us, mgbs, 100 * mgbs / opt.hbm, e, ok ? "ok" : "FAIL");
+                        std::printf(
+                            "%s %-5s %-15s %6lldx%-6lld %2d   %-20s %8.2f %7.0f %5.1f%% | %8.2f "
+                            "%7.0f %5.1f%% | %8.1e %s\n",
+                            "*", tname.c_str(), sh.name, (long long)sh.rows, (long long)sh.cols, n,
+                            name.c_str(), us, gbs, 100 * gbs / opt.hbm, mm_us, mgbs,
+                            100 * mgbs / opt.hbm, e, ok ? "ok" : "FAIL");
                     else
-                        std::printf("%s %-5s %-15s %6lldx%-6lld %2d   %-20s %8.2f %7.0f %5.1f%% | %8s %7s %6s | %8.1e %s\n", " ",
-                                    tname.c_str(), sh.name, (long long)sh.rows, (long long)sh.cols, n, name.c_str(), us, gbs,
-                                    100 * gbs / opt.hbm, "", "", "", e, ok ? "ok" : "FAIL");
+                        std::printf(
+                            "%s %-5s %-15s %6lldx%-6lld %2d   %-20s %8.2f %7.0f %5.1f%% | %8s %7s "
+                            "%6s | %8.1e %s\n",
+                            " ", tname.c_str(), sh.name, (long long)sh.rows, (long long)sh.cols, n,
+                            name.c_str(), us, gbs, 100 * gbs / opt.hbm, "", "", "", e,
+                            ok ? "ok" : "FAIL");
                     std::fflush(stdout);
                 }
-                nt::cuda::matmul_free(ws);
             }
         }
     }
+    nt::cuda::matmul_free(ws);
     cudaStreamDestroy(stream);
     std::printf("# %s\n", failures ? "FAILURES above" : "all checks passed");
     return failures ? 1 : 0;

@@ -32,7 +32,7 @@ struct Rng {  // splitmix64: fast enough to fill gigabytes
         return z ^ (z >> 31);
     }
     float uniform() { return float(next() >> 40) * (1.f / 16777216.f); }  // [0, 1)
-    float normal() {                                                       // Box-Muller
+    float normal() {                                                      // Box-Muller
         const float u1 = std::max(uniform(), 1e-7f), u2 = uniform();
         return std::sqrt(-2.f * std::log(u1)) * std::cos(6.2831853f * u2);
     }
@@ -42,12 +42,23 @@ struct Rng {  // splitmix64: fast enough to fill gigabytes
 // NaN or huge, so they get finite values.
 inline std::vector<int> scale_offsets(GgmlType t) {
     switch (t) {
-        case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
-        case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-        case GgmlType::Q2_K: return {80, 82};
-        case GgmlType::Q3_K: return {108};
-        case GgmlType::Q6_K: return {208};
-        default: return {};
+        case GgmlType::Q4_0:
+        case GgmlType::Q5_0:
+        case GgmlType::Q8_0:
+            return {0};
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_1:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+            return {0, 2};
+        case GgmlType::Q2_K:
+            return {80, 82};
+        case GgmlType::Q3_K:
+            return {108};
+        case GgmlType::Q6_K:
+            return {208};
+        default:
+            return {};
     }
 }
 
@@ -61,7 +72,8 @@ inline std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t col
         const size_t count = size_t(rows) * size_t(cols);
         for (size_t i = 0; i < count; ++i) {
             const float v = rng.normal() * 0.05f;
-            if (t == GgmlType::F32) std::memcpy(&w[4 * i], &v, 4);
+            if (t == GgmlType::F32)
+                std::memcpy(&w[4 * i], &v, 4);
             else {
                 const uint16_t h = t == GgmlType::F16 ? nt::f32_to_f16(v) : nt::f32_to_bf16(v);
                 std::memcpy(&w[2 * i], &h, 2);
@@ -100,7 +112,8 @@ inline std::vector<float> q8_roundtrip(const std::vector<float>& x, int64_t cols
         float amax = 0.f;
         for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
         const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-        for (int i = 0; i < 32; ++i) out[b * 32 + i] = d * float(std::nearbyint(x[b * 32 + i] * id));
+        for (int i = 0; i < 32; ++i)
+            out[b * 32 + i] = d * float(std::nearbyint(x[b * 32 + i] * id));
     }
     (void)cols;
     return out;
@@ -121,8 +134,9 @@ struct Reference {
     std::vector<int64_t> rows;   // which rows
     std::vector<double> y, mag;  // [i][k] for i < n, k < rows.size()
 };
-inline Reference reference(GgmlType t, const std::vector<uint8_t>& w, int64_t cols, const std::vector<float>& x, int n,
-                           const std::vector<int64_t>& rows, bool weights_through_f16) {
+inline Reference reference(GgmlType t, const std::vector<uint8_t>& w, int64_t cols,
+                           const std::vector<float>& x, int n, const std::vector<int64_t>& rows,
+                           bool weights_through_f16) {
     Reference ref;
     ref.rows = rows;
     ref.y.assign(size_t(n) * rows.size(), 0.0);
@@ -155,16 +169,19 @@ inline std::vector<int64_t> sample_rows(int64_t rows, int count) {
         for (int64_t i = 0; i < rows; ++i) r.push_back(i);
         return r;
     }
-    for (int i = 0; i < count; ++i) r.push_back(int64_t(double(i) * double(rows - 1) / double(count - 1)));
+    for (int i = 0; i < count; ++i)
+        r.push_back(int64_t(double(i) * double(rows - 1) / double(count - 1)));
     return r;
 }
 
 // Largest |y - ref| / sum|w*x| over the sampled rows (y is the full [n][rows] output).
-inline double max_rel_error(const Reference& ref, const std::vector<float>& y, int n, int64_t rows) {
+inline double max_rel_error(const Reference& ref, const std::vector<float>& y, int n,
+                            int64_t rows) {
     double worst = 0;
     for (int i = 0; i < n; ++i)
         for (size_t k = 0; k < ref.rows.size(); ++k) {
-            const double e = std::fabs(double(y[size_t(i) * rows + ref.rows[k]]) - ref.y[i * ref.rows.size() + k]);
+            const double e = std::fabs(double(y[size_t(i) * rows + ref.rows[k]]) -
+                                       ref.y[i * ref.rows.size() + k]);
             const double m = ref.mag[i * ref.rows.size() + k];
             worst = std::max(worst, m > 0 ? e / m : e);
         }
@@ -176,12 +193,18 @@ struct DeviceBuffer {
     T* p = nullptr;
     size_t count = 0;
     DeviceBuffer() = default;
-    explicit DeviceBuffer(size_t n) : count(n) { NT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+    explicit DeviceBuffer(size_t n) : count(n) {
+        NT_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+    }
     DeviceBuffer(const DeviceBuffer&) = delete;
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
     DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p), count(o.count) { o.p = nullptr; }
-    ~DeviceBuffer() { if (p) cudaFree(p); }
-    void upload(const T* h, size_t n) { NT_CUDA_CHECK(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice), "upload"); }
+    ~DeviceBuffer() {
+        if (p) cudaFree(p);
+    }
+    void upload(const T* h, size_t n) {
+        NT_CUDA_CHECK(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    }
     std::vector<T> download(size_t n) const {
         std::vector<T> h(n);
         NT_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
@@ -196,7 +219,8 @@ template <class F>
 double time_graph_us(cudaStream_t stream, int per_graph, int reps, F&& launch) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
-    NT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+    NT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+                  "begin capture");
     for (int i = 0; i < per_graph; ++i) launch(i);
     NT_CUDA_CHECK(cudaStreamEndCapture(stream, &graph), "end capture");
     NT_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0), "graph instantiate");
@@ -293,8 +317,8 @@ inline GgmlType type_from_name(const std::string& name) {
 inline void print_device(double hbm_gbs) {
     cudaDeviceProp p;
     NT_CUDA_CHECK(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
-    std::printf("# device: %s, %d SMs, L2 %d MB, sm_%d%d; HBM ceiling used for %%: %.0f GB/s\n", p.name,
-                p.multiProcessorCount, p.l2CacheSize >> 20, p.major, p.minor, hbm_gbs);
+    std::printf("# device: %s, %d SMs, L2 %d MB, sm_%d%d; HBM ceiling used for %%: %.0f GB/s\n",
+                p.name, p.multiProcessorCount, p.l2CacheSize >> 20, p.major, p.minor, hbm_gbs);
 }
 
 }  // namespace bench

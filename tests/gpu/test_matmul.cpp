@@ -36,7 +36,9 @@ bool have_gpu() {
 #define SKIP_WITHOUT_GPU() \
     if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
-void ck(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+void ck(cudaError_t e) {
+    ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+}
 
 struct Rng {
     uint64_t s;
@@ -54,7 +56,9 @@ struct Rng {
     }
 };
 
-bool is_float_type(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+bool is_float_type(GgmlType t) {
+    return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+}
 
 // Random quant bytes with finite f16 scales of either sign; normal floats for float types.
 std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint64_t seed) {
@@ -63,7 +67,8 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint
     if (is_float_type(t)) {
         for (size_t i = 0; i < size_t(rows * cols); ++i) {
             const float v = rng.normal() * 0.05f;
-            if (t == GgmlType::F32) std::memcpy(&w[4 * i], &v, 4);
+            if (t == GgmlType::F32)
+                std::memcpy(&w[4 * i], &v, 4);
             else {
                 const uint16_t h = t == GgmlType::F16 ? nt::f32_to_f16(v) : nt::f32_to_bf16(v);
                 std::memcpy(&w[2 * i], &h, 2);
@@ -74,12 +79,28 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint
     for (auto& b : w) b = uint8_t(rng.next());
     std::vector<int> offs;
     switch (t) {
-        case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: offs = {0}; break;
-        case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: offs = {0, 2}; break;
-        case GgmlType::Q2_K: offs = {80, 82}; break;
-        case GgmlType::Q3_K: offs = {108}; break;
-        case GgmlType::Q6_K: offs = {208}; break;
-        default: break;
+        case GgmlType::Q4_0:
+        case GgmlType::Q5_0:
+        case GgmlType::Q8_0:
+            offs = {0};
+            break;
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_1:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+            offs = {0, 2};
+            break;
+        case GgmlType::Q2_K:
+            offs = {80, 82};
+            break;
+        case GgmlType::Q3_K:
+            offs = {108};
+            break;
+        case GgmlType::Q6_K:
+            offs = {208};
+            break;
+        default:
+            break;
     }
     const int bb = nt::traits(t).block_bytes;
     for (size_t b = 0; b < w.size() / bb; ++b)
@@ -91,7 +112,8 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint
 }
 
 // The GPU's activation quantization, reproduced: per 32, d = amax/127, q = rint(x * 127/amax).
-std::vector<float> q8_roundtrip(const std::vector<float>& x, std::vector<float>* half_step = nullptr) {
+std::vector<float> q8_roundtrip(const std::vector<float>& x,
+                                std::vector<float>* half_step = nullptr) {
     std::vector<float> out(x.size());
     if (half_step) half_step->assign(x.size(), 0.f);
     for (size_t b = 0; b < x.size() / 32; ++b) {
@@ -108,7 +130,8 @@ std::vector<float> q8_roundtrip(const std::vector<float>& x, std::vector<float>*
 
 std::vector<float> rounded(std::vector<float> v, GgmlType through) {
     for (auto& f : v)
-        f = through == GgmlType::BF16 ? nt::bf16_to_f32(nt::f32_to_bf16(f)) : nt::f16_to_f32(nt::f32_to_f16(f));
+        f = through == GgmlType::BF16 ? nt::bf16_to_f32(nt::f32_to_bf16(f))
+                                      : nt::f16_to_f32(nt::f32_to_f16(f));
     return v;
 }
 
@@ -116,9 +139,12 @@ template <class T>
 struct Dev {
     T* p = nullptr;
     size_t n = 0;
-    explicit Dev(size_t count) : n(count) { EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess); }
+    explicit Dev(size_t count) : n(count) {
+        EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
+    }
     Dev(const std::vector<T>& h) : Dev(h.size()) {
-        EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice),
+                  cudaSuccess);
     }
     ~Dev() { cudaFree(p); }
     std::vector<T> get() const {
@@ -143,7 +169,8 @@ struct Workspace {
 
 // Runs matmul and compares every output with the reference. Returns the worst error in units
 // of sum |w * x|.
-double check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, uint64_t seed, size_t ws_bytes = 0) {
+double check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, uint64_t seed,
+                    size_t ws_bytes = 0) {
     const std::vector<uint8_t> w = random_weights(t, rows, cols, seed);
     Rng rng(seed + 1000);
     std::vector<float> x(size_t(n) * cols);
@@ -166,8 +193,11 @@ double check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, uint64_t seed
     const bool gemv = n <= ncu::kGemvMaxBatch;
     const bool quantized = !is_float_type(t);
     std::vector<float> half_step;
-    std::vector<float> xr = gemv ? (quantized ? q8_roundtrip(x, &half_step) : x)
-                                 : (t == GgmlType::F32 ? x : rounded(x, t == GgmlType::BF16 ? GgmlType::BF16 : GgmlType::F16));
+    std::vector<float> xr =
+        gemv ? (quantized ? q8_roundtrip(x, &half_step) : x)
+             : (t == GgmlType::F32
+                    ? x
+                    : rounded(x, t == GgmlType::BF16 ? GgmlType::BF16 : GgmlType::F16));
     const bool w_f16 = !gemv && quantized;
 
     double worst = 0;
@@ -189,11 +219,13 @@ double check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, uint64_t seed
             }
             const double got = y[size_t(i) * rows + r];
             const double err = std::fabs(got - s) / std::max(mag, 1e-30);
-            EXPECT_LE(err, 5e-5) << nt::type_name(t) << " " << rows << "x" << cols << " n=" << n << " row " << r
-                                 << " batch " << i << ": got " << got << ", want " << s << " (sum|wx| " << mag << ")";
+            EXPECT_LE(err, 5e-5) << nt::type_name(t) << " " << rows << "x" << cols << " n=" << n
+                                 << " row " << r << " batch " << i << ": got " << got << ", want "
+                                 << s << " (sum|wx| " << mag << ")";
             if (gemv && quantized) {
                 EXPECT_LE(std::fabs(got - s_exact), bound * 1.0001 + 5e-5 * mag)
-                    << nt::type_name(t) << " row " << r << " batch " << i << ": outside the int8 rounding bound";
+                    << nt::type_name(t) << " row " << r << " batch " << i
+                    << ": outside the int8 rounding bound";
             }
             worst = std::max(worst, err);
             if (::testing::Test::HasFailure()) return worst;  // one report per case is enough
@@ -220,9 +252,12 @@ TEST_P(MatmulTypes, MatchesReference) {
     const auto [t, n] = GetParam();
     const int64_t be = nt::traits(t).block_elems;
     std::vector<std::pair<int64_t, int64_t>> shapes;  // rows, cols
-    if (be == 1) shapes = {{37, 7}, {37, 576}, {130, 1000}, {67, 4096}};
-    else if (be == 32) shapes = {{37, 32}, {130, 576}, {67, 4096}};
-    else shapes = {{37, 256}, {130, 768}, {67, 4096}};
+    if (be == 1)
+        shapes = {{37, 7}, {37, 576}, {130, 1000}, {67, 4096}};
+    else if (be == 32)
+        shapes = {{37, 32}, {130, 576}, {67, 4096}};
+    else
+        shapes = {{37, 256}, {130, 768}, {67, 4096}};
     uint64_t seed = uint64_t(t) * 1000 + uint64_t(n);
     for (auto [rows, cols] : shapes) {
         if (n > 64 && rows * cols > 130 * 1000) rows = 19;  // keep the CPU reference quick
@@ -233,9 +268,9 @@ TEST_P(MatmulTypes, MatchesReference) {
 
 std::vector<Case> all_cases() {
     std::vector<Case> c;
-    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
-                       GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-                       GgmlType::Q6_K})
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                       GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,
+                       GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K})
         for (int n : {1, 2, 3, 8, 9, 64, 600}) c.push_back({t, n});
     return c;
 }
@@ -251,15 +286,18 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
     using ncu::detail::GemvKernel;
     cudaStream_t stream;
     ck(cudaStreamCreate(&stream));
-    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,
-                       GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (GgmlType t :
+         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+          GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
         const int64_t be = nt::traits(t).block_elems;
         for (auto [rows, cols] : {std::pair<int64_t, int64_t>{45, be == 32 ? 32 * 150 : 256 * 19},
                                   std::pair<int64_t, int64_t>{9001, be == 32 ? 32 * 9 : 256 * 2}}) {
-            const std::vector<uint8_t> w = random_weights(t, rows, cols, 77 + uint64_t(t) + uint64_t(rows));
+            const std::vector<uint8_t> w =
+                random_weights(t, rows, cols, 77 + uint64_t(t) + uint64_t(rows));
             std::vector<float> wf(size_t(rows) * cols);
             for (int64_t r = 0; r < rows; ++r)
-                nt::dequantize_row(t, w.data() + size_t(r) * nt::row_bytes(t, cols), wf.data() + size_t(r) * cols, cols);
+                nt::dequantize_row(t, w.data() + size_t(r) * nt::row_bytes(t, cols),
+                                   wf.data() + size_t(r) * cols, cols);
             Dev<uint8_t> dw(w);
             Rng rng(5);
             for (int n : {1, 2, 3, 5, 8}) {
@@ -271,7 +309,8 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                     for (int i = 0; i < n; ++i) {
                         double s = 0, m = 0;
                         for (int64_t k = 0; k < cols; ++k) {
-                            const double p = double(wf[size_t(r) * cols + k]) * xr[size_t(i) * cols + k];
+                            const double p =
+                                double(wf[size_t(r) * cols + k]) * xr[size_t(i) * cols + k];
                             s += p;
                             m += std::fabs(p);
                         }
@@ -292,15 +331,18 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                 if (!ncu::detail::gemv_config_available(t, c)) continue;
                                 ++tried;
                                 ck(cudaMemsetAsync(dy.p, 0xFF, dy.n * sizeof(float), stream));
-                                ncu::detail::gemv_q8(t, dw.p, rows, cols, xq.p, xd.p, n, dy.p, c, stream);
+                                ncu::detail::gemv_q8(t, dw.p, rows, cols, xq.p, xd.p, n, dy.p, c,
+                                                     stream);
                                 ck(cudaStreamSynchronize(stream));
                                 const std::vector<float> y = dy.get();
                                 for (size_t o = 0; o < y.size(); ++o)
                                     ASSERT_LE(std::fabs(y[o] - ref[o]), 5e-5 * mag[o])
-                                        << nt::type_name(t) << (kern == GemvKernel::Direct ? " direct" : " staged")
-                                        << (pers ? "-p" : "") << " nx" << nx << " rw" << rw << " k" << ks << " "
-                                        << rows << "x" << cols << " n=" << n << " row " << o % rows << " batch "
-                                        << o / rows << ": got " << y[o] << ", want " << ref[o];
+                                        << nt::type_name(t)
+                                        << (kern == GemvKernel::Direct ? " direct" : " staged")
+                                        << (pers ? "-p" : "") << " nx" << nx << " rw" << rw << " k"
+                                        << ks << " " << rows << "x" << cols << " n=" << n << " row "
+                                        << o % rows << " batch " << o / rows << ": got " << y[o]
+                                        << ", want " << ref[o];
                             }
                 EXPECT_GE(tried, nx == 8 ? 6 : 12) << nt::type_name(t) << " nx" << nx;
             }
@@ -318,7 +360,7 @@ TEST(MatmulQuantizer, BitExactWithCpuFormula) {
     std::vector<float> x(size_t(n) * cols);
     for (auto& v : x) v = rng.normal() * 3.f;
     for (int i = 0; i < 32; ++i) x[64 + i] = 0.f;  // an all-zero block
-    x[200] = 127.f * 0.5f;                          // exact ties after scaling
+    x[200] = 127.f * 0.5f;                         // exact ties after scaling
     Dev<float> dx(x);
     Dev<int8_t> xq(x.size());
     Dev<float2> xd(x.size() / 32);
@@ -384,7 +426,8 @@ TEST(MatmulWorkspace, SlicedGemmMatches) {
     SKIP_WITHOUT_GPU();
     const int64_t rows = 700, cols = 512;
     const int n = 16;
-    const size_t small = (size_t(32) << 20) + size_t(n) * cols * 2 + 256 + size_t(300) * cols * 2;  // 256-row slices
+    const size_t small =
+        (size_t(32) << 20) + size_t(n) * cols * 2 + 256 + size_t(300) * cols * 2;  // 256-row slices
     check_matmul(GgmlType::Q4_K, rows, cols, n, 11, small);
     check_matmul(GgmlType::Q8_0, rows, cols, n, 12, small);
 }
@@ -422,10 +465,14 @@ TEST(MatmulArgs, RejectsWhatItCannotDo) {
     Dev<uint8_t> dw(size_t(64) * 512 * 4 + 16);
     Dev<float> dx(8 * 512), dy(8 * 64);
     EXPECT_FALSE(ncu::matmul_supports(GgmlType::Q8_K));
-    EXPECT_THROW(ncu::matmul({GgmlType::Q8_K, 512, 64, dw.p, 0}, dx.p, 1, dy.p, ws.ws, s), nt::Error);
-    EXPECT_THROW(ncu::matmul({GgmlType::Q4_K, 500, 64, dw.p, 0}, dx.p, 1, dy.p, ws.ws, s), nt::Error);  // 500 % 256
-    EXPECT_THROW(ncu::matmul({GgmlType::Q4_K, 512, 64, dw.p + 2, 0}, dx.p, 1, dy.p, ws.ws, s), nt::Error);  // misaligned
-    EXPECT_THROW(ncu::matmul({GgmlType::Q4_K, 512, 64, dw.p, 0}, dx.p, 0, dy.p, ws.ws, s), nt::Error);
+    EXPECT_THROW(ncu::matmul({GgmlType::Q8_K, 512, 64, dw.p, 0}, dx.p, 1, dy.p, ws.ws, s),
+                 nt::Error);
+    EXPECT_THROW(ncu::matmul({GgmlType::Q4_K, 500, 64, dw.p, 0}, dx.p, 1, dy.p, ws.ws, s),
+                 nt::Error);  // 500 % 256
+    EXPECT_THROW(ncu::matmul({GgmlType::Q4_K, 512, 64, dw.p + 2, 0}, dx.p, 1, dy.p, ws.ws, s),
+                 nt::Error);  // misaligned
+    EXPECT_THROW(ncu::matmul({GgmlType::Q4_K, 512, 64, dw.p, 0}, dx.p, 0, dy.p, ws.ws, s),
+                 nt::Error);
     cudaStreamDestroy(s);
 }
 

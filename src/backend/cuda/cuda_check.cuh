@@ -26,5 +26,6 @@ inline void check(cublasStatus_t s, const char* op) {
 }  // namespace nt::cuda
 
 // NT_CUDA_CHECK(cudaMalloc(&p, n), "cudaMalloc weights"): evaluates expr once; accepts a
-// cudaError_t or a cublasStatus_t. After a kernel launch use NT_CUDA_CHECK(cudaGetLastError(), "name").
+// cudaError_t or a cublasStatus_t. After a kernel launch use NT_CUDA_CHECK(cudaGetLastError(),
+// "name").
 #define NT_CUDA_CHECK(expr, op) ::nt::cuda::check((expr), (op))

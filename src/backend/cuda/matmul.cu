@@ -1,9 +1,8 @@
 // matmul(): picks GEMV or dequantize + cuBLAS GEMM, lays out the workspace, checks arguments.
-#include "backend/cuda/matmul.cuh"
-
 #include <algorithm>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_gemv.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "core/error.h"
@@ -17,62 +16,86 @@ using detail::GemvKernel;
 constexpr size_t kCublasWorkspace = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 constexpr int64_t kMinSliceRows = 128;
 
-constexpr size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+constexpr size_t align256(size_t b) {
+    return (b + 255) & ~size_t(255);
+}
 
 bool is_quantized(GgmlType t) {
     switch (t) {
-        case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
-        case GgmlType::Q8_0: case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K:
-        case GgmlType::Q5_K: case GgmlType::Q6_K:
+        case GgmlType::Q4_0:
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1:
+        case GgmlType::Q8_0:
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K:
             return true;
         default:
             return false;
     }
 }
 
-bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+bool is_float(GgmlType t) {
+    return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+}
 
-size_t gemv_bytes(int n, int64_t cols) { return detail::q8_bytes(n, cols); }
+size_t gemv_bytes(int n, int64_t cols) {
+    return detail::q8_bytes(n, cols);
+}
 
 // GEMM path: [cuBLAS workspace][x converted to 16 bits][FP16 weight slice].
-size_t gemm_x_bytes(int n, int64_t cols) { return align256(size_t(n) * size_t(cols) * 2); }
+size_t gemm_x_bytes(int n, int64_t cols) {
+    return align256(size_t(n) * size_t(cols) * 2);
+}
 
 template <GgmlType T>
-void gemv_q8_t(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd, int n, float* y,
-               const GemvConfig& c, cudaStream_t s) {
+void gemv_q8_t(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd, int n,
+               float* y, const GemvConfig& c, cudaStream_t s) {
     detail::launch_gemv_q8<T>(w, rows, cols, xq, xd, n, y, c, s);
 }
 
-void cublas_gemm(MatmulWorkspace& ws, const void* a, cudaDataType at, const void* b, cudaDataType bt, int64_t m,
-                 int n, int64_t k, float* c, int64_t ldc, cudaStream_t stream) {
+void cublas_gemm(MatmulWorkspace& ws, const void* a, cudaDataType at, const void* b,
+                 cudaDataType bt, int64_t m, int n, int64_t k, float* c, int64_t ldc,
+                 cudaStream_t stream) {
     const float alpha = 1.f, beta = 0.f;
     // Column-major view: C (m x n, ldc) = A^T (A: k x m, lda = k) * B (k x n, ldb = k), i.e.
     // y[i][r] = sum_c W[r][c] x[i][c] for the row-major W [m][k], x [n][k], y [n][ldc].
     NT_CUDA_CHECK(cublasSetStream(ws.cublas, stream), "cublasSetStream");
-    NT_CUDA_CHECK(cublasGemmEx(ws.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), n, int(k), &alpha, a, at, int(k), b, bt,
-                               int(k), &beta, c, CUDA_R_32F, int(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    NT_CUDA_CHECK(cublasGemmEx(ws.cublas, CUBLAS_OP_T, CUBLAS_OP_N, int(m), n, int(k), &alpha, a,
+                               at, int(k), b, bt, int(k), &beta, c, CUDA_R_32F, int(ldc),
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                   "cublasGemmEx");
 }
 
 void check_args(const WeightView& w, const float* x, int n, float* y) {
     const TypeTraits* tr = type_traits(uint32_t(w.type));
     if (!tr || !matmul_supports(w.type))
-        nt::fail("CUDA matmul does not support weight type %s; convert the model to a GGML type among "
-                 "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K.",
-                 tr ? tr->name : "unknown");
+        nt::fail(
+            "CUDA matmul does not support weight type %s; convert the model to a GGML type among "
+            "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K.",
+            tr ? tr->name : "unknown");
     if (w.cols <= 0 || w.rows <= 0 || w.cols % tr->block_elems != 0)
-        nt::fail("CUDA matmul: weight of %lld x %lld %s elements is not a whole number of %d-element blocks per row.",
-                 (long long)w.rows, (long long)w.cols, tr->name, tr->block_elems);
+        nt::fail(
+            "CUDA matmul: weight of %lld x %lld %s elements is not a whole number of %d-element "
+            "blocks per row.",
+            (long long)w.rows, (long long)w.cols, tr->name, tr->block_elems);
     if (w.rows > INT32_MAX || w.cols > INT32_MAX)
-        nt::fail("CUDA matmul: weight of %lld x %lld is too large for one call.", (long long)w.rows, (long long)w.cols);
+        nt::fail("CUDA matmul: weight of %lld x %lld is too large for one call.", (long long)w.rows,
+                 (long long)w.cols);
     if (!is_float(w.type) && reinterpret_cast<uintptr_t>(w.data) % 16 != 0)
         nt::fail("CUDA matmul: %s weight data at %p is not 16-byte aligned.", tr->name, w.data);
-    if (n < 1 || !x || !y || !w.data) nt::fail("CUDA matmul: empty batch or null pointer (n = %d).", n);
+    if (n < 1 || !x || !y || !w.data)
+        nt::fail("CUDA matmul: empty batch or null pointer (n = %d).", n);
 }
 
 }  // namespace
 
-bool matmul_supports(GgmlType t) { return is_quantized(t) || is_float(t); }
+bool matmul_supports(GgmlType t) {
+    return is_quantized(t) || is_float(t);
+}
 
 size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch) {
     const size_t gemv = gemv_bytes(std::min(max_batch, kGemvMaxBatch), max_cols);
@@ -82,14 +105,17 @@ size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch)
 }
 
 void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stream) {
-    if (reinterpret_cast<uintptr_t>(buf) % 256 != 0) nt::fail("CUDA matmul workspace must be 256-byte aligned.");
+    if (reinterpret_cast<uintptr_t>(buf) % 256 != 0)
+        nt::fail("CUDA matmul workspace must be 256-byte aligned.");
     ws.buf = buf;
     ws.bytes = bytes;
     int dev = 0;
     NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
-    NT_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+    NT_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev),
+                  "cudaDeviceGetAttribute");
     NT_CUDA_CHECK(cublasCreate(&ws.cublas), "cublasCreate");
     NT_CUDA_CHECK(cublasSetStream(ws.cublas, stream), "cublasSetStream");
+    detail::prepare_gemv_all();
     // With a workspace of its own cuBLAS never allocates during a call.
     if (bytes >= kCublasWorkspace)
         NT_CUDA_CHECK(cublasSetWorkspace(ws.cublas, buf, kCublasWorkspace), "cublasSetWorkspace");
@@ -100,17 +126,20 @@ void matmul_free(MatmulWorkspace& ws) {
     ws = MatmulWorkspace{};
 }
 
-void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws, cudaStream_t stream) {
+void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
+            cudaStream_t stream) {
     check_args(w, x, n, y);
     const int64_t rows = w.rows, cols = w.cols;
     auto* base = static_cast<uint8_t*>(ws.buf);
 
     if (n <= kGemvMaxBatch) {
-        if (is_float(w.type)) return detail::gemv_float(w.type, w.data, rows, cols, x, n, y, ws.sm_count, stream);
+        if (is_float(w.type))
+            return detail::gemv_float(w.type, w.data, rows, cols, x, n, y, ws.sm_count, stream);
         const size_t need = gemv_bytes(n, cols);
         if (need > ws.bytes)
-            nt::fail("CUDA matmul workspace holds %zu bytes; a batch of %d x %lld columns needs %zu.", ws.bytes, n,
-                     (long long)cols, need);
+            nt::fail(
+                "CUDA matmul workspace holds %zu bytes; a batch of %d x %lld columns needs %zu.",
+                ws.bytes, n, (long long)cols, need);
         auto* xq = reinterpret_cast<int8_t*>(base);
         auto* xd = reinterpret_cast<float2*>(base + align256(size_t(n) * cols));
         detail::quantize_q8(x, n, cols, xq, xd, stream);
@@ -121,22 +150,25 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     if (!ws.cublas) nt::fail("CUDA matmul: workspace not initialised (call matmul_init).");
     if (w.type == GgmlType::F32) {
         if (ws.bytes < kCublasWorkspace)
-            nt::fail("CUDA matmul workspace holds %zu bytes; batches above %d need at least %zu.", ws.bytes,
-                     kGemvMaxBatch, kCublasWorkspace);
+            nt::fail("CUDA matmul workspace holds %zu bytes; batches above %d need at least %zu.",
+                     ws.bytes, kGemvMaxBatch, kCublasWorkspace);
         return cublas_gemm(ws, w.data, CUDA_R_32F, x, CUDA_R_32F, rows, n, cols, y, rows, stream);
     }
     const size_t need_x = kCublasWorkspace + gemm_x_bytes(n, cols);
     uint8_t* xh = base + kCublasWorkspace;
     if (w.type == GgmlType::F16 || w.type == GgmlType::BF16) {
         if (need_x > ws.bytes)
-            nt::fail("CUDA matmul workspace holds %zu bytes; a batch of %d x %lld columns needs %zu.", ws.bytes, n,
-                     (long long)cols, need_x);
+            nt::fail(
+                "CUDA matmul workspace holds %zu bytes; a batch of %d x %lld columns needs %zu.",
+                ws.bytes, n, (long long)cols, need_x);
         if (w.type == GgmlType::F16) {
             detail::convert_to_f16(x, int64_t(n) * cols, reinterpret_cast<__half*>(xh), stream);
-            return cublas_gemm(ws, w.data, CUDA_R_16F, xh, CUDA_R_16F, rows, n, cols, y, rows, stream);
+            return cublas_gemm(ws, w.data, CUDA_R_16F, xh, CUDA_R_16F, rows, n, cols, y, rows,
+                               stream);
         }
         detail::convert_to_bf16(x, int64_t(n) * cols, reinterpret_cast<__nv_bfloat16*>(xh), stream);
-        return cublas_gemm(ws, w.data, CUDA_R_16BF, xh, CUDA_R_16BF, rows, n, cols, y, rows, stream);
+        return cublas_gemm(ws, w.data, CUDA_R_16BF, xh, CUDA_R_16BF, rows, n, cols, y, rows,
+                           stream);
     }
 
     // Quantized: dequantize as many rows as the workspace holds, multiply, repeat.
@@ -145,15 +177,18 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     int64_t slice = std::min(rows, fit);
     if (slice < rows) slice -= slice % kMinSliceRows;
     if (slice < std::min(rows, kMinSliceRows))
-        nt::fail("CUDA matmul workspace holds %zu bytes; a batch of %d on a %lld x %lld weight needs at least %zu.",
-                 ws.bytes, n, (long long)rows, (long long)cols,
-                 need_x + size_t(std::min(rows, kMinSliceRows)) * row_f16);
+        nt::fail(
+            "CUDA matmul workspace holds %zu bytes; a batch of %d on a %lld x %lld weight needs at "
+            "least %zu.",
+            ws.bytes, n, (long long)rows, (long long)cols,
+            need_x + size_t(std::min(rows, kMinSliceRows)) * row_f16);
     auto* wh = reinterpret_cast<__half*>(base + need_x);
     detail::convert_to_f16(x, int64_t(n) * cols, reinterpret_cast<__half*>(xh), stream);
     const size_t row_q = row_bytes(w.type, cols);
     for (int64_t r0 = 0; r0 < rows; r0 += slice) {
         const int64_t m = std::min(slice, rows - r0);
-        detail::dequant_to_f16(w.type, static_cast<const uint8_t*>(w.data) + size_t(r0) * row_q, m, cols, wh, stream);
+        detail::dequant_to_f16(w.type, static_cast<const uint8_t*>(w.data) + size_t(r0) * row_q, m,
+                               cols, wh, stream);
         cublas_gemm(ws, wh, CUDA_R_16F, xh, CUDA_R_16F, m, n, cols, y + r0, rows, stream);
     }
 }
@@ -167,17 +202,28 @@ namespace {
 // Blocks per staged chunk: the unit in which warps of a row group share the columns.
 int64_t chunk_blocks(GgmlType t) {
     switch (t) {
-        case GgmlType::Q4_0: return Staging<GgmlType::Q4_0>::kBlocksPerChunk;
-        case GgmlType::Q4_1: return Staging<GgmlType::Q4_1>::kBlocksPerChunk;
-        case GgmlType::Q5_0: return Staging<GgmlType::Q5_0>::kBlocksPerChunk;
-        case GgmlType::Q5_1: return Staging<GgmlType::Q5_1>::kBlocksPerChunk;
-        case GgmlType::Q8_0: return Staging<GgmlType::Q8_0>::kBlocksPerChunk;
-        case GgmlType::Q2_K: return Staging<GgmlType::Q2_K>::kBlocksPerChunk;
-        case GgmlType::Q3_K: return Staging<GgmlType::Q3_K>::kBlocksPerChunk;
-        case GgmlType::Q4_K: return Staging<GgmlType::Q4_K>::kBlocksPerChunk;
-        case GgmlType::Q5_K: return Staging<GgmlType::Q5_K>::kBlocksPerChunk;
-        case GgmlType::Q6_K: return Staging<GgmlType::Q6_K>::kBlocksPerChunk;
-        default: return 1;
+        case GgmlType::Q4_0:
+            return Staging<GgmlType::Q4_0>::kBlocksPerChunk;
+        case GgmlType::Q4_1:
+            return Staging<GgmlType::Q4_1>::kBlocksPerChunk;
+        case GgmlType::Q5_0:
+            return Staging<GgmlType::Q5_0>::kBlocksPerChunk;
+        case GgmlType::Q5_1:
+            return Staging<GgmlType::Q5_1>::kBlocksPerChunk;
+        case GgmlType::Q8_0:
+            return Staging<GgmlType::Q8_0>::kBlocksPerChunk;
+        case GgmlType::Q2_K:
+            return Staging<GgmlType::Q2_K>::kBlocksPerChunk;
+        case GgmlType::Q3_K:
+            return Staging<GgmlType::Q3_K>::kBlocksPerChunk;
+        case GgmlType::Q4_K:
+            return Staging<GgmlType::Q4_K>::kBlocksPerChunk;
+        case GgmlType::Q5_K:
+            return Staging<GgmlType::Q5_K>::kBlocksPerChunk;
+        case GgmlType::Q6_K:
+            return Staging<GgmlType::Q6_K>::kBlocksPerChunk;
+        default:
+            return 1;
     }
 }
 
@@ -193,7 +239,8 @@ bool gemv_config_available(GgmlType t, const GemvConfig& c) {
     return true;
 }
 
-GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count, GemvConfig want) {
+GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count,
+                       GemvConfig want) {
     GemvConfig c = want;
     if (c.nx == 0) c.nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
     // Two weight rows per warp halve the activation reads from L1 where the registers allow it
@@ -207,30 +254,56 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
         const int64_t chunks = (cols / tr.block_elems + chunk - 1) / chunk;
         const int64_t warps_wanted = int64_t(16) * (sm_count > 0 ? sm_count : 132);
         c.ksplit = 1;
-        while (c.ksplit < 4 && (rows / c.rows_per_warp) * c.ksplit < warps_wanted && chunks >= 2 * c.ksplit)
+        while (c.ksplit < 4 && (rows / c.rows_per_warp) * c.ksplit < warps_wanted &&
+               chunks >= 2 * c.ksplit)
             c.ksplit *= 2;
     }
     return c;
 }
 
-void gemv_q8(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd, int n,
-             float* y, const GemvConfig& c, cudaStream_t s) {
+void prepare_gemv_all() {
+    prepare_gemv_q8<GgmlType::Q4_0>();
+    prepare_gemv_q8<GgmlType::Q4_1>();
+    prepare_gemv_q8<GgmlType::Q5_0>();
+    prepare_gemv_q8<GgmlType::Q5_1>();
+    prepare_gemv_q8<GgmlType::Q8_0>();
+    prepare_gemv_q8<GgmlType::Q2_K>();
+    prepare_gemv_q8<GgmlType::Q3_K>();
+    prepare_gemv_q8<GgmlType::Q4_K>();
+    prepare_gemv_q8<GgmlType::Q5_K>();
+    prepare_gemv_q8<GgmlType::Q6_K>();
+}
+
+void gemv_q8(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+             const float2* xd, int n, float* y, const GemvConfig& c, cudaStream_t s) {
     if (n < 1 || n > c.nx) nt::fail("gemv: batch %d does not fit nx = %d.", n, c.nx);
     if (!gemv_config_available(t, c))
         nt::fail("gemv: no %s kernel for %s with nx=%d rows_per_warp=%d ksplit=%d.",
-                 c.kernel == GemvKernel::Direct ? "direct" : "staged", type_name(t), c.nx, c.rows_per_warp, c.ksplit);
+                 c.kernel == GemvKernel::Direct ? "direct" : "staged", type_name(t), c.nx,
+                 c.rows_per_warp, c.ksplit);
     switch (t) {
-        case GgmlType::Q4_0: return gemv_q8_t<GgmlType::Q4_0>(w, rows, cols, xq, xd, n, y, c, s);
-        case GgmlType::Q4_1: return gemv_q8_t<GgmlType::Q4_1>(w, rows, cols, xq, xd, n, y, c, s);
-        case GgmlType::Q5_0: return gemv_q8_t<GgmlType::Q5_0>(w, rows, cols, xq, xd, n, y, c, s);
-        case GgmlType::Q5_1: return gemv_q8_t<GgmlType::Q5_1>(w, rows, cols, xq, xd, n, y, c, s);
-        case GgmlType::Q8_0: return gemv_q8_t<GgmlType::Q8_0>(w, rows, cols, xq, xd, n, y, c, s);
-        case GgmlType::Q2_K: return gemv_q8_t<GgmlType::Q2_K>(w, rows, cols, xq, xd, n, y, c, s);
-        case GgmlType::Q3_K: return gemv_q8_t<GgmlType::Q3_K>(w, rows, cols, xq, xd, n, y, c, s);
-        case GgmlType::Q4_K: return gemv_q8_t<GgmlType::Q4_K>(w, rows, cols, xq, xd, n, y, c, s);
-        case GgmlType::Q5_K: return gemv_q8_t<GgmlType::Q5_K>(w, rows, cols, xq, xd, n, y, c, s);
-        case GgmlType::Q6_K: return gemv_q8_t<GgmlType::Q6_K>(w, rows, cols, xq, xd, n, y, c, s);
-        default: nt::fail("gemv: type %s is not quantized.", type_name(t));
+        case GgmlType::Q4_0:
+            return gemv_q8_t<GgmlType::Q4_0>(w, rows, cols, xq, xd, n, y, c, s);
+        case GgmlType::Q4_1:
+            return gemv_q8_t<GgmlType::Q4_1>(w, rows, cols, xq, xd, n, y, c, s);
+        case GgmlType::Q5_0:
+            return gemv_q8_t<GgmlType::Q5_0>(w, rows, cols, xq, xd, n, y, c, s);
+        case GgmlType::Q5_1:
+            return gemv_q8_t<GgmlType::Q5_1>(w, rows, cols, xq, xd, n, y, c, s);
+        case GgmlType::Q8_0:
+            return gemv_q8_t<GgmlType::Q8_0>(w, rows, cols, xq, xd, n, y, c, s);
+        case GgmlType::Q2_K:
+            return gemv_q8_t<GgmlType::Q2_K>(w, rows, cols, xq, xd, n, y, c, s);
+        case GgmlType::Q3_K:
+            return gemv_q8_t<GgmlType::Q3_K>(w, rows, cols, xq, xd, n, y, c, s);
+        case GgmlType::Q4_K:
+            return gemv_q8_t<GgmlType::Q4_K>(w, rows, cols, xq, xd, n, y, c, s);
+        case GgmlType::Q5_K:
+            return gemv_q8_t<GgmlType::Q5_K>(w, rows, cols, xq, xd, n, y, c, s);
+        case GgmlType::Q6_K:
+            return gemv_q8_t<GgmlType::Q6_K>(w, rows, cols, xq, xd, n, y, c, s);
+        default:
+            nt::fail("gemv: type %s is not quantized.", type_name(t));
     }
 }
 

@@ -27,10 +27,10 @@ constexpr int kGemvMaxBatch = 8;
 
 // Scratch for one stream's matmuls. Calls sharing a workspace must be ordered (same stream).
 struct MatmulWorkspace {
-    void* buf = nullptr;         // device memory, 256-byte aligned (cudaMalloc)
+    void* buf = nullptr;  // device memory, 256-byte aligned (cudaMalloc)
     size_t bytes = 0;
     cublasHandle_t cublas = nullptr;
-    int sm_count = 0;            // multiprocessors of the current device (launch shapes)
+    int sm_count = 0;  // multiprocessors of the current device (launch shapes)
 };
 
 // Bytes of workspace that let matmul() run on any weight with at most max_cols columns and

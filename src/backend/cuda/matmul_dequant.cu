@@ -7,12 +7,15 @@
 namespace nt::cuda::detail {
 namespace {
 
-constexpr size_t align256(size_t b) { return (b + 255) & ~size_t(255); }
+constexpr size_t align256(size_t b) {
+    return (b + 255) & ~size_t(255);
+}
 
 // 8 threads per 32-element block, 4 elements each; 32 blocks per 256-thread CTA.
 template <bool VEC>
-__global__ void __launch_bounds__(256) quantize_q8_kernel(const float* __restrict__ x, int64_t nblocks,
-                                                          int8_t* __restrict__ xq, float2* __restrict__ xd) {
+__global__ void __launch_bounds__(256)
+    quantize_q8_kernel(const float* __restrict__ x, int64_t nblocks, int8_t* __restrict__ xq,
+                       float2* __restrict__ xd) {
     const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 3;
     const int sub = threadIdx.x & 7;
     const bool live = blk < nblocks;  // dead lanes still take part in the shuffles
@@ -48,27 +51,38 @@ __global__ void __launch_bounds__(256) quantize_q8_kernel(const float* __restric
     }
 }
 
-__global__ void to_f16_kernel(const float* __restrict__ x, int64_t count, __half* __restrict__ out) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+__global__ void to_f16_kernel(const float* __restrict__ x, int64_t count,
+                              __half* __restrict__ out) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+         i += int64_t(gridDim.x) * blockDim.x)
         out[i] = __float2half_rn(x[i]);
 }
-__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t count, __nv_bfloat16* __restrict__ out) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x)
+__global__ void to_bf16_kernel(const float* __restrict__ x, int64_t count,
+                               __nv_bfloat16* __restrict__ out) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+         i += int64_t(gridDim.x) * blockDim.x)
         out[i] = __float2bfloat16_rn(x[i]);
 }
 // Four elements per thread when aligned: 16-byte loads, 8-byte stores.
-__global__ void to_f16x4_kernel(const float4* __restrict__ x, int64_t count4, uint2* __restrict__ out) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += int64_t(gridDim.x) * blockDim.x) {
+__global__ void to_f16x4_kernel(const float4* __restrict__ x, int64_t count4,
+                                uint2* __restrict__ out) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count4;
+         i += int64_t(gridDim.x) * blockDim.x) {
         const float4 v = __ldg(x + i);
         const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
-        out[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+        out[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&a),
+                            *reinterpret_cast<const uint32_t*>(&b));
     }
 }
-__global__ void to_bf16x4_kernel(const float4* __restrict__ x, int64_t count4, uint2* __restrict__ out) {
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count4; i += int64_t(gridDim.x) * blockDim.x) {
+__global__ void to_bf16x4_kernel(const float4* __restrict__ x, int64_t count4,
+                                 uint2* __restrict__ out) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count4;
+         i += int64_t(gridDim.x) * blockDim.x) {
         const float4 v = __ldg(x + i);
-        const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-        out[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+        const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y),
+                             b = __floats2bfloat162_rn(v.z, v.w);
+        out[i] = make_uint2(*reinterpret_cast<const uint32_t*>(&a),
+                            *reinterpret_cast<const uint32_t*>(&b));
     }
 }
 
@@ -86,7 +100,8 @@ __global__ void __launch_bounds__(kDequantThreads)
 #pragma unroll
     for (int u = 0; u < kDequantUnroll; ++u) {
         const int64_t g = g0 + u * kDequantThreads;
-        if (g < ngroups) Q::dequant8(w + (g / kGroupsPerBlock) * Q::kBlockBytes, int(g % kGroupsPerBlock), v[u]);
+        if (g < ngroups)
+            Q::dequant8(w + (g / kGroupsPerBlock) * Q::kBlockBytes, int(g % kGroupsPerBlock), v[u]);
     }
 #pragma unroll
     for (int u = 0; u < kDequantUnroll; ++u) {
@@ -108,8 +123,9 @@ template <GgmlType T>
 void launch_dequant(const void* w, int64_t rows, int64_t cols, __half* out, cudaStream_t stream) {
     const int64_t ngroups = rows * cols / 8;
     const int64_t per_cta = int64_t(kDequantThreads) * kDequantUnroll;
-    dequant_f16_kernel<T><<<unsigned((ngroups + per_cta - 1) / per_cta), kDequantThreads, 0, stream>>>(
-        static_cast<const uint8_t*>(w), ngroups, out);
+    dequant_f16_kernel<T>
+        <<<unsigned((ngroups + per_cta - 1) / per_cta), kDequantThreads, 0, stream>>>(
+            static_cast<const uint8_t*>(w), ngroups, out);
     NT_CUDA_CHECK(cudaGetLastError(), "dequantize to f16");
 }
 
@@ -120,10 +136,13 @@ unsigned grid_for(int64_t count, int threads) {
 
 }  // namespace
 
-size_t q8_bytes(int n, int64_t cols) { return align256(size_t(n) * cols) + align256(size_t(n) * (cols / 32) * sizeof(float2)); }
+size_t q8_bytes(int n, int64_t cols) {
+    return align256(size_t(n) * cols) + align256(size_t(n) * (cols / 32) * sizeof(float2));
+}
 
 void quantize_q8(const float* x, int n, int64_t cols, int8_t* xq, float2* xd, cudaStream_t stream) {
-    if (cols % 32 != 0) nt::fail("quantize_q8: %lld columns are not a multiple of 32.", (long long)cols);
+    if (cols % 32 != 0)
+        nt::fail("quantize_q8: %lld columns are not a multiple of 32.", (long long)cols);
     const int64_t nblocks = int64_t(n) * (cols / 32);
     const unsigned grid = unsigned((nblocks * 8 + 255) / 256);
     if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
@@ -134,36 +153,50 @@ void quantize_q8(const float* x, int n, int64_t cols, int8_t* xq, float2* xd, cu
 }
 
 void convert_to_f16(const float* x, int64_t count, __half* out, cudaStream_t stream) {
-    if (count % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0)
-        to_f16x4_kernel<<<grid_for(count / 4, 256), 256, 0, stream>>>(reinterpret_cast<const float4*>(x), count / 4,
-                                                                       reinterpret_cast<uint2*>(out));
+    if (count % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(out) % 8 == 0)
+        to_f16x4_kernel<<<grid_for(count / 4, 256), 256, 0, stream>>>(
+            reinterpret_cast<const float4*>(x), count / 4, reinterpret_cast<uint2*>(out));
     else
         to_f16_kernel<<<grid_for(count, 256), 256, 0, stream>>>(x, count, out);
     NT_CUDA_CHECK(cudaGetLastError(), "convert activations to f16");
 }
 
 void convert_to_bf16(const float* x, int64_t count, __nv_bfloat16* out, cudaStream_t stream) {
-    if (count % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0)
-        to_bf16x4_kernel<<<grid_for(count / 4, 256), 256, 0, stream>>>(reinterpret_cast<const float4*>(x), count / 4,
-                                                                        reinterpret_cast<uint2*>(out));
+    if (count % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(out) % 8 == 0)
+        to_bf16x4_kernel<<<grid_for(count / 4, 256), 256, 0, stream>>>(
+            reinterpret_cast<const float4*>(x), count / 4, reinterpret_cast<uint2*>(out));
     else
         to_bf16_kernel<<<grid_for(count, 256), 256, 0, stream>>>(x, count, out);
     NT_CUDA_CHECK(cudaGetLastError(), "convert activations to bf16");
 }
 
-void dequant_to_f16(GgmlType t, const void* w, int64_t rows, int64_t cols, __half* out, cudaStream_t stream) {
+void dequant_to_f16(GgmlType t, const void* w, int64_t rows, int64_t cols, __half* out,
+                    cudaStream_t stream) {
     switch (t) {
-        case GgmlType::Q4_0: return launch_dequant<GgmlType::Q4_0>(w, rows, cols, out, stream);
-        case GgmlType::Q4_1: return launch_dequant<GgmlType::Q4_1>(w, rows, cols, out, stream);
-        case GgmlType::Q5_0: return launch_dequant<GgmlType::Q5_0>(w, rows, cols, out, stream);
-        case GgmlType::Q5_1: return launch_dequant<GgmlType::Q5_1>(w, rows, cols, out, stream);
-        case GgmlType::Q8_0: return launch_dequant<GgmlType::Q8_0>(w, rows, cols, out, stream);
-        case GgmlType::Q2_K: return launch_dequant<GgmlType::Q2_K>(w, rows, cols, out, stream);
-        case GgmlType::Q3_K: return launch_dequant<GgmlType::Q3_K>(w, rows, cols, out, stream);
-        case GgmlType::Q4_K: return launch_dequant<GgmlType::Q4_K>(w, rows, cols, out, stream);
-        case GgmlType::Q5_K: return launch_dequant<GgmlType::Q5_K>(w, rows, cols, out, stream);
-        case GgmlType::Q6_K: return launch_dequant<GgmlType::Q6_K>(w, rows, cols, out, stream);
-        default: nt::fail("dequant_to_f16: type %s is not a quantized weight type.", type_name(t));
+        case GgmlType::Q4_0:
+            return launch_dequant<GgmlType::Q4_0>(w, rows, cols, out, stream);
+        case GgmlType::Q4_1:
+            return launch_dequant<GgmlType::Q4_1>(w, rows, cols, out, stream);
+        case GgmlType::Q5_0:
+            return launch_dequant<GgmlType::Q5_0>(w, rows, cols, out, stream);
+        case GgmlType::Q5_1:
+            return launch_dequant<GgmlType::Q5_1>(w, rows, cols, out, stream);
+        case GgmlType::Q8_0:
+            return launch_dequant<GgmlType::Q8_0>(w, rows, cols, out, stream);
+        case GgmlType::Q2_K:
+            return launch_dequant<GgmlType::Q2_K>(w, rows, cols, out, stream);
+        case GgmlType::Q3_K:
+            return launch_dequant<GgmlType::Q3_K>(w, rows, cols, out, stream);
+        case GgmlType::Q4_K:
+            return launch_dequant<GgmlType::Q4_K>(w, rows, cols, out, stream);
+        case GgmlType::Q5_K:
+            return launch_dequant<GgmlType::Q5_K>(w, rows, cols, out, stream);
+        case GgmlType::Q6_K:
+            return launch_dequant<GgmlType::Q6_K>(w, rows, cols, out, stream);
+        default:
+            nt::fail("dequant_to_f16: type %s is not a quantized weight type.", type_name(t));
     }
 }
 

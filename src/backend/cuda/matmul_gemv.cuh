@@ -33,8 +33,13 @@ constexpr int kGemvWarps = 4;
 constexpr int kGemvThreads = kGemvWarps * 32;
 constexpr int kGemvStages = 4;
 constexpr int kDirectUnroll = 2;
-// At least 4 CTAs (16 warps) per multiprocessor: caps registers at 128 per thread.
+// At least 4 CTAs (16 warps) per multiprocessor: caps registers at 128 per thread. Kernels
+// for 4 or 8 activation rows hold more accumulators and activations and get 3 (168 registers)
+// rather than spill; their copy pipelines still keep enough bytes in flight.
 constexpr int kGemvMinBlocks = 4;
+constexpr int gemv_min_blocks(int nx) {
+    return nx >= 4 ? 3 : kGemvMinBlocks;
+}
 
 template <GgmlType T>
 struct Staging {
@@ -48,10 +53,13 @@ struct Staging {
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(src_bytes)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
@@ -68,7 +76,8 @@ __device__ __forceinline__ float warp_sum(float v) {
 // `red` holds kGemvWarps * RW * NX floats of shared memory.
 template <int NX, int RW>
 __device__ __forceinline__ void gemv_reduce_store(float (&acc)[RW][NX], float* red, int ksplit,
-                                                  int64_t rows, int n, float* __restrict__ y, int64_t tile) {
+                                                  int64_t rows, int n, float* __restrict__ y,
+                                                  int64_t tile) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
     for (int r = 0; r < RW; ++r)
@@ -94,9 +103,10 @@ __device__ __forceinline__ void gemv_reduce_store(float (&acc)[RW][NX], float* r
 }
 
 template <GgmlType T, int NX, int RW>
-__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
-    gemv_q8_staged(const uint8_t* __restrict__ w, int64_t rows, int nb, const int8_t* __restrict__ xq,
-                   const float2* __restrict__ xd, int64_t cols, int n, float* __restrict__ y, int ksplit) {
+__global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
+    gemv_q8_staged(const uint8_t* __restrict__ w, int64_t rows, int nb,
+                   const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols,
+                   int n, float* __restrict__ y, int ksplit) {
     using Q = Quant<T>;
     using S = Staging<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
@@ -115,7 +125,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
     // each when the grid has a CTA per tile). The copy pipeline runs on across tiles, so a
     // warp's next rows are in flight while it finishes the current ones.
     const int64_t tiles = (rows + int64_t(groups) * RW - 1) / (int64_t(groups) * RW);
-    const int my_tiles = int64_t(blockIdx.x) < tiles ? int((tiles - 1 - blockIdx.x) / gridDim.x + 1) : 0;
+    const int my_tiles =
+        int64_t(blockIdx.x) < tiles ? int((tiles - 1 - blockIdx.x) / gridDim.x + 1) : 0;
     const int nchunks = (nb + S::kBlocksPerChunk - 1) / S::kBlocksPerChunk;
     const int my_chunks = kpart < nchunks ? (nchunks - kpart + ksplit - 1) / ksplit : 0;
     const int total = my_tiles * my_chunks;
@@ -123,7 +134,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
     auto row_ptr = [&](int tile_iter, int r) {
         const int64_t tile = blockIdx.x + int64_t(tile_iter) * gridDim.x;
         const int64_t row = (tile * groups + group) * RW + r;
-        return w + size_t(row < rows ? row : rows - 1) * row_bytes;  // tail rows: computed, not stored
+        return w +
+               size_t(row < rows ? row : rows - 1) * row_bytes;  // tail rows: computed, not stored
     };
 
     // Starts the copy of this warp's i-th chunk into stage i % kGemvStages. Always commits a
@@ -137,7 +149,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
 #pragma unroll
             for (int r = 0; r < RW; ++r) {
                 const uint8_t* src = row_ptr(ti, r) + size_t(kb0) * kBB;
-                const uint8_t* a0 = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15));
+                const uint8_t* a0 = reinterpret_cast<const uint8_t*>(
+                    reinterpret_cast<uintptr_t>(src) & ~uintptr_t(15));
                 const int nv = (int(src - a0) + len + 15) >> 4;
                 for (int v = lane; v < nv; v += 32) {
                     const uint8_t* g = a0 + 16 * v;
@@ -181,13 +194,16 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
                     typename Q::W wr[RW];
 #pragma unroll
                     for (int r = 0; r < RW; ++r)
-                        Q::load_w(stage + r * S::kStageBytes + ((off[r] + chunk_off) & 15) + j * kBB, part, wr[r]);
+                        Q::load_w(
+                            stage + r * S::kStageBytes + ((off[r] + chunk_off) & 15) + j * kBB,
+                            part, wr[r]);
 #pragma unroll
                     for (int k = 0; k < NX; ++k) {
                         const int64_t xr = k < n ? k : n - 1;
                         typename Q::X xv;
                         Q::load_x(xq + xr * cols + int64_t(kb) * Q::kBlockElems,
-                                  xd + xr * xd_stride + int64_t(kb) * (Q::kBlockElems / 32), part, xv);
+                                  xd + xr * xd_stride + int64_t(kb) * (Q::kBlockElems / 32), part,
+                                  xv);
 #pragma unroll
                         for (int r = 0; r < RW; ++r) acc[r][k] += Q::dot(wr[r], xv);
                     }
@@ -195,15 +211,17 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
             }
             __syncwarp();
         }
-        gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y, blockIdx.x + int64_t(ti) * gridDim.x);
+        gemv_reduce_store<NX, RW>(acc, red, ksplit, rows, n, y,
+                                  blockIdx.x + int64_t(ti) * gridDim.x);
     }
     cp_async_wait<0>();
 }
 
 template <GgmlType T, int NX, int RW>
-__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
-    gemv_q8_direct(const uint8_t* __restrict__ w, int64_t rows, int nb, const int8_t* __restrict__ xq,
-                   const float2* __restrict__ xd, int64_t cols, int n, float* __restrict__ y, int ksplit) {
+__global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
+    gemv_q8_direct(const uint8_t* __restrict__ w, int64_t rows, int nb,
+                   const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols,
+                   int n, float* __restrict__ y, int ksplit) {
     using Q = Quant<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
     constexpr int kBPU = 32 / kLPB;
@@ -258,36 +276,54 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
 }
 
 template <GgmlType T, int NX, int RW>
-void launch_staged(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
-                   int n, float* y, int ksplit, bool persistent, cudaStream_t stream) {
-    using S = Staging<T>;
-    constexpr size_t smem = size_t(kGemvWarps) * kGemvStages * RW * S::kStageBytes +
-                            size_t(kGemvWarps) * RW * NX * sizeof(float);
-    auto* kernel = gemv_q8_staged<T, NX, RW>;
-    // Set up once per instantiation (host-side queries, not stream operations, so also fine
-    // while a graph is being captured): the shared-memory limit above 48 KB and how many CTAs
-    // of this kernel fit on the whole GPU.
-    static const int resident = [&] {
+constexpr size_t staged_smem_bytes() {
+    return size_t(kGemvWarps) * kGemvStages * RW * Staging<T>::kStageBytes +
+           size_t(kGemvWarps) * RW * NX * sizeof(float);
+}
+
+// Sets up the staged kernel once per instantiation and returns how many of its CTAs fit on the
+// whole GPU: raises the shared-memory limit above 48 KB and asks the occupancy calculator.
+// Host-side calls only (no stream work); matmul_init runs them all up front through
+// prepare_gemv_q8 so that none happens first inside a graph capture.
+template <GgmlType T, int NX, int RW>
+int staged_resident_ctas() {
+    static const int resident = [] {
+        constexpr size_t smem = staged_smem_bytes<T, NX, RW>();
+        auto* kernel = gemv_q8_staged<T, NX, RW>;
         if (smem > 48 * 1024)
-            NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+            NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               int(smem)),
                           "gemv shared memory limit");
         int dev = 0, sms = 0, per_sm = 0;
         NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
-        NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device attribute");
-        NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem),
-                      "gemv occupancy");
-        return std::max(1, per_sm) * sms;
+        NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                      "device attribute");
+        NT_CUDA_CHECK(
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem),
+            "gemv occupancy");
+        if (per_sm < 1)
+            nt::fail("gemv: the staged kernel for %s does not fit on this GPU.", type_name(T));
+        return per_sm * sms;
     }();
+    return resident;
+}
+
+template <GgmlType T, int NX, int RW>
+void launch_staged(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
+                   int n, float* y, int ksplit, bool persistent, cudaStream_t stream) {
+    constexpr size_t smem = staged_smem_bytes<T, NX, RW>();
+    const int resident = staged_resident_ctas<T, NX, RW>();
     const int64_t rows_per_cta = int64_t(kGemvWarps / ksplit) * RW;
     const int64_t tiles = (rows + rows_per_cta - 1) / rows_per_cta;
     int64_t grid = tiles;
     if (persistent && tiles > resident) {
-        const int64_t per_cta = (tiles + resident - 1) / resident;  // balanced: every CTA gets per_cta or one less
+        const int64_t per_cta =
+            (tiles + resident - 1) / resident;  // balanced: every CTA gets per_cta or one less
         grid = (tiles + per_cta - 1) / per_cta;
     }
-    kernel<<<unsigned(grid), kGemvThreads, smem, stream>>>(static_cast<const uint8_t*>(w), rows,
-                                                            int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y,
-                                                            ksplit);
+    gemv_q8_staged<T, NX, RW><<<unsigned(grid), kGemvThreads, smem, stream>>>(
+        static_cast<const uint8_t*>(w), rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y,
+        ksplit);
     NT_CUDA_CHECK(cudaGetLastError(), "gemv (staged)");
 }
 
@@ -297,7 +333,8 @@ void launch_direct(const void* w, int64_t rows, int64_t cols, const int8_t* xq, 
     const int64_t rows_per_cta = int64_t(kGemvWarps / ksplit) * RW;
     const dim3 grid(unsigned((rows + rows_per_cta - 1) / rows_per_cta));
     gemv_q8_direct<T, NX, RW><<<grid, kGemvThreads, 0, stream>>>(
-        static_cast<const uint8_t*>(w), rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y, ksplit);
+        static_cast<const uint8_t*>(w), rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y,
+        ksplit);
     NT_CUDA_CHECK(cudaGetLastError(), "gemv (direct)");
 }
 
@@ -306,7 +343,9 @@ void launch_direct(const void* w, int64_t rows, int64_t cols, const int8_t* xq, 
 constexpr bool gemv_pair_compiled(int nx, int rw) {
     return ((nx == 1 || nx == 2 || nx == 4) && (rw == 1 || rw == 2)) || (nx == 8 && rw == 1);
 }
-constexpr bool direct_pair_compiled(int nx, int rw) { return (nx == 1 && rw <= 2) || (nx == 2 && rw == 1); }
+constexpr bool direct_pair_compiled(int nx, int rw) {
+    return (nx == 1 && rw <= 2) || (nx == 2 && rw == 1);
+}
 
 template <GgmlType T>
 constexpr bool direct_compiled() {
@@ -317,14 +356,14 @@ constexpr bool direct_compiled() {
 template <GgmlType T>
 void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
                     int n, float* y, const GemvConfig& c, cudaStream_t stream) {
-#define NT_GEMV_CASE(NX, RW)                                                                   \
-    if (c.nx == NX && c.rows_per_warp == RW) {                                                 \
-        if constexpr (direct_compiled<T>() && direct_pair_compiled(NX, RW)) {                  \
-            if (c.kernel == GemvKernel::Direct)                                                \
+#define NT_GEMV_CASE(NX, RW)                                                                    \
+    if (c.nx == NX && c.rows_per_warp == RW) {                                                  \
+        if constexpr (direct_compiled<T>() && direct_pair_compiled(NX, RW)) {                   \
+            if (c.kernel == GemvKernel::Direct)                                                 \
                 return launch_direct<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, stream); \
-        }                                                                                      \
-        return launch_staged<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, c.persistent,   \
-                                        stream);                                               \
+        }                                                                                       \
+        return launch_staged<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, c.persistent,    \
+                                        stream);                                                \
     }
     NT_GEMV_CASE(1, 1)
     NT_GEMV_CASE(1, 2)
@@ -335,6 +374,17 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
     NT_GEMV_CASE(8, 1)
 #undef NT_GEMV_CASE
     nt::fail("gemv: no kernel compiled for nx=%d rows_per_warp=%d.", c.nx, c.rows_per_warp);
+}
+
+template <GgmlType T>
+void prepare_gemv_q8() {
+    staged_resident_ctas<T, 1, 1>();
+    staged_resident_ctas<T, 1, 2>();
+    staged_resident_ctas<T, 2, 1>();
+    staged_resident_ctas<T, 2, 2>();
+    staged_resident_ctas<T, 4, 1>();
+    staged_resident_ctas<T, 4, 2>();
+    staged_resident_ctas<T, 8, 1>();
 }
 
 }  // namespace nt::cuda::detail

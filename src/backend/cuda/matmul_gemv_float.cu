@@ -14,17 +14,22 @@ struct FloatWeight;
 template <>
 struct FloatWeight<GgmlType::F32> {
     static constexpr int kBytes = 4;
-    __device__ static float one(const uint8_t* p) { return __ldg(reinterpret_cast<const float*>(p)); }
+    __device__ static float one(const uint8_t* p) {
+        return __ldg(reinterpret_cast<const float*>(p));
+    }
     __device__ static void eight(const uint8_t* p, float* v) {
         const float4 a = __ldg(reinterpret_cast<const float4*>(p));
         const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
     }
 };
 template <>
 struct FloatWeight<GgmlType::F16> {
     static constexpr int kBytes = 2;
-    __device__ static float one(const uint8_t* p) { return __half2float(__ldg(reinterpret_cast<const __half*>(p))); }
+    __device__ static float one(const uint8_t* p) {
+        return __half2float(__ldg(reinterpret_cast<const __half*>(p)));
+    }
     __device__ static void eight(const uint8_t* p, float* v) {
         const uint4 a = __ldg(reinterpret_cast<const uint4*>(p));
         const uint32_t u[4] = {a.x, a.y, a.z, a.w};
@@ -54,8 +59,8 @@ struct FloatWeight<GgmlType::BF16> {
 
 template <GgmlType T, int NX, bool VEC>
 __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
-    gemv_float_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t cols, const float* __restrict__ x,
-                      int n, float* __restrict__ y, int ksplit) {
+    gemv_float_kernel(const uint8_t* __restrict__ w, int64_t rows, int64_t cols,
+                      const float* __restrict__ x, int n, float* __restrict__ y, int ksplit) {
     using F = FloatWeight<T>;
     constexpr int RW = kFloatRows;
     __shared__ float red[kGemvWarps * RW * NX];
@@ -126,21 +131,23 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks)
 }
 
 template <GgmlType T, int NX>
-void launch_float(const void* w, int64_t rows, int64_t cols, const float* x, int n, float* y, bool vec,
-                  int ksplit, cudaStream_t stream) {
+void launch_float(const void* w, int64_t rows, int64_t cols, const float* x, int n, float* y,
+                  bool vec, int ksplit, cudaStream_t stream) {
     const int64_t rows_per_cta = int64_t(kGemvWarps / ksplit) * kFloatRows;
     const dim3 grid(unsigned((rows + rows_per_cta - 1) / rows_per_cta));
     const auto* wb = static_cast<const uint8_t*>(w);
     if (vec)
-        gemv_float_kernel<T, NX, true><<<grid, kGemvThreads, 0, stream>>>(wb, rows, cols, x, n, y, ksplit);
+        gemv_float_kernel<T, NX, true>
+            <<<grid, kGemvThreads, 0, stream>>>(wb, rows, cols, x, n, y, ksplit);
     else
-        gemv_float_kernel<T, NX, false><<<grid, kGemvThreads, 0, stream>>>(wb, rows, cols, x, n, y, ksplit);
+        gemv_float_kernel<T, NX, false>
+            <<<grid, kGemvThreads, 0, stream>>>(wb, rows, cols, x, n, y, ksplit);
     NT_CUDA_CHECK(cudaGetLastError(), "gemv (float weights)");
 }
 
 template <GgmlType T>
-void launch_float_nx(const void* w, int64_t rows, int64_t cols, const float* x, int n, float* y, bool vec,
-                     int ksplit, cudaStream_t stream) {
+void launch_float_nx(const void* w, int64_t rows, int64_t cols, const float* x, int n, float* y,
+                     bool vec, int ksplit, cudaStream_t stream) {
     if (n <= 1) return launch_float<T, 1>(w, rows, cols, x, n, y, vec, ksplit, stream);
     if (n <= 2) return launch_float<T, 2>(w, rows, cols, x, n, y, vec, ksplit, stream);
     if (n <= 4) return launch_float<T, 4>(w, rows, cols, x, n, y, vec, ksplit, stream);
@@ -149,20 +156,26 @@ void launch_float_nx(const void* w, int64_t rows, int64_t cols, const float* x, 
 
 }  // namespace
 
-void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n, float* y,
-                int sm_count, cudaStream_t stream) {
+void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,
+                float* y, int sm_count, cudaStream_t stream) {
     if (n < 1 || n > 8) nt::fail("gemv_float: batch %d is outside 1..8.", n);
     const bool vec = cols % 8 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(x) % 16 == 0;
     // Split the columns over more warps when there are too few row groups to fill the GPU.
     const int64_t warps_wanted = int64_t(16) * (sm_count > 0 ? sm_count : 132);
     int ksplit = 1;
-    while (ksplit < kGemvWarps && (rows / kFloatRows) * ksplit < warps_wanted && cols >= 512 * ksplit) ksplit *= 2;
+    while (ksplit < kGemvWarps && (rows / kFloatRows) * ksplit < warps_wanted &&
+           cols >= 512 * ksplit)
+        ksplit *= 2;
     switch (t) {
-        case GgmlType::F32: return launch_float_nx<GgmlType::F32>(w, rows, cols, x, n, y, vec, ksplit, stream);
-        case GgmlType::F16: return launch_float_nx<GgmlType::F16>(w, rows, cols, x, n, y, vec, ksplit, stream);
-        case GgmlType::BF16: return launch_float_nx<GgmlType::BF16>(w, rows, cols, x, n, y, vec, ksplit, stream);
-        default: nt::fail("gemv_float: type %s is not a float type.", type_name(t));
+        case GgmlType::F32:
+            return launch_float_nx<GgmlType::F32>(w, rows, cols, x, n, y, vec, ksplit, stream);
+        case GgmlType::F16:
+            return launch_float_nx<GgmlType::F16>(w, rows, cols, x, n, y, vec, ksplit, stream);
+        case GgmlType::BF16:
+            return launch_float_nx<GgmlType::BF16>(w, rows, cols, x, n, y, vec, ksplit, stream);
+        default:
+            nt::fail("gemv_float: type %s is not a float type.", type_name(t));
     }
 }
 

@@ -37,9 +37,9 @@ struct GemvConfig {
     GemvKernel kernel = GemvKernel::Staged;
     int nx = 0;             // activation rows per pass over the weights: 1, 2, 4 or 8 (>= n)
     int rows_per_warp = 0;  // weight rows a warp holds at once: 1, 2 or 4
-    int ksplit = 0;         // warps of the 4-warp CTA that share rows, splitting the columns: 1, 2, 4
-    bool persistent = true; // Staged only: a GPU-filling grid whose CTAs loop over row tiles
-                            // (false: one CTA per tile)
+    int ksplit = 0;  // warps of the 4-warp CTA that share rows, splitting the columns: 1, 2, 4
+    bool persistent = true;  // Staged only: a GPU-filling grid whose CTAs loop over row tiles
+                             // (false: one CTA per tile)
 };
 
 // The dispatcher's choice for this shape (used when a GemvConfig field is 0).
@@ -58,10 +58,14 @@ void gemv_q8(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t
 template <GgmlType T>
 void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
                     int n, float* y, const GemvConfig& cfg, cudaStream_t stream);
+// One-time host-side setup of every GEMV kernel of type T (shared-memory limits, occupancy).
+template <GgmlType T>
+void prepare_gemv_q8();
 #define NT_GEMV_EXTERN(T)                                                                          \
     extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
-                                                     const float2*, int, float*, const GemvConfig&, \
-                                                     cudaStream_t);
+                                                     const float2*, int, float*,                   \
+                                                     const GemvConfig&, cudaStream_t);             \
+    extern template void prepare_gemv_q8<GgmlType::T>();
 NT_GEMV_EXTERN(Q4_0)
 NT_GEMV_EXTERN(Q4_1)
 NT_GEMV_EXTERN(Q5_0)
@@ -73,6 +77,9 @@ NT_GEMV_EXTERN(Q4_K)
 NT_GEMV_EXTERN(Q5_K)
 NT_GEMV_EXTERN(Q6_K)
 #undef NT_GEMV_EXTERN
+
+// prepare_gemv_q8 for every quantized type (matmul_init calls it).
+void prepare_gemv_all();
 
 // The same for F32, F16 and BF16 weights with float activations (any cols).
 void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,

@@ -12,9 +12,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "quant/types.h"
-
 #include "core/f16.h"
+#include "quant/types.h"
 
 #ifdef __CUDACC__
 #include <cuda_fp16.h>
@@ -88,19 +87,33 @@ NT_HD float2 ld_xd(const float2* p) {
 #endif
 }
 
+// Byte i (0..7) of two little-endian words.
+NT_HD int byte_of(const uint32_t (&v)[2], int i) {
+    return int((v[i >> 2] >> (8 * (i & 3))) & 0xFF);
+}
+NT_HD void ld_8_a2(const uint8_t* p, uint32_t (&v)[2]) {
+    v[0] = ld_u32_a2(p), v[1] = ld_u32_a2(p + 4);
+}
+NT_HD void ld_8_a4(const uint8_t* p, uint32_t (&v)[2]) {
+    v[0] = ld_u32(p), v[1] = ld_u32(p + 4);
+}
+
 // Four int8 products summed into c.
 NT_HD int dp4a(uint32_t a, int b, int c) {
 #ifdef __CUDA_ARCH__
     return __dp4a(int(a), b, c);
 #else
-    for (int i = 0; i < 4; ++i) c += int(int8_t(uint8_t(a >> (8 * i)))) * int(int8_t(uint8_t(uint32_t(b) >> (8 * i))));
+    for (int i = 0; i < 4; ++i)
+        c += int(int8_t(uint8_t(a >> (8 * i)))) * int(int8_t(uint8_t(uint32_t(b) >> (8 * i))));
     return c;
 #endif
 }
 
 // Byte-wise a - b for bytes whose true difference lies in [-128, 127] and a < 128: setting the
 // top bit of each byte of a stops borrows crossing bytes; the xor puts the sign right.
-NT_HD uint32_t sub_bytes(uint32_t a, uint32_t b) { return ((a | 0x80808080u) - b) ^ 0x80808080u; }
+NT_HD uint32_t sub_bytes(uint32_t a, uint32_t b) {
+    return ((a | 0x80808080u) - b) ^ 0x80808080u;
+}
 
 // Bits 0..3 of b moved to bit 4 of bytes 0..3 (the fifth bit of Q5_0/Q5_1 quants).
 NT_HD uint32_t spread4_to_bit4(uint32_t b) {
@@ -160,8 +173,14 @@ struct Quant;
 template <>
 struct Quant<GgmlType::Q4_0> {
     static constexpr int kBlockElems = 32, kBlockBytes = 18, kLanesPerBlock = 1, kUnits = 2;
-    struct W { uint32_t q[4]; float d; };
-    struct X { int lo[4], hi[4]; float2 d; };
+    struct W {
+        uint32_t q[4];
+        float d;
+    };
+    struct X {
+        int lo[4], hi[4];
+        float2 d;
+    };
     NT_HD static void load_w(const uint8_t* b, int, W& w) {
         w.d = h2f(ld_u16(b));
         for (int i = 0; i < 4; ++i) w.q[i] = ld_u32_a2(b + 2 + 4 * i);
@@ -182,14 +201,19 @@ struct Quant<GgmlType::Q4_0> {
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
         const int sh = (g >> 1) * 4;
-        for (int l = 0; l < 8; ++l) out[l] = d * float(int((b[2 + (g & 1) * 8 + l] >> sh) & 15) - 8);
+        uint32_t q[2];
+        ld_8_a2(b + 2 + (g & 1) * 8, q);
+        for (int l = 0; l < 8; ++l) out[l] = d * float(((byte_of(q, l) >> sh) & 15) - 8);
     }
 };
 
 template <>
 struct Quant<GgmlType::Q4_1> {
     static constexpr int kBlockElems = 32, kBlockBytes = 20, kLanesPerBlock = 1, kUnits = 2;
-    struct W { uint32_t q[4]; float d, m; };
+    struct W {
+        uint32_t q[4];
+        float d, m;
+    };
     using X = Quant<GgmlType::Q4_0>::X;
     NT_HD static void load_w(const uint8_t* b, int, W& w) {
         w.d = h2f(ld_u16(b));
@@ -210,14 +234,19 @@ struct Quant<GgmlType::Q4_1> {
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
         const int sh = (g >> 1) * 4;
-        for (int l = 0; l < 8; ++l) out[l] = d * float((b[4 + (g & 1) * 8 + l] >> sh) & 15) + m;
+        uint32_t q[2];
+        ld_8_a4(b + 4 + (g & 1) * 8, q);
+        for (int l = 0; l < 8; ++l) out[l] = d * float((byte_of(q, l) >> sh) & 15) + m;
     }
 };
 
 template <>
 struct Quant<GgmlType::Q5_0> {
     static constexpr int kBlockElems = 32, kBlockBytes = 22, kLanesPerBlock = 1, kUnits = 2;
-    struct W { uint32_t lo[4], hi[4]; float d; };  // 5-bit quants, unsigned
+    struct W {
+        uint32_t lo[4], hi[4];
+        float d;
+    };  // 5-bit quants, unsigned
     using X = Quant<GgmlType::Q4_0>::X;
     NT_HD static void load_w(const uint8_t* b, int, W& w) {
         w.d = h2f(ld_u16(b));
@@ -243,9 +272,11 @@ struct Quant<GgmlType::Q5_0> {
         const float d = h2f(ld_u16(b));
         const uint32_t qh = ld_u32_a2(b + 2);
         const int sh = (g >> 1) * 4;
+        uint32_t qs[2];
+        ld_8_a2(b + 6 + (g & 1) * 8, qs);
         for (int l = 0; l < 8; ++l) {
             const int e = g * 8 + l;
-            const int q = ((b[6 + (e & 15)] >> sh) & 15) | int(((qh >> e) & 1) << 4);
+            const int q = ((byte_of(qs, l) >> sh) & 15) | int(((qh >> e) & 1) << 4);
             out[l] = d * float(q - 16);
         }
     }
@@ -254,7 +285,10 @@ struct Quant<GgmlType::Q5_0> {
 template <>
 struct Quant<GgmlType::Q5_1> {
     static constexpr int kBlockElems = 32, kBlockBytes = 24, kLanesPerBlock = 1, kUnits = 2;
-    struct W { uint32_t lo[4], hi[4]; float d, m; };
+    struct W {
+        uint32_t lo[4], hi[4];
+        float d, m;
+    };
     using X = Quant<GgmlType::Q4_0>::X;
     NT_HD static void load_w(const uint8_t* b, int, W& w) {
         w.d = h2f(ld_u16(b));
@@ -281,9 +315,11 @@ struct Quant<GgmlType::Q5_1> {
         const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
         const uint32_t qh = ld_u32(b + 4);
         const int sh = (g >> 1) * 4;
+        uint32_t qs[2];
+        ld_8_a4(b + 8 + (g & 1) * 8, qs);
         for (int l = 0; l < 8; ++l) {
             const int e = g * 8 + l;
-            const int q = ((b[8 + (e & 15)] >> sh) & 15) | int(((qh >> e) & 1) << 4);
+            const int q = ((byte_of(qs, l) >> sh) & 15) | int(((qh >> e) & 1) << 4);
             out[l] = d * float(q) + m;
         }
     }
@@ -293,8 +329,14 @@ struct Quant<GgmlType::Q5_1> {
 template <>
 struct Quant<GgmlType::Q8_0> {
     static constexpr int kBlockElems = 32, kBlockBytes = 34, kLanesPerBlock = 2, kUnits = 2;
-    struct W { uint32_t q[4]; float d; };
-    struct X { int q[4]; float d; };
+    struct W {
+        uint32_t q[4];
+        float d;
+    };
+    struct X {
+        int q[4];
+        float d;
+    };
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
         w.d = h2f(ld_u16(b));
         for (int i = 0; i < 4; ++i) w.q[i] = ld_u32_a2(b + 2 + 16 * part + 4 * i);
@@ -310,7 +352,9 @@ struct Quant<GgmlType::Q8_0> {
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
-        for (int l = 0; l < 8; ++l) out[l] = float(int8_t(b[2 + g * 8 + l])) * d;
+        uint32_t q[2];
+        ld_8_a2(b + 2 + g * 8, q);
+        for (int l = 0; l < 8; ++l) out[l] = float(int8_t(uint8_t(byte_of(q, l)))) * d;
     }
 };
 
@@ -322,8 +366,15 @@ struct Quant<GgmlType::Q8_0> {
 template <>
 struct Quant<GgmlType::Q2_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 84, kLanesPerBlock = 4, kUnits = 2;
-    struct W { uint32_t q[4]; uint32_t sc; float d, dmin; };  // sc: the 4 scale bytes, j = 0..3
-    struct X { int q[4][4]; float d[4]; };
+    struct W {
+        uint32_t q[4];
+        uint32_t sc;
+        float d, dmin;
+    };  // sc: the 4 scale bytes, j = 0..3
+    struct X {
+        int q[4][4];
+        float d[4];
+    };
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
         const int n = part >> 1, s = part & 1;
         for (int i = 0; i < 4; ++i) w.q[i] = ld_u32(b + 16 + 32 * n + 16 * s + 4 * i);
@@ -359,7 +410,9 @@ struct Quant<GgmlType::Q2_K> {
         const int sc = b[8 * n + 2 * j + s];
         const float dl = h2f(ld_u16(b + 80)) * float(sc & 0xF);
         const float ml = h2f(ld_u16(b + 82)) * float(sc >> 4);
-        for (int l = 0; l < 8; ++l) out[l] = dl * float((b[16 + 32 * n + 16 * s + l0 + l] >> (2 * j)) & 3) - ml;
+        uint32_t q[2];
+        ld_8_a4(b + 16 + 32 * n + 16 * s + l0, q);
+        for (int l = 0; l < 8; ++l) out[l] = dl * float((byte_of(q, l) >> (2 * j)) & 3) - ml;
     }
 };
 
@@ -369,7 +422,11 @@ struct Quant<GgmlType::Q2_K> {
 template <>
 struct Quant<GgmlType::Q3_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 110, kLanesPerBlock = 4, kUnits = 2;
-    struct W { uint32_t q[4], h[4]; int sc[4]; float d; };
+    struct W {
+        uint32_t q[4], h[4];
+        int sc[4];
+        float d;
+    };
     using X = Quant<GgmlType::Q2_K>::X;
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
         const int n = part >> 1, s = part & 1;
@@ -400,9 +457,12 @@ struct Quant<GgmlType::Q3_K> {
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
         const float dl = h2f(ld_u16(b + 108)) * float(scale_q3k(8 * n + 2 * j + s, b + 96));
+        uint32_t q[2], h[2];
+        ld_8_a2(b + 32 + 32 * n + 16 * s + l0, q);
+        ld_8_a2(b + 16 * s + l0, h);
         for (int l = 0; l < 8; ++l) {
-            const int lo = (b[32 + 32 * n + 16 * s + l0 + l] >> (2 * j)) & 3;
-            const int hi = (b[16 * s + l0 + l] >> (4 * n + j)) & 1;
+            const int lo = (byte_of(q, l) >> (2 * j)) & 3;
+            const int hi = (byte_of(h, l) >> (4 * n + j)) & 1;
             out[l] = dl * float(lo - (hi ? 0 : 4));
         }
     }
@@ -414,8 +474,14 @@ struct Quant<GgmlType::Q3_K> {
 template <>
 struct Quant<GgmlType::Q4_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 144, kLanesPerBlock = 4, kUnits = 1;
-    struct W { uint32_t q[8]; float d1, d2, m1, m2; };
-    struct X { int a[8], b[8]; float2 da, db; };
+    struct W {
+        uint32_t q[8];
+        float d1, d2, m1, m2;
+    };
+    struct X {
+        int a[8], b[8];
+        float2 da, db;
+    };
     NT_HD static void load_scales(const uint8_t* b, int c, W& w) {
         uint32_t hdr[4];
         ld_u32x4(b, hdr);
@@ -445,7 +511,8 @@ struct Quant<GgmlType::Q4_K> {
             sa = dp4a(w.q[i] & 0x0F0F0F0Fu, x.a[i], sa);
             sb = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.b[i], sb);
         }
-        return w.d1 * x.da.x * float(sa) + w.d2 * x.db.x * float(sb) - (w.m1 * x.da.y + w.m2 * x.db.y);
+        return w.d1 * x.da.x * float(sa) + w.d2 * x.db.x * float(sb) -
+               (w.m1 * x.da.y + w.m2 * x.db.y);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, sub = e0 >> 5, c = sub >> 1, l0 = e0 & 31;
@@ -453,7 +520,9 @@ struct Quant<GgmlType::Q4_K> {
         scale_min_k4(sub, b + 4, sc, m);
         const float d1 = h2f(ld_u16(b)) * float(sc), m1 = h2f(ld_u16(b + 2)) * float(m);
         const int sh = (sub & 1) * 4;
-        for (int l = 0; l < 8; ++l) out[l] = d1 * float((b[16 + 32 * c + l0 + l] >> sh) & 15) - m1;
+        uint32_t q[2];
+        ld_8_a4(b + 16 + 32 * c + l0, q);
+        for (int l = 0; l < 8; ++l) out[l] = d1 * float((byte_of(q, l) >> sh) & 15) - m1;
     }
 };
 
@@ -462,7 +531,10 @@ struct Quant<GgmlType::Q4_K> {
 template <>
 struct Quant<GgmlType::Q5_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 176, kLanesPerBlock = 4, kUnits = 1;
-    struct W { uint32_t a[8], b[8]; float d1, d2, m1, m2; };
+    struct W {
+        uint32_t a[8], b[8];
+        float d1, d2, m1, m2;
+    };
     using X = Quant<GgmlType::Q4_K>::X;
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
         Quant<GgmlType::Q4_K>::W s;
@@ -488,7 +560,8 @@ struct Quant<GgmlType::Q5_K> {
             sa = dp4a(w.a[i], x.a[i], sa);
             sb = dp4a(w.b[i], x.b[i], sb);
         }
-        return w.d1 * x.da.x * float(sa) + w.d2 * x.db.x * float(sb) - (w.m1 * x.da.y + w.m2 * x.db.y);
+        return w.d1 * x.da.x * float(sa) + w.d2 * x.db.x * float(sb) -
+               (w.m1 * x.da.y + w.m2 * x.db.y);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, sub = e0 >> 5, c = sub >> 1, l0 = e0 & 31;
@@ -496,8 +569,11 @@ struct Quant<GgmlType::Q5_K> {
         scale_min_k4(sub, b + 4, sc, m);
         const float d1 = h2f(ld_u16(b)) * float(sc), m1 = h2f(ld_u16(b + 2)) * float(m);
         const int sh = (sub & 1) * 4;
+        uint32_t ql[2], qh[2];
+        ld_8_a4(b + 48 + 32 * c + l0, ql);
+        ld_8_a4(b + 16 + l0, qh);
         for (int l = 0; l < 8; ++l) {
-            const int q = ((b[48 + 32 * c + l0 + l] >> sh) & 15) | (((b[16 + l0 + l] >> sub) & 1) << 4);
+            const int q = ((byte_of(ql, l) >> sh) & 15) | (((byte_of(qh, l) >> sub) & 1) << 4);
             out[l] = d1 * float(q) - m1;
         }
     }
@@ -510,7 +586,11 @@ struct Quant<GgmlType::Q5_K> {
 template <>
 struct Quant<GgmlType::Q6_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 210, kLanesPerBlock = 4, kUnits = 1;
-    struct W { uint32_t la[4], lb[4], h[4]; int sc[4]; float d; };
+    struct W {
+        uint32_t la[4], lb[4], h[4];
+        int sc[4];
+        float d;
+    };
     using X = Quant<GgmlType::Q2_K>::X;
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
         const int n = part >> 1, hf = part & 1;
@@ -546,9 +626,12 @@ struct Quant<GgmlType::Q6_K> {
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, t = (e0 >> 5) & 3, l0 = e0 & 31;
         const float dl = h2f(ld_u16(b + 208)) * float(int8_t(b[192 + 8 * n + 2 * t + (l0 >> 4)]));
+        uint32_t ql[2], qh[2];
+        ld_8_a2(b + 64 * n + 32 * (t & 1) + l0, ql);
+        ld_8_a2(b + 128 + 32 * n + l0, qh);
         for (int l = 0; l < 8; ++l) {
-            const int lo = (b[64 * n + 32 * (t & 1) + l0 + l] >> (4 * (t >> 1))) & 15;
-            const int hi = (b[128 + 32 * n + l0 + l] >> (2 * t)) & 3;
+            const int lo = (byte_of(ql, l) >> (4 * (t >> 1))) & 15;
+            const int hi = (byte_of(qh, l) >> (2 * t)) & 3;
             out[l] = dl * float((lo | (hi << 4)) - 32);
         }
     }
