@@ -39,12 +39,12 @@ const KernelTable& table(SimdLevel level) {
     return scalar_kernels();
 }
 
+}  // namespace
+
 SimdLevel active_level() {
     static const SimdLevel level = level_from_env(std::getenv("NT_SIMD"));
     return level;
 }
-
-}  // namespace
 
 SimdLevel cpu_level() {
     static const SimdLevel level = detect();
@@ -81,6 +81,15 @@ TileFn tile_kernel(SimdLevel level, GgmlType t) {
     if (id >= uint32_t(kMaxTypeId)) return nullptr;
     for (int l = int(level); l >= 0; --l) {
         if (TileFn f = table(SimdLevel(l)).tile[id]) return f;
+    }
+    return nullptr;
+}
+
+QuantizeFn quantize_kernel(SimdLevel level, GgmlType t) {
+    const uint32_t id = uint32_t(t);
+    if (id >= uint32_t(kMaxTypeId)) return nullptr;
+    for (int l = int(level); l >= 0; --l) {
+        if (QuantizeFn f = table(SimdLevel(l)).quantize[id]) return f;
     }
     return nullptr;
 }

@@ -15,11 +15,15 @@
 // Float weights (F32/F16/BF16 against F32 activations) use the classic register-blocked shape:
 // lanes are elements, R rows x C columns of accumulators.
 #pragma once
+#include <immintrin.h>
+
 #include <algorithm>
-#include <memory>
 #include <cstring>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
+#include "core/f16.h"
 #include "quant/kernels.h"
 
 namespace nt::quant_detail::x86 {
@@ -824,6 +828,146 @@ void tile_float(int64_t n, int nrows, int ncols, const void* w, size_t w_stride,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Activation quantizers, bit-identical to quantize.cpp's reference code (same IEEE operations in
+// the same order; the roundings are emulated exactly). 256-bit code, shared by both levels.
+
+inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+inline int hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+inline __m256 abs8(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
+
+// C's roundf (half away from zero): truncate, then step away from zero when the dropped
+// fraction (exact: v - trunc(v)) is at least one half. For |v| < 2^23.
+inline __m256 round_half_away(__m256 v) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 away = _mm256_cmp_ps(abs8(_mm256_sub_ps(v, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), v));
+    return _mm256_add_ps(t, _mm256_and_ps(away, one));
+}
+// q8_clamp of quantize.cpp: NaN -> 0, then clamp to [-127, 127].
+inline __m256 clamp127(__m256 v) {
+    v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+    return _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+}
+// Four vectors of 8 int32 (each within int8) -> 32 int8 in order.
+inline __m256i pack_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// Q8_0 / Q8_1: d = amax / 127, q = roundf(x / d) (x * (1/d)); Q8_1 adds s = f16(sum(q) * d).
+template <bool kQ8_1>
+void quantize_q8(const float* x, void* dst, int64_t n) {
+    using Block = std::conditional_t<kQ8_1, block_q8_1, block_q8_0>;
+    auto* y = static_cast<Block*>(dst);
+    for (int64_t b = 0; b < n / 32; ++b, x += 32) {
+        __m256 v[4];
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; ++k) {
+            v[k] = _mm256_loadu_ps(x + 8 * k);
+            m = _mm256_max_ps(m, abs8(v[k]));
+        }
+        const float amax = hmax8(m);
+        const float d = amax / 127;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = f32_to_f16(d);
+        __m256i q[4];
+        for (int k = 0; k < 4; ++k) {
+            q[k] = _mm256_cvttps_epi32(clamp127(round_half_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id)))));
+        }
+        _mm256_storeu_si256((__m256i*)y[b].qs, pack_i8(q[0], q[1], q[2], q[3]));
+        if constexpr (kQ8_1) {
+            const int sum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+            y[b].s = f32_to_f16(float(sum) * d);
+        }
+    }
+}
+
+// Q8_K: iscale = -127 / (the first value of largest magnitude), q = min(127, rint(iscale * x)),
+// d = 1 / iscale, bsums = sums of 16 quants.
+inline void quantize_q8_K(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<block_q8_K*>(dst);
+    for (int64_t b = 0; b < n / QK_K; ++b, x += QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < 32; ++k) m = _mm256_max_ps(m, abs8(_mm256_loadu_ps(x + 8 * k)));
+        const float amax = hmax8(m);
+        if (amax == 0.0f) {
+            std::memset(&y[b], 0, sizeof(block_q8_K));
+            continue;
+        }
+        float max = 0.0f;
+        for (int k = 0; k < 32; ++k) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs8(_mm256_loadu_ps(x + 8 * k)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (hit) {
+                max = x[8 * k + __builtin_ctz(unsigned(hit))];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 is = _mm256_set1_ps(iscale);
+        for (int k = 0; k < 8; ++k) {  // 32 quants at a time
+            __m256i q[4];
+            for (int j = 0; j < 4; ++j) {
+                const __m256 v = clamp127(_mm256_mul_ps(is, _mm256_loadu_ps(x + 32 * k + 8 * j)));
+                q[j] = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+            }
+            _mm256_storeu_si256((__m256i*)(y[b].qs + 32 * k), pack_i8(q[0], q[1], q[2], q[3]));
+            y[b].bsums[2 * k] = int16_t(hsum8i(_mm256_add_epi32(q[0], q[1])));
+            y[b].bsums[2 * k + 1] = int16_t(hsum8i(_mm256_add_epi32(q[2], q[3])));
+        }
+        y[b].d = 1 / iscale;
+    }
+}
+
+// F16 with round to nearest even (F16C), NaNs as f32_to_f16 writes them (sign | 0x7E00).
+inline void quantize_f16(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<uint8_t*>(dst);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        const __m128i nan = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
+        if (!_mm_testz_si128(nan, nan)) {
+            const __m128i sign = _mm_and_si128(h, _mm_set1_epi16(short(0x8000)));
+            h = _mm_blendv_epi8(h, _mm_or_si128(sign, _mm_set1_epi16(0x7E00)), nan);
+        }
+        _mm_storeu_si128((__m128i*)(y + 2 * i), h);
+    }
+    for (; i < n; ++i) {
+        const uint16_t h = f32_to_f16(x[i]);
+        std::memcpy(y + 2 * i, &h, 2);
+    }
+}
+
+// BF16: round to nearest even on the bits; NaNs quieted (| 0x40), as f32_to_bf16.
+inline void quantize_bf16(const float* x, void* dst, int64_t n) {
+    auto* y = static_cast<uint8_t*>(dst);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(x + i));
+        const __m256i rounded = _mm256_srli_epi32(
+            _mm256_add_epi32(v, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(1)))), 16);
+        const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(0x40));
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+        const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+        _mm_storeu_si128((__m128i*)(y + 2 * i), _mm256_castsi256_si128(packed));
+    }
+    for (; i < n; ++i) {
+        const uint16_t h = f32_to_bf16(x[i]);
+        std::memcpy(y + 2 * i, &h, 2);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 
 template <class I>
 KernelTable make_table() {
@@ -841,6 +985,11 @@ KernelTable make_table() {
     t.tile[int(GgmlType::Q4_K)] = tile_k<I, GgmlType::Q4_K>;
     t.tile[int(GgmlType::Q5_K)] = tile_k<I, GgmlType::Q5_K>;
     t.tile[int(GgmlType::Q6_K)] = tile_k<I, GgmlType::Q6_K>;
+    t.quantize[int(GgmlType::Q8_0)] = quantize_q8<false>;
+    t.quantize[int(GgmlType::Q8_1)] = quantize_q8<true>;
+    t.quantize[int(GgmlType::Q8_K)] = quantize_q8_K;
+    t.quantize[int(GgmlType::F16)] = quantize_f16;
+    t.quantize[int(GgmlType::BF16)] = quantize_bf16;
     return t;
 }
 

@@ -18,10 +18,15 @@ using TileFn = void (*)(int64_t n, int nrows, int ncols, const void* w, size_t w
 
 constexpr int kMaxTypeId = 31;  // GgmlType ids are < 31
 
-// One SIMD level's dot kernels, indexed by GgmlType id. nullptr: the level has no kernel of its
-// own for that type and the dispatcher uses the next lower level.
+// quantize_row for one activation format: n floats (a multiple of the block size) -> blocks.
+using QuantizeFn = void (*)(const float* src, void* dst, int64_t n);
+
+// One SIMD level's kernels, indexed by GgmlType id. nullptr: the level has no kernel of its own
+// for that type and the dispatcher uses the next lower level. Every level's quantize output is
+// bit-identical to the scalar reference.
 struct KernelTable {
     TileFn tile[kMaxTypeId] = {};
+    QuantizeFn quantize[kMaxTypeId] = {};  // activation formats only (Q8_0, Q8_1, Q8_K, F16, BF16)
 };
 
 const KernelTable& scalar_kernels();
@@ -37,6 +42,14 @@ const char* level_name(SimdLevel level);
 // The kernel a given level uses for type t (falls back to lower levels); nullptr if the type has
 // no dot product at all. Tests call this to compare levels against each other.
 TileFn tile_kernel(SimdLevel level, GgmlType t);
+// The activation quantizer a SIMD level uses for t (falls back to lower levels); nullptr at the
+// scalar level and for the weight formats, which use the reference code alone.
+QuantizeFn quantize_kernel(SimdLevel level, GgmlType t);
+// quantize_row's reference (scalar) code for every type it supports; the SIMD quantizers match
+// it bit for bit.
+void quantize_row_scalar(GgmlType t, const float* src, void* dst, int64_t n);
+// The level the process runs at (the CPU's best, capped by NT_SIMD).
+SimdLevel active_level();
 
 // ---- helpers shared by the scalar and SIMD code ----
 

@@ -109,6 +109,14 @@ void q_q5_1(const float* x, block_q5_1* y, int64_t nb) {
     }
 }
 
+// An int8 quant from a scaled value already rounded to an integer (|v| <= 127 for every finite
+// block). Blocks of subnormal floats overflow 1 / d to infinity; ggml's reference then converts
+// inf or NaN to int8, which is undefined, so here NaN gives 0 and infinities clamp to +-127.
+inline int8_t q8_clamp(float v) {
+    if (!(v == v)) return 0;
+    return int8_t(std::min(127.0f, std::max(-127.0f, v)));
+}
+
 // Q8_0 and Q8_1 share the scale: d = amax / 127, q = roundf(x / d) (half away from zero), which
 // keeps |q| <= 127: the SIMD dot kernels rely on that.
 template <typename Block>
@@ -118,7 +126,7 @@ float q8_block(const float* x, Block& y) {
     const float d = amax / 127;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     y.d = f32_to_f16(d);
-    for (int j = 0; j < 32; ++j) y.qs[j] = int8_t(std::round(x[j] * id));
+    for (int j = 0; j < 32; ++j) y.qs[j] = q8_clamp(std::round(x[j] * id));
     return d;
 }
 
@@ -153,8 +161,14 @@ void q_q8_K(const float* x, block_q8_K* y, int64_t nb) {
             std::memset(y[i].bsums, 0, sizeof(y[i].bsums));
             continue;
         }
+        // Scaled values are clamped to [-127, 127] first (a no-op for finite blocks, where
+        // |iscale * x| <= 127 up to rounding; it defines the subnormal blocks whose iscale
+        // overflows, see q8_clamp).
         const float iscale = -127.f / max;
-        for (int j = 0; j < QK_K; ++j) y[i].qs[j] = int8_t(std::min(127, nearest_int(iscale * x[j])));
+        for (int j = 0; j < QK_K; ++j) {
+            const float v = iscale * x[j];
+            y[i].qs[j] = int8_t(v == v ? nearest_int(std::min(127.0f, std::max(-127.0f, v))) : 0);
+        }
         for (int g = 0; g < QK_K / 16; ++g) {
             int sum = 0;
             for (int j = 0; j < 16; ++j) sum += y[i].qs[g * 16 + j];
@@ -205,6 +219,16 @@ bool can_quantize(GgmlType t) {
 }
 
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
+    const TypeTraits* tr = type_traits(uint32_t(t));
+    if (tr && can_quantize(t) && n % tr->block_elems == 0) {
+        if (quant_detail::QuantizeFn f = quant_detail::quantize_kernel(quant_detail::active_level(), t)) {
+            return f(src, dst, n);
+        }
+    }
+    quant_detail::quantize_row_scalar(t, src, dst, n);
+}
+
+void quant_detail::quantize_row_scalar(GgmlType t, const float* src, void* dst, int64_t n) {
     const TypeTraits* tr = type_traits(uint32_t(t));
     if (!tr || !can_quantize(t))
         fail("cannot quantize to tensor type %s: only f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "

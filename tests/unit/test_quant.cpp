@@ -158,6 +158,58 @@ TEST(Quantize, ActivationFormatsRoundTrip) {
     }
 }
 
+// Inputs that stress the activation quantizers' roundings: exact halves after scaling (ties of
+// roundf and of round-to-even), ties for the largest magnitude with opposite signs, zero and
+// subnormal blocks, f16 overflow and subnormal boundaries, infinities and NaNs (f16/bf16 only).
+std::vector<float> tricky_inputs(bool with_specials, std::mt19937& rng) {
+    const int64_t n = 256 * 8;
+    std::vector<float> x(n);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_int_distribution<int> k127(-126, 125);
+    for (int64_t i = 0; i < n; ++i) x[size_t(i)] = nd(rng) * std::pow(10.0f, float(i / 256) - 3.0f);
+    // Block 1 (elements 256..511): largest magnitude 127 twice with opposite signs, the rest on
+    // exact halves: Q8_0/Q8_1 scale 1 (roundf ties), Q8_K iscale +-1 (round-to-even ties).
+    for (int64_t i = 256; i < 512; ++i) x[size_t(i)] = float(k127(rng)) + 0.5f;
+    for (int64_t i = 256; i < 512; i += 32) x[size_t(i)] = (i / 32) % 2 ? 127.0f : -127.0f;
+    x[300] = 127.0f;
+    // Block 2: zeros. Block 3: subnormals and tiny values.
+    for (int64_t i = 512; i < 768; ++i) x[size_t(i)] = 0.0f;
+    for (int64_t i = 768; i < 1024; ++i) x[size_t(i)] = float(i - 900) * 1e-41f;
+    if (with_specials) {
+        const float specials[] = {65504.0f, 65519.99f, 65520.0f, -65520.0f, 6.1035156e-05f, 5.9604645e-08f,
+                                  2.9802322e-08f, 2.9802326e-08f, 1e-45f, INFINITY, -INFINITY, NAN, -NAN,
+                                  1.00048828125f, 1.0009765625f, 3.3895314e38f};
+        for (size_t j = 0; j < std::size(specials); ++j) x[1024 + j] = specials[j];
+    }
+    return x;
+}
+
+TEST(Quantize, SimdLevelsAreBitExact) {
+    std::mt19937 rng(21);
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::F16, GgmlType::BF16}) {
+        const bool floats = t == GgmlType::F16 || t == GgmlType::BF16;
+        const std::vector<float> x = tricky_inputs(floats, rng);
+        const int64_t n = int64_t(x.size());
+        std::vector<uint8_t> want(row_bytes(t, n));
+        quant_detail::quantize_row_scalar(t, x.data(), want.data(), n);
+        for (SimdLevel l : levels_to_test()) {
+            const quant_detail::QuantizeFn f = quant_detail::quantize_kernel(l, t);
+            if (!f) continue;
+            SCOPED_TRACE(std::string(type_name(t)) + " level=" + quant_detail::level_name(l));
+            std::vector<uint8_t> got(want.size(), 0xAA);
+            f(x.data(), got.data(), n);
+            for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(int(got[i]), int(want[i])) << "byte " << i;
+            // Odd lengths for the float formats (the vector loop's tail).
+            if (floats) {
+                std::vector<uint8_t> w7(14), g7(14);
+                quant_detail::quantize_row_scalar(t, x.data() + 1020, w7.data(), 7);
+                f(x.data() + 1020, g7.data(), 7);
+                ASSERT_EQ(w7, g7);
+            }
+        }
+    }
+}
+
 TEST(Quantize, RejectsWhatItCannotDo) {
     std::vector<float> x(256, 1.0f);
     std::vector<uint8_t> out(2048);
@@ -443,8 +495,15 @@ TEST(Simd, LevelSelection) {
     EXPECT_EQ(level_from_env("avx2"), std::min(best, SimdLevel::Avx2));
     EXPECT_EQ(level_from_env("avx512"), best);
     EXPECT_THROW(level_from_env("sse9"), Error);
+    // The process's level follows NT_SIMD (CI runs this binary under several values).
     const char* env = std::getenv("NT_SIMD");
-    EXPECT_STREQ(simd_level(), quant_detail::level_name(level_from_env(env)));
+    const bool valid = !env || !*env || !std::strcmp(env, "scalar") || !std::strcmp(env, "avx2") ||
+                       !std::strcmp(env, "avx512");
+    if (valid) {
+        EXPECT_STREQ(simd_level(), quant_detail::level_name(level_from_env(env)));
+    } else {
+        EXPECT_THROW(simd_level(), Error);
+    }
 }
 
 }  // namespace
