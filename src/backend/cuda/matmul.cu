@@ -100,7 +100,7 @@ bool matmul_supports(GgmlType t) {
 size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch) {
     const size_t gemv = gemv_bytes(std::min(max_batch, kGemvMaxBatch), max_cols);
     if (max_batch <= kGemvMaxBatch) return gemv;
-    const size_t slice = size_t(std::min(max_rows, kGemmSliceRows)) * size_t(max_cols) * 2;
+    const size_t slice = std::min(size_t(max_rows) * size_t(max_cols) * 2, kGemmSliceBytes);
     return std::max(gemv, kCublasWorkspace + gemm_x_bytes(max_batch, max_cols) + slice);
 }
 

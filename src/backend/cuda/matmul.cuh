@@ -34,12 +34,14 @@ struct MatmulWorkspace {
 };
 
 // Bytes of workspace that let matmul() run on any weight with at most max_cols columns and
-// max_rows rows, for batches up to max_batch. The dominant term is the FP16 copy of a weight
-// slice for the GEMM path: up to kGemmSliceRows x max_cols x 2 bytes (a 70B ffn matrix,
-// 28672 x 8192, is 470 MB; 8B's largest, 14336 x 4096, is 117 MB); larger matrices (the vocab
-// projection) are multiplied slice by slice, so the workspace never needs to hold them whole.
+// max_rows rows, for batches up to max_batch. For max_batch <= kGemvMaxBatch it is only the int8
+// activations (n x max_cols x 1.25 bytes). Above, the GEMM path adds cuBLAS's 32 MiB, the FP16
+// activations (max_batch x max_cols x 2) and an FP16 weight slice of at most kGemmSliceBytes:
+// 8B's largest matrix (14336 x 4096, 117 MB) is dequantized whole; 70B's ffn matrices (28672 x
+// 8192, 470 MB in FP16) and the vocab projections go in row slices of that size, which costs
+// nothing measurable (each slice is still a large GEMM) and keeps the workspace near 300 MB.
 // A smaller workspace also works, with more slices, as long as it holds 128 rows.
-constexpr int64_t kGemmSliceRows = 28672;
+constexpr size_t kGemmSliceBytes = size_t(256) << 20;
 size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch);
 
 // Takes `bytes` of device memory at `buf` (the caller keeps ownership) and creates the cuBLAS
