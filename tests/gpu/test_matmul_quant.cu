@@ -1,0 +1,124 @@
+// The per-type block arithmetic of the CUDA matmul kernels (src/backend/cuda/matmul_quant.cuh),
+// run on the host: its functions are __host__ __device__, so every bit manipulation is checked
+// against nt::dequantize_row without a GPU. The GPU tests (test_matmul.cpp) then cover the
+// kernels that call them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/matmul_quant.cuh"
+#include "core/f16.h"
+#include "quant/quant.h"
+
+namespace {
+
+using nt::GgmlType;
+using namespace nt::cuda::detail;
+
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    }
+    float uniform() { return float(next() >> 40) * (1.f / 16777216.f); }
+};
+
+template <GgmlType T>
+void check_type(std::vector<int> f16_offsets) {
+    using Q = Quant<T>;
+    const int nb = 97, n = nb * Q::kBlockElems;
+    Rng rng(uint64_t(T) + 1);
+    std::vector<uint8_t> w(size_t(nb) * Q::kBlockBytes);
+    for (auto& b : w) b = uint8_t(rng.next());
+    for (int i = 0; i < nb; ++i)
+        for (int o : f16_offsets) {
+            const uint16_t h = nt::f32_to_f16((rng.uniform() * 2.f - 1.f) * 0.01f);
+            std::memcpy(&w[size_t(i) * Q::kBlockBytes + o], &h, 2);
+        }
+
+    // dequant8 (the GEMM path's FP16 copy, before rounding) equals dequantize_row exactly.
+    std::vector<float> ref(n), mine(n);
+    nt::dequantize_row(T, w.data(), ref.data(), n);
+    for (int i = 0; i < nb; ++i)
+        for (int g = 0; g < Q::kBlockElems / 8; ++g)
+            Q::dequant8(&w[size_t(i) * Q::kBlockBytes], g,
+                        &mine[size_t(i) * Q::kBlockElems + g * 8]);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(mine[i], ref[i]) << nt::type_name(T) << " element " << i;
+
+    // The lanes' partial dot products over all parts of each block equal the float dot product
+    // with the int8-rounded activations, block by block.
+    std::vector<int8_t> xq(n);
+    std::vector<float2> xd(n / 32);
+    std::vector<float> xr(n);
+    for (int b = 0; b < n / 32; ++b) {
+        float x[32], amax = 0.f;
+        for (float& v : x) {
+            v = (rng.uniform() * 2.f - 1.f) * 3.f;
+            amax = std::max(amax, std::fabs(v));
+        }
+        const float d = amax / 127.f, id = 127.f / amax;
+        int s = 0;
+        for (int i = 0; i < 32; ++i) {
+            const int q = int(std::nearbyint(x[i] * id));
+            xq[b * 32 + i] = int8_t(q);
+            xr[b * 32 + i] = d * float(q);
+            s += q;
+        }
+        xd[b] = {d, d * float(s)};
+    }
+    for (int i = 0; i < nb; ++i) {
+        double want = 0, mag = 0, got = 0;
+        for (int e = 0; e < Q::kBlockElems; ++e) {
+            const double p = double(ref[i * Q::kBlockElems + e]) * xr[i * Q::kBlockElems + e];
+            want += p;
+            mag += std::fabs(p);
+        }
+        for (int part = 0; part < Q::kLanesPerBlock; ++part) {
+            typename Q::W wr;
+            typename Q::X xv;
+            Q::load_w(&w[size_t(i) * Q::kBlockBytes], part, wr);
+            Q::load_x(&xq[i * Q::kBlockElems], &xd[i * Q::kBlockElems / 32], part, xv);
+            got += Q::dot(wr, xv);
+        }
+        ASSERT_LE(std::fabs(got - want), 1e-5 * mag) << nt::type_name(T) << " block " << i;
+    }
+}
+
+TEST(MatmulQuantHost, Q4_0) {
+    check_type<GgmlType::Q4_0>({0});
+}
+TEST(MatmulQuantHost, Q4_1) {
+    check_type<GgmlType::Q4_1>({0, 2});
+}
+TEST(MatmulQuantHost, Q5_0) {
+    check_type<GgmlType::Q5_0>({0});
+}
+TEST(MatmulQuantHost, Q5_1) {
+    check_type<GgmlType::Q5_1>({0, 2});
+}
+TEST(MatmulQuantHost, Q8_0) {
+    check_type<GgmlType::Q8_0>({0});
+}
+TEST(MatmulQuantHost, Q2_K) {
+    check_type<GgmlType::Q2_K>({80, 82});
+}
+TEST(MatmulQuantHost, Q3_K) {
+    check_type<GgmlType::Q3_K>({108});
+}
+TEST(MatmulQuantHost, Q4_K) {
+    check_type<GgmlType::Q4_K>({0, 2});
+}
+TEST(MatmulQuantHost, Q5_K) {
+    check_type<GgmlType::Q5_K>({0, 2});
+}
+TEST(MatmulQuantHost, Q6_K) {
+    check_type<GgmlType::Q6_K>({208});
+}
+
+}  // namespace
