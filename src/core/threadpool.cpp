@@ -31,32 +31,52 @@ ThreadPool::~ThreadPool() {
     for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::run_chunks(int thread) {
+void ThreadPool::run_chunks(Job& job, int thread) {
     for (;;) {
-        const int64_t begin = next_.fetch_add(chunk_, std::memory_order_relaxed);
-        if (begin >= n_) break;
-        (*fn_)(begin, std::min(n_, begin + chunk_), thread);
+        const int64_t begin = job.next.fetch_add(job.chunk, std::memory_order_relaxed);
+        if (begin >= job.n) break;
+        (*job.fn)(begin, std::min(job.n, begin + job.chunk), thread);
+        job.done.fetch_add(1, std::memory_order_acq_rel);
     }
 }
+
+namespace {
+// Spin briefly, then yield: on a machine with more runnable threads than cores a pure spin
+// would burn the time slice that the thread we wait for needs.
+template <class Pred>
+void wait_until(Pred ready) {
+    for (int i = 0; !ready(); i++) {
+        if (i < 4096) NT_PAUSE();
+        else std::this_thread::yield();
+    }
+}
+}  // namespace
 
 void ThreadPool::worker(int id) {
     uint64_t seen = 0;
     for (;;) {
-        // Spin for a short while: the next job usually follows within microseconds.
-        auto spin_start = std::chrono::steady_clock::now();
-        int spins = 0;
-        while (generation_.load(std::memory_order_acquire) == seen) {
-            NT_PAUSE();
-            if (++spins % 1024 == 0 &&
-                std::chrono::steady_clock::now() - spin_start > std::chrono::milliseconds(2)) {
+        // Spin (then yield) for a short while: the next job usually follows within microseconds.
+        auto idle_start = std::chrono::steady_clock::now();
+        for (int i = 0; generation_.load(std::memory_order_acquire) == seen; i++) {
+            if (i < 4096) {
+                NT_PAUSE();
+                continue;
+            }
+            std::this_thread::yield();
+            if (i % 64 == 0 && std::chrono::steady_clock::now() - idle_start > std::chrono::milliseconds(2)) {
                 std::unique_lock<std::mutex> lk(mu_);
                 cv_.wait(lk, [&] { return generation_.load() != seen; });
             }
         }
         seen = generation_.load(std::memory_order_acquire);
         if (stop_.load()) return;
-        run_chunks(id);
-        active_.fetch_sub(1, std::memory_order_acq_rel);
+        Job* job = job_.load(std::memory_order_acquire);
+        if (!job) continue;
+        job->refs.fetch_add(1, std::memory_order_acq_rel);
+        // The job may have finished (and been replaced) while this thread was asleep.
+        if (generation_.load(std::memory_order_acquire) == seen && job_.load(std::memory_order_acquire) == job)
+            run_chunks(*job, id);
+        job->refs.fetch_sub(1, std::memory_order_acq_rel);
     }
 }
 
@@ -68,20 +88,25 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const RangeFn& fn) {
         return;
     }
     // About four chunks per thread balances uneven rows without too many atomics.
-    const int64_t chunk = std::max(grain, (n + 4 * n_threads_ - 1) / (4 * n_threads_));
-    fn_ = &fn;
-    n_ = n;
-    chunk_ = chunk;
-    next_.store(0, std::memory_order_relaxed);
-    active_.store(n_threads_ - 1, std::memory_order_relaxed);
+    Job& job = job_storage_;
+    job.fn = &fn;
+    job.n = n;
+    job.chunk = std::max(grain, (n + 4 * n_threads_ - 1) / (4 * n_threads_));
+    job.n_chunks = (n + job.chunk - 1) / job.chunk;
+    job.next.store(0, std::memory_order_relaxed);
+    job.done.store(0, std::memory_order_relaxed);
+    job_.store(&job, std::memory_order_release);
     {
         std::lock_guard<std::mutex> lk(mu_);
         generation_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
-    run_chunks(0);
-    while (active_.load(std::memory_order_acquire) != 0) NT_PAUSE();
-    fn_ = nullptr;
+    run_chunks(job, 0);
+    // Chunks are handed out dynamically, so the caller finishes whatever workers did not take;
+    // it only waits for chunks already running elsewhere.
+    wait_until([&] { return job.done.load(std::memory_order_acquire) == job.n_chunks; });
+    job_.store(nullptr, std::memory_order_release);
+    wait_until([&] { return job.refs.load(std::memory_order_acquire) == 0; });
 }
 
 }  // namespace nt

@@ -29,20 +29,26 @@ public:
     static int default_threads();
 
 private:
+    // One parallel_for. Workers that wake late may still hold a reference after the last chunk
+    // is done, so the caller waits for `refs` to drop before the job's memory is reused.
+    struct Job {
+        const RangeFn* fn = nullptr;
+        int64_t n = 0, chunk = 1, n_chunks = 0;
+        std::atomic<int64_t> next{0};
+        std::atomic<int64_t> done{0};
+        std::atomic<int> refs{0};
+    };
     void worker(int id);
-    void run_chunks(int thread);
+    static void run_chunks(Job& job, int thread);
 
     int n_threads_;
     std::vector<std::thread> workers_;
     std::mutex mu_;
     std::condition_variable cv_;
     std::atomic<uint64_t> generation_{0};
-    std::atomic<int> active_{0};
+    std::atomic<Job*> job_{nullptr};
     std::atomic<bool> stop_{false};
-    // current job
-    const RangeFn* fn_ = nullptr;
-    int64_t n_ = 0, chunk_ = 1;
-    std::atomic<int64_t> next_{0};
+    Job job_storage_;
 };
 
 }  // namespace nt
