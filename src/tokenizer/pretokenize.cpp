@@ -53,7 +53,9 @@ std::vector<size_t> for_each_segment(const std::vector<uint32_t>& cps,
     return out;
 }
 
-bool is_ascii_lower(uint32_t c, char lower) { return c == uint32_t(lower) || c == uint32_t(lower - 32); }
+bool is_ascii_lower(uint32_t c, char lower) {
+    return c == uint32_t(lower) || c == uint32_t(lower - 32);
+}
 
 // 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)
 std::vector<size_t> split_gpt2(const std::vector<uint32_t>& cps, const std::vector<size_t>& segs) {
@@ -212,13 +214,16 @@ std::vector<size_t> split_matches(const std::vector<uint32_t>& cps, const std::v
     });
 }
 
-bool is_number(uint32_t cp) { return unicode::flags(cp) & kNumber; }
+bool is_number(uint32_t cp) {
+    return unicode::flags(cp) & kNumber;
+}
 
 // [\p{P}\$\+<=>\^~\|]: llama.cpp runs it on collapsed text, where ASCII stands for itself
 // (every ASCII punctuation or symbol but '`') and other code points match when their category is
 // punctuation and they are not white space.
 bool is_default_punct(uint32_t cp) {
-    if (cp < 0x80) return cp != '`' && (unicode::flags(cp) & (unicode::kPunctuation | unicode::kSymbol));
+    if (cp < 0x80)
+        return cp != '`' && (unicode::flags(cp) & (unicode::kPunctuation | unicode::kSymbol));
     const uint16_t f = unicode::flags(cp);
     return !(f & kWhitespace) && (f & unicode::kCategoryMask) == unicode::kPunctuation;
 }
@@ -232,35 +237,32 @@ size_t run_length(const Segment& s, size_t pos, bool (*pred)(uint32_t)) {
 }  // namespace
 
 bool kind_from_name(std::string_view pre, Kind& kind) {
+    // llama.cpp's tokenizer.ggml.pre names for each split (and no other flag we would miss).
     static const struct {
-        const char* name;
         Kind kind;
+        std::string_view names;  // space-separated
     } kNames[] = {
-        {"", Kind::Default},          {"default", Kind::Default},
-        {"llama3", Kind::Llama3},     {"llama-v3", Kind::Llama3},
-        {"llama-bpe", Kind::Llama3},  {"falcon3", Kind::Llama3},
-        {"falcon-h1", Kind::Llama3},  {"pixtral", Kind::Llama3},
-        {"midm-2.0", Kind::Llama3},   {"lfm2", Kind::Llama3},
-        {"jina-v5-nano", Kind::Llama3},
-        {"qwen2", Kind::Qwen2},       {"deepseek-r1-qwen", Kind::Qwen2},
-        {"kormo", Kind::Qwen2},       {"f2llmv2", Kind::Qwen2},
-        {"megrez", Kind::Qwen2},      {"stablelm2", Kind::Qwen2},
-        {"hunyuan", Kind::Qwen2},     {"solar-open", Kind::Qwen2},
-        {"gpt-2", Kind::Gpt2},        {"phi-2", Kind::Gpt2},
-        {"gigachat", Kind::Gpt2},     {"a.x-4.0", Kind::Gpt2},
-        {"mellum", Kind::Gpt2},       {"mpt", Kind::Gpt2},
-        {"olmo", Kind::Gpt2},         {"jais", Kind::Gpt2},
-        {"trillion", Kind::Gpt2},     {"granite-docling", Kind::Gpt2},
-        {"exaone4", Kind::Gpt2},
-        {"smollm", Kind::Smollm},     {"starcoder", Kind::Smollm},
-        {"refact", Kind::Smollm},     {"command-r", Kind::Smollm},
-        {"codeshell", Kind::Smollm},  {"exaone", Kind::Smollm},
-        {"minerva-7b", Kind::Smollm}, {"mellum2", Kind::Smollm},
+        {Kind::Default, "default"},
+        {Kind::Llama3,
+         "llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano"},
+        {Kind::Qwen2, "qwen2 deepseek-r1-qwen kormo f2llmv2 megrez stablelm2 hunyuan solar-open"},
+        {Kind::Gpt2,
+         "gpt-2 phi-2 gigachat a.x-4.0 mellum mpt olmo jais trillion granite-docling exaone4"},
+        {Kind::Smollm, "smollm starcoder refact command-r codeshell exaone minerva-7b mellum2"},
     };
-    for (const auto& n : kNames) {
-        if (pre == n.name) {
-            kind = n.kind;
-            return true;
+    if (pre.empty()) {  // llama.cpp warns and uses the default
+        kind = Kind::Default;
+        return true;
+    }
+    for (const auto& k : kNames) {
+        for (size_t pos = 0; pos < k.names.size();) {
+            size_t end = k.names.find(' ', pos);
+            if (end == std::string_view::npos) end = k.names.size();
+            if (k.names.substr(pos, end - pos) == pre) {
+                kind = k.kind;
+                return true;
+            }
+            pos = end + 1;
         }
     }
     return false;
@@ -270,9 +272,12 @@ std::vector<size_t> split(Kind kind, const std::vector<uint32_t>& cps) {
     if (cps.empty()) return {};
     std::vector<size_t> segs{cps.size()};
     switch (kind) {
-        case Kind::Gpt2: return split_gpt2(cps, segs);
-        case Kind::Llama3: return split_llama3(cps, segs, 3);
-        case Kind::Qwen2: return split_llama3(cps, segs, 1);
+        case Kind::Gpt2:
+            return split_gpt2(cps, segs);
+        case Kind::Llama3:
+            return split_llama3(cps, segs, 3);
+        case Kind::Qwen2:
+            return split_llama3(cps, segs, 1);
         case Kind::Smollm:
             segs = split_matches(cps, segs, [](const Segment& s, size_t pos) -> size_t {
                 return is_number(s.cps[pos]);  // \p{N}

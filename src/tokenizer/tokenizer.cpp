@@ -17,7 +17,9 @@ namespace {
 constexpr std::string_view kSpmSpace = "\xE2\x96\x81";  // U+2581 '▁'
 
 // The C locale's isspace, which llama.cpp uses to strip around lstrip/rstrip tokens.
-bool c_isspace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+bool c_isspace(char c) {
+    return c == ' ' || (c >= '\t' && c <= '\r');
+}
 
 const GgufArray* array_of(const GgufFile& f, const char* key, bool strings) {
     const GgufValue* v = f.find(key);
@@ -26,7 +28,8 @@ const GgufArray* array_of(const GgufFile& f, const char* key, bool strings) {
     const GgufArray& a = v->as_array();
     const bool is_string = a.elem_type == GgufValueType::STRING;
     if (strings != is_string || (!strings && a.elem_type == GgufValueType::BOOL))
-        fail("%s: %s must be an array of %s.", f.path().c_str(), key, strings ? "strings" : "numbers");
+        fail("%s: %s must be an array of %s.", f.path().c_str(), key,
+             strings ? "strings" : "numbers");
     return &a;
 }
 
@@ -74,22 +77,32 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     } else if (t->model_ == "gpt2") {
         t->type_ = Type::Bpe;
         if (!pretok::kind_from_name(t->pre_, t->pre_kind_))
-            fail("%s: tokenizer.ggml.pre '%s' is not supported (supported: default, llama-bpe/"
-                 "llama3, qwen2, gpt-2, smollm/starcoder and their aliases).",
-                 path, t->pre_.c_str());
+            fail(
+                "%s: tokenizer.ggml.pre '%s' is not supported (supported: default, llama-bpe/"
+                "llama3, qwen2, gpt-2, smollm/starcoder and their aliases).",
+                path, t->pre_.c_str());
         t->bos_ = 11, t->eos_ = 11;
         t->add_bos_ = t->pre_kind_ == pretok::Kind::Llama3;
         t->ignore_merges_ = t->pre_kind_ == pretok::Kind::Llama3;
 
         const GgufArray* merges = array_of(f, "tokenizer.ggml.merges", true);
         if (!merges) fail("%s: tokenizer.ggml.merges is missing from a BPE vocabulary.", path);
-        t->merge_rank_.reserve(merges->items.size());
+        const auto intern = [&](const std::string& s) {
+            return t->merge_symbols_.try_emplace(s, int32_t(t->merge_symbols_.size()))
+                .first->second;
+        };
+        t->merges_.reserve(merges->items.size());
         for (size_t i = 0; i < merges->items.size(); ++i) {
-            // llama.cpp splits at the first space after the first byte; a merge without one
-            // can never apply, and a repeated merge keeps its first rank.
+            // llama.cpp splits at the first space after the first byte. Byte-level words never
+            // contain a raw space, so a merge without exactly one space can never apply.
             const std::string& m = merges->items[i].as_string();
-            if (m.find(' ', 1) == std::string::npos) continue;
-            t->merge_rank_.try_emplace(m, int32_t(i));
+            const size_t sp = m.find(' ', 1);
+            if (sp == std::string::npos || m.find(' ', sp + 1) != std::string::npos || m[0] == ' ')
+                continue;
+            const std::string left = m.substr(0, sp), right = m.substr(sp + 1);
+            const uint64_t key = uint64_t(uint32_t(intern(left))) << 32 | uint32_t(intern(right));
+            const int32_t merged = intern(left + right);
+            t->merges_.try_emplace(key, Merge{int32_t(i), merged});
         }
     } else {
         fail("%s: tokenizer.ggml.model '%s' is not supported (supported: llama, gpt2).", path,
@@ -117,8 +130,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     for (size_t i = 0; i < n; ++i) {
         std::string word = tokens->items[i].as_string();
         if (word.empty()) word = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp renames it
-        // Insert exactly as llama.cpp fills its token_to_id (same container, same order), so
-        // that the name-based detection below visits tokens in the same order it does.
+        // Filled like llama.cpp's token_to_id (a libstdc++ unordered_map hashing the same bytes
+        // with the same function, same insertion order), so that iterating it in the name-based
+        // detection below visits tokens in the order llama.cpp does.
         auto [it, fresh] = t->token_to_id_.try_emplace(word, int32_t(i));
         if (!fresh)
             fail("%s: tokenizer.ggml.tokens repeats the token '%s' (ids %d and %zu).", path,
@@ -126,15 +140,13 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
         t->tokens_[i] = std::move(word);
         if (scores) t->scores_[i] = float(scores->items[i].as_float());
         if (types) {
-            switch (types->items[i].as_int()) {
-                case 1: t->attrs_[i] = kAttrNormal; break;
-                case 2: t->attrs_[i] = kAttrUnknown; break;
-                case 3: t->attrs_[i] = kAttrControl; break;
-                case 4: t->attrs_[i] = kAttrUserDefined; break;
-                case 5: t->attrs_[i] = kAttrUnused; break;
-                case 6: t->attrs_[i] = kAttrByte; break;
-                default: t->attrs_[i] = kAttrUndefined; break;
-            }
+            // GGUF token types 0..6: undefined, normal, unknown, control, user-defined, unused,
+            // byte.
+            static constexpr uint32_t kTypeAttr[] = {kAttrUndefined, kAttrNormal,      kAttrUnknown,
+                                                     kAttrControl,   kAttrUserDefined, kAttrUnused,
+                                                     kAttrByte};
+            const int64_t type = types->items[i].as_int();
+            t->attrs_[i] = type >= 0 && type < 7 ? kTypeAttr[type] : kAttrUndefined;
         }
     }
 
@@ -143,7 +155,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
     auto special = [&](const char* key, int32_t& id) {
         if (id >= int32_t(n)) id = -1;
         const GgufValue* v = f.find(key);
-        if (v && v->is_int() && v->as_int() >= 0 && v->as_int() < int64_t(n)) id = int32_t(v->as_int());
+        if (v && v->is_int() && v->as_int() >= 0 && v->as_int() < int64_t(n))
+            id = int32_t(v->as_int());
     };
     special("tokenizer.ggml.bos_token_id", t->bos_);
     special("tokenizer.ggml.eos_token_id", t->eos_);
@@ -175,8 +188,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
         t->spm_bytes_.assign(256, -1);
         for (int b = 0; b < 256; ++b) {
             const char name[6] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+            const char raw = char(b);
             int32_t id = t->find_token(std::string_view(name, 6));
-            if (id < 0) id = t->find_token(std::string_view(reinterpret_cast<const char*>(&b), 1));
+            if (id < 0) id = t->find_token(std::string_view(&raw, 1));  // llama.cpp's fallback
             t->spm_bytes_[b] = id;
         }
     }
@@ -191,8 +205,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& f) {
 void Tokenizer::detect_special_tokens(int32_t fim_pre, int32_t fim_suf, int32_t fim_mid,
                                       int32_t fim_pad, int32_t fim_rep, int32_t fim_sep,
                                       const std::string& general_name) {
-    const auto any_of = [](const std::string& s, std::initializer_list<std::string_view> names) {
-        return std::find(names.begin(), names.end(), s) != names.end();
+    const auto any_of = [](const std::string& s, const auto& names) {
+        return std::find(std::begin(names), std::end(names), s) != std::end(names);
     };
     // When several candidates exist (SmolLM2 has both <|im_end|> and <|endoftext|>), llama.cpp
     // keeps the first it meets in its hash map; token_to_id_ is the same container filled in the
@@ -205,20 +219,20 @@ void Tokenizer::detect_special_tokens(int32_t fim_pre, int32_t fim_suf, int32_t 
         }
     };
     for (const auto& t : token_to_id_) {
-        claim(eot_, t, {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                        "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]",
-                        "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
-                        "<end_of_utterance>"});
+        claim(eot_, t,
+              {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+               "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
+               "<end_of_utterance>"});
         claim(eom_, t, {"<|eom_id|>"});
-        claim(fim_pre, t, {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>",
-                           "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>", "<PRE>",
-                           "\xE2\x96\x81<PRE>", "<|code_prefix|>", "<|prefix|>"});
-        claim(fim_suf, t, {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
-                           "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>", "<SUF>",
-                           "\xE2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>"});
-        claim(fim_mid, t, {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
-                           "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>", "<MID>",
-                           "\xE2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"});
+        claim(fim_pre, t,
+              {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
+               "▁<PRE>", "<|code_prefix|>", "<|prefix|>"});
+        claim(fim_suf, t,
+              {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
+               "▁<SUF>", "<|code_suffix|>", "<|suffix|>"});
+        claim(fim_mid, t,
+              {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+               "<|code_middle|>", "<|middle|>"});
         claim(fim_pad, t, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"});
         claim(fim_rep, t, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"});
         claim(fim_sep, t, {"<|file_sep|>"});
@@ -234,21 +248,23 @@ void Tokenizer::detect_special_tokens(int32_t fim_pre, int32_t fim_suf, int32_t 
     for (int32_t id : {fim_pad, fim_rep, fim_sep}) {
         if (id >= 0) eog.push_back(id);
     }
+    // clang-format off
+    static constexpr std::string_view kEogNames[] = {
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+        "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+        "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+        "<｜end▁of▁sentence｜>", "[e~["};
+    // clang-format on
     for (size_t i = 0; i < tokens_.size(); ++i) {
-        if (any_of(tokens_[i],
-                   {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
-                    "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
-                    "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
-                    "<turn|>", "<|tool_response>",
-                    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",
-                    "[e~["})) {
+        if (any_of(tokens_[i], kEogNames)) {
             eog.push_back(int32_t(i));
             attrs_[i] |= kAttrControl;
         }
     }
     // gpt-oss: these always render.
     for (size_t i = 0; i < tokens_.size(); ++i) {
-        if (any_of(tokens_[i], {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}))
+        if (any_of(tokens_[i], std::initializer_list<std::string_view>{
+                                   "<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}))
             attrs_[i] = kAttrUserDefined;
     }
     for (int32_t id : {eos_, eot_, eom_}) {
@@ -284,9 +300,8 @@ void Tokenizer::detect_special_tokens(int32_t fim_pre, int32_t fim_suf, int32_t 
         if (attrs_[i] & (kAttrControl | kAttrUserDefined | kAttrUnknown))
             special_.push_back(int32_t(i));
     }
-    std::sort(special_.begin(), special_.end(), [&](int32_t a, int32_t b) {
-        return tokens_[a].size() > tokens_[b].size();
-    });
+    std::sort(special_.begin(), special_.end(),
+              [&](int32_t a, int32_t b) { return tokens_[a].size() > tokens_[b].size(); });
 
     // Phi-3's special tokens swallow the white space after them.
     std::string name = general_name;
@@ -499,13 +514,9 @@ int32_t Tokenizer::spm_byte_token(uint8_t byte) const {
     return id >= 0 ? id : unk_;
 }
 
-int Tokenizer::bpe_rank(std::string_view left, std::string_view right, std::string& key) const {
-    // Byte-level words never contain a raw space, so "left right" is unambiguous.
-    key.assign(left);
-    key += ' ';
-    key.append(right);
-    const auto it = merge_rank_.find(std::string_view(key));
-    return it == merge_rank_.end() ? -1 : it->second;
+int32_t Tokenizer::merge_symbol(std::string_view s) const {
+    const auto it = merge_symbols_.find(s);
+    return it == merge_symbols_.end() ? -1 : it->second;
 }
 
 // Byte-level BPE as llama.cpp runs it: pre-tokenize, map bytes to GPT-2's printable characters,
@@ -513,11 +524,12 @@ int Tokenizer::bpe_rank(std::string_view left, std::string_view right, std::stri
 void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) const {
     struct Symbol {
         int prev, next;
-        size_t off, n;  // byte range within the word
+        size_t off, n;      // byte range within the word
+        int32_t merge_sym;  // interned string, -1 if no merge involves it
     };
     struct Bigram {
         int left, right;
-        int rank;
+        int32_t rank, merged;
         size_t size;
     };
     const auto worse = [](const Bigram& l, const Bigram& r) {
@@ -527,7 +539,7 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) con
     const std::vector<uint32_t> cps = unicode::to_codepoints(text);
     const std::vector<size_t> lens = pretok::split(pre_kind_, cps);
 
-    std::string raw, word, key;
+    std::string raw, word;
     std::vector<Symbol> sym;
     std::vector<Bigram> heap;
     size_t start = 0;
@@ -552,16 +564,22 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) con
         for (size_t off = 0; off < word.size();) {
             const size_t n = std::min(unicode::utf8_len(uint8_t(word[off])), word.size() - off);
             const int idx = int(sym.size());
-            sym.push_back({idx - 1, off + n == word.size() ? -1 : idx + 1, off, n});
+            sym.push_back({idx - 1, off + n == word.size() ? -1 : idx + 1, off, n,
+                           merge_symbol(std::string_view(word).substr(off, n))});
             off += n;
         }
-        const auto piece = [&](const Symbol& s) { return std::string_view(word).substr(s.off, s.n); };
+        const auto piece = [&](const Symbol& s) {
+            return std::string_view(word).substr(s.off, s.n);
+        };
         heap.clear();
         const auto try_add = [&](int left, int right) {
-            if (left < 0 || right < 0) return;
-            const int rank = bpe_rank(piece(sym[left]), piece(sym[right]), key);
-            if (rank < 0) return;
-            heap.push_back({left, right, rank, sym[left].n + sym[right].n});
+            if (left < 0 || right < 0 || sym[left].merge_sym < 0 || sym[right].merge_sym < 0)
+                return;
+            const auto it = merges_.find(uint64_t(uint32_t(sym[left].merge_sym)) << 32 |
+                                         uint32_t(sym[right].merge_sym));
+            if (it == merges_.end()) return;
+            heap.push_back(
+                {left, right, it->second.rank, it->second.merged, sym[left].n + sym[right].n});
             std::push_heap(heap.begin(), heap.end(), worse);
         };
         for (int i = 1; i < int(sym.size()); ++i) try_add(i - 1, i);
@@ -575,6 +593,7 @@ void Tokenizer::encode_bpe(std::string_view text, std::vector<int32_t>& out) con
             // Symbols only grow to the right, so an unchanged total size means an unchanged pair.
             if (l.n == 0 || r.n == 0 || l.n + r.n != b.size) continue;
             l.n += r.n;
+            l.merge_sym = b.merged;
             r.n = 0;
             l.next = r.next;
             if (r.next >= 0) sym[r.next].prev = b.left;
@@ -659,7 +678,9 @@ std::string StreamDecoder::push(int32_t id) {
     return drain(false);
 }
 
-std::string StreamDecoder::flush() { return drain(true); }
+std::string StreamDecoder::flush() {
+    return drain(true);
+}
 
 std::string StreamDecoder::drain(bool final) {
     static constexpr std::string_view kReplacementUtf8 = "\xEF\xBF\xBD";

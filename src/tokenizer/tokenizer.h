@@ -14,7 +14,7 @@
 namespace nt {
 
 class Tokenizer {
-public:
+  public:
     // Throws nt::Error on an unsupported tokenizer.ggml.model / tokenizer.ggml.pre or a malformed
     // vocabulary.
     static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& f);
@@ -31,8 +31,10 @@ public:
     // render_special. Throws nt::Error for an id outside the vocabulary.
     std::string token_to_piece(int32_t id, bool render_special = true) const;
 
-    // Concatenated pieces; for SentencePiece the one space encode() put in front of the text is
-    // dropped, so decode(encode(s)) == s for valid UTF-8 text without special tokens.
+    // Concatenated pieces. For SentencePiece a space that starts the first non-empty piece is
+    // dropped (the one encode() put in front of the text), so decode(encode(s)) == s for valid
+    // UTF-8 text without special tokens (and, for SentencePiece, without a literal U+2581 '▁',
+    // which stands for the space).
     std::string decode(const std::vector<int32_t>& ids, bool render_special = false) const;
 
     int32_t bos() const { return bos_; }
@@ -70,7 +72,7 @@ public:
         kAttrRstrip = 1 << 8,
     };
 
-private:
+  private:
     Tokenizer() = default;
     struct SvHash {
         using is_transparent = void;
@@ -87,7 +89,7 @@ private:
     void encode_spm(std::string_view text, std::vector<int32_t>& out) const;
     void encode_bpe(std::string_view text, std::vector<int32_t>& out) const;
     int32_t spm_byte_token(uint8_t byte) const;
-    int bpe_rank(std::string_view left, std::string_view right, std::string& scratch) const;
+    int32_t merge_symbol(std::string_view s) const;
     void detect_special_tokens(int32_t fim_pre, int32_t fim_suf, int32_t fim_mid, int32_t fim_pad,
                                int32_t fim_rep, int32_t fim_sep, const std::string& general_name);
     std::string make_piece(int32_t id) const;
@@ -102,10 +104,20 @@ private:
     std::vector<uint32_t> attrs_;
     std::vector<std::string> pieces_;  // token_to_piece(id, true), computed once
     TextMap token_to_id_;
-    TextMap merge_rank_;             // "left right" -> rank, the first occurrence wins
-    std::vector<int32_t> special_;   // control/user-defined/unknown ids, longest text first
-    std::vector<int32_t> eog_;       // sorted
-    std::vector<int32_t> spm_bytes_; // SentencePiece byte tokens by byte value, -1 if missing
+    // BPE merges over interned strings: every string that is a side or the result of a merge
+    // has an id, and (left id, right id) -> (rank, id of the merged string). A repeated merge
+    // keeps its first rank, as in llama.cpp.
+    struct Merge {
+        int32_t rank, merged;
+    };
+    struct U64Hash {
+        size_t operator()(uint64_t k) const { return size_t((k * 0x9E3779B97F4A7C15ull) >> 17); }
+    };
+    TextMap merge_symbols_;
+    std::unordered_map<uint64_t, Merge, U64Hash> merges_;
+    std::vector<int32_t> special_;    // control/user-defined/unknown ids, longest text first
+    std::vector<int32_t> eog_;        // sorted
+    std::vector<int32_t> spm_bytes_;  // SentencePiece byte tokens by byte value, -1 if missing
 
     int32_t bos_ = -1, eos_ = -1, eot_ = -1, eom_ = -1, unk_ = -1;
     bool add_bos_ = false, add_eos_ = false;
@@ -117,13 +129,13 @@ private:
 // split across tokens are held back until it completes, and bytes that cannot start or continue
 // a valid character come out as U+FFFD. Pieces render as token_to_piece(id, render_special).
 class StreamDecoder {
-public:
+  public:
     explicit StreamDecoder(const Tokenizer& tok, bool render_special = false)
         : tok_(tok), render_special_(render_special) {}
     std::string push(int32_t id);
     std::string flush();  // whatever is held back, an unfinished character as U+FFFD
 
-private:
+  private:
     std::string drain(bool final);
     const Tokenizer& tok_;
     bool render_special_;

@@ -135,7 +135,8 @@ struct ByteMap {
         from_cp.fill(-1);
         int n = 0;
         for (int b = 0; b < 256; ++b) {
-            const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+            const bool printable =
+                (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
             to_cp[b] = printable ? uint32_t(b) : uint32_t(256 + n++);
             append_utf8(to_utf8[b], to_cp[b]);
             from_cp[to_cp[b]] = int16_t(b);
@@ -150,7 +151,9 @@ const ByteMap& byte_map() {
 
 }  // namespace
 
-uint32_t byte_to_bpe_cp(uint8_t b) { return byte_map().to_cp[b]; }
+uint32_t byte_to_bpe_cp(uint8_t b) {
+    return byte_map().to_cp[b];
+}
 
 int bpe_cp_to_byte(uint32_t cp) {
     const ByteMap& m = byte_map();

@@ -45,28 +45,39 @@ void print_ids(const std::vector<int32_t>& ids) {
 }
 
 int run(int argc, char** argv) {
-    if (argc < 2) nt::fail("usage: nt_tokenize MODEL.gguf [--bos] [--special] [--batch] [--decode] [--time] | --info | --pieces [--special]");
+    if (argc < 2)
+        nt::fail(
+            "usage: nt_tokenize MODEL.gguf [--bos] [--special] [--batch] [--decode] [--time] | "
+            "--info | --pieces [--special]");
     bool bos = false, special = false, batch = false, decode = false, info = false, timing = false,
          pieces = false;
     for (int i = 2; i < argc; ++i) {
         const std::string a = argv[i];
-        if (a == "--bos") bos = true;
-        else if (a == "--special") special = true;
-        else if (a == "--batch") batch = true;
-        else if (a == "--decode") decode = true;
-        else if (a == "--info") info = true;
-        else if (a == "--time") timing = true;
-        else if (a == "--pieces") pieces = true;
-        else nt::fail("unknown option '%s'.", a.c_str());
+        if (a == "--bos")
+            bos = true;
+        else if (a == "--special")
+            special = true;
+        else if (a == "--batch")
+            batch = true;
+        else if (a == "--decode")
+            decode = true;
+        else if (a == "--info")
+            info = true;
+        else if (a == "--time")
+            timing = true;
+        else if (a == "--pieces")
+            pieces = true;
+        else
+            nt::fail("unknown option '%s'.", a.c_str());
     }
     auto file = nt::GgufFile::open(argv[1]);
     auto tok = nt::Tokenizer::from_gguf(*file);
     if (info) {
-        std::printf("model=%s\npre=%s\nn_vocab=%d\nbos=%d\neos=%d\neot=%d\nadd_bos=%d\n"
-                    "add_eos=%d\nadd_space_prefix=%d\n",
-                    tok->model().c_str(), tok->pre().c_str(), tok->n_vocab(), tok->bos(),
-                    tok->eos(), tok->eot(), int(tok->add_bos()), int(tok->add_eos()),
-                    int(tok->add_space_prefix()));
+        std::printf(
+            "model=%s\npre=%s\nn_vocab=%d\nbos=%d\neos=%d\neot=%d\nadd_bos=%d\n"
+            "add_eos=%d\nadd_space_prefix=%d\n",
+            tok->model().c_str(), tok->pre().c_str(), tok->n_vocab(), tok->bos(), tok->eos(),
+            tok->eot(), int(tok->add_bos()), int(tok->add_eos()), int(tok->add_space_prefix()));
         std::vector<int32_t> eog;
         for (int32_t id = 0; id < tok->n_vocab(); ++id) {
             if (tok->is_eog(id)) eog.push_back(id);
@@ -89,7 +100,8 @@ int run(int argc, char** argv) {
     } else {
         for (size_t pos = 0; pos < input.size();) {
             const size_t nl = input.find('\n', pos);
-            if (nl == std::string::npos) nt::fail("--batch input: record header without a newline.");
+            if (nl == std::string::npos)
+                nt::fail("--batch input: record header without a newline.");
             const size_t n = std::stoul(input.substr(pos, nl - pos));
             if (nl + 1 + n > input.size()) nt::fail("--batch input: record longer than the input.");
             texts.push_back(input.substr(nl + 1, n));
