@@ -112,6 +112,32 @@ def random_texts(seed, n):
     return out
 
 
+def random_codepoint_texts(seed, n):
+    """Code points from every plane (unassigned, private use and characters newer than the
+    tables included), mixed with ASCII, white space, contractions and numbers."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(0, 40)):
+            r = rng.random()
+            if r < 0.3:
+                parts.append(chr(rng.randint(0x20, 0x7E)))
+            elif r < 0.4:
+                parts.append(rng.choice(" \t\n\r\x0b\x0c\x85\u00a0\u2028\u3000"))
+            elif r < 0.7:
+                cp = rng.randint(0x80, 0x2FFFF)
+                parts.append(chr(cp if not 0xD800 <= cp < 0xE000 else 0x41))
+            elif r < 0.8:
+                parts.append(chr(rng.randint(0x300, 0x36F)))  # combining marks
+            elif r < 0.9:
+                parts.append(rng.choice(["'s", "'LL", "'Re", "'d", "'M", "'t", "'ve"]))
+            else:
+                parts.append(str(rng.randint(0, 10 ** 9)))
+        out.append("".join(parts).encode())
+    return out
+
+
 def valid_utf8(b):
     try:
         b.decode("utf-8")
@@ -121,7 +147,7 @@ def valid_utf8(b):
 
 
 def texts_for(seed):
-    return CORPUS + random_texts(seed, 250)
+    return CORPUS + random_texts(seed, 250) + random_codepoint_texts(seed, 150)
 
 
 # --------------------------------------------------------------------------------------------
