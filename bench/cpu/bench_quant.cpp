@@ -13,7 +13,9 @@
 // the activation quantization, which the GEMM column here does not include).
 //
 // usage: bench_quant [--types q4_0,q4_1,...] [--shapes 4096x4096,1536x576] [--cols 64]
-//                    [--ggml DIR] [--no-check]
+//                    [--ggml DIR] [--no-check] [--sweep]
+// --sweep prints GFLOP/s (hot weights) for 1..64 activation columns instead: it shows where the
+// kernels switch from the row-direct (GEMV) shape to the transposed tiles.
 // Shapes are ROWSxN: ROWS weight rows (outputs) of N elements (the dot-product length).
 // GCC 12's AVX-512 intrinsics trip -Wuninitialized when inlined (false positive, GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -48,7 +50,8 @@ double cpu_seconds() {
     return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-// Median time of fn() over enough repetitions to fill ~min_s seconds (at least 3).
+// Best time of fn() over enough repetitions to fill ~min_s seconds (at least 3): on a shared
+// machine the minimum is the run least disturbed by other processes.
 template <typename F>
 double time_it(F&& fn, double min_s = 0.4) {
     fn();  // warm-up
@@ -59,8 +62,7 @@ double time_it(F&& fn, double min_s = 0.4) {
         fn();
         t.push_back(cpu_seconds() - t0);
     }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
+    return *std::min_element(t.begin(), t.end());
 }
 
 std::string cpu_name() {
@@ -220,6 +222,7 @@ struct Options {
     int cols = 64;
     std::string ggml_dir;
     bool check = true;
+    bool sweep = false;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -272,6 +275,8 @@ Options parse(int argc, char** argv) {
             o.ggml_dir = value();
         } else if (arg == "--no-check") {
             o.check = false;
+        } else if (arg == "--sweep") {
+            o.sweep = true;
         } else {
             fail("unknown argument %s (see the comment at the top of bench_quant.cpp).", arg.c_str());
         }
@@ -327,6 +332,32 @@ int main(int argc, char** argv) {
                     "%roofline", "GB/s", "GFLOP/s", "%peak", "GB/s(w)");
 
         std::mt19937 rng(1234);
+        if (opt.sweep) {
+            const int counts[] = {1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64};
+            std::printf("GFLOP/s by activation columns (hot weights):\n%-5s %-10s", "type", "shape");
+            for (int c : counts) std::printf(" %6d", c);
+            std::printf("\n");
+            for (GgmlType t : opt.types) {
+                for (auto [rows, n] : opt.shapes) {
+                    if (n % traits(t).block_elems != 0) continue;
+                    const size_t rb = row_bytes(t, n);
+                    const std::vector<uint8_t> w = make_weights(t, rows, n, rng);
+                    std::vector<float> x;
+                    const std::vector<uint8_t> a = make_acts(t, 64, n, x, rng);
+                    const size_t as = row_bytes(vec_dot_type(t), n);
+                    std::vector<float> out(size_t(rows) * 64);
+                    std::printf("%-5s %5lldx%-5lld", type_name(t), (long long)rows, (long long)n);
+                    for (int c : counts) {
+                        const double sec = time_it([&] {
+                            vec_dot_tile(t, n, int(rows), c, w.data(), rb, a.data(), as, out.data(), size_t(rows));
+                        }, 0.2);
+                        std::printf(" %6.1f", 2.0 * double(rows) * double(n) * c / sec / 1e9);
+                    }
+                    std::printf("\n");
+                }
+            }
+            return 0;
+        }
         for (GgmlType t : opt.types) {
             for (auto [rows, n] : opt.shapes) {
                 if (n % traits(t).block_elems != 0) continue;

@@ -494,11 +494,11 @@ void tile_legacy(int64_t n, int nrows, int ncols, const void* w, size_t w_stride
                  size_t a_stride, float* out, size_t out_stride) {
     constexpr int kChunk = 8;  // blocks decoded at a time on the many-column path
     const int64_t nb = n / 32;
-    const bool few = ncols <= I::kRowCols;
+    const bool few = ncols <= I::template row_cols<T>();
     const ActQ8 act = prepare_q8<I>(a, a_stride, ncols, nb, kHasMin<T>, !few);
     const auto* wb = static_cast<const uint8_t*>(w);
     if (few) {
-        row_direct<I::kRowCols>(nrows, ncols, wb, w_stride, out, out_stride, [&]<int G>(const uint8_t* row, int c0, float* res) {
+        row_direct<I::kRowGroup>(nrows, ncols, wb, w_stride, out, out_stride, [&]<int G>(const uint8_t* row, int c0, float* res) {
             rd_legacy<I, T, G>(nb, row, act, c0, res);
         });
         return;
@@ -730,9 +730,9 @@ void tile_k(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, con
             size_t a_stride, float* out, size_t out_stride) {
     const int64_t nb = n / QK_K;
     const auto* wb = static_cast<const uint8_t*>(w);
-    if (ncols <= I::kRowCols) {
+    if (ncols <= I::template row_cols<T>()) {
         const ActQ8K act{static_cast<const uint8_t*>(a), a_stride, nb, nullptr};
-        row_direct<I::kRowCols>(nrows, ncols, wb, w_stride, out, out_stride, [&]<int G>(const uint8_t* row, int c0, float* res) {
+        row_direct<I::kRowGroup>(nrows, ncols, wb, w_stride, out, out_stride, [&]<int G>(const uint8_t* row, int c0, float* res) {
             rd_k<I, T, G>(nb, row, act, c0, res);
         });
         return;
