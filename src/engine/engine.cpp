@@ -5,6 +5,9 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "memory/layer_blob.h"
+#include "memory/streamer.h"
+#include "memory/sysinfo.h"
 
 namespace nt {
 
@@ -28,17 +31,100 @@ Engine::Engine(Model& model, std::unique_ptr<Backend> backend, const EngineOptio
     if (n_ctx_ < 1) fail("the context size must be at least 1 token.");
     n_seq_ = std::max(1, opt.n_seq);
     max_batch_ = std::max(1, std::min(opt.max_batch, n_ctx_ * n_seq_));
+    // Made before init() so it can tell what the backend's own allocations take.
+    std::unique_ptr<mem::StreamDevice> dev = opt.stream_device ? opt.stream_device(*backend_) : nullptr;
     backend_->init(hp.shape, max_batch_, n_seq_, n_ctx_);
+    place_weights(opt, std::move(dev));
+}
 
-    // Weights move to the backend's memory once (the CPU backend keeps the mapped file).
-    weights_ = model.weights;
+void Engine::place_weights(const EngineOptions& opt, std::unique_ptr<mem::StreamDevice> dev) {
+    weights_ = model_.weights;
     const bool tied = weights_.output.data == weights_.tok_embd.data;
+    const int L = int(weights_.layers.size());
+    std::vector<bool> resident(size_t(L), true);
+    if (dev) {
+        // Tier planning: every layer's device footprint and streamed blob, the budgets, and
+        // (when something streams) the ceilings measured now for the roofline.
+        const MemoryOptions& mo = opt.memory;
+        mem::PlanInput& in = memory_.input;
+        const uint8_t* base = model_.file->base();
+        for (const LayerWeights& l : weights_.layers) {
+            uint64_t res = 0;
+            for (const WeightView* v : mem::layer_views(l)) res += dev->resident_footprint(v->nbytes);
+            in.resident_bytes.push_back(res);
+            in.blob_bytes.push_back(mem::layout_layer(mem::layer_ranges(l, base)).bytes);
+        }
+        in.vram_fixed_weights = dev->resident_footprint(weights_.tok_embd.nbytes) +
+                                dev->resident_footprint(weights_.output_norm.nbytes) +
+                                (tied ? 0 : dev->resident_footprint(weights_.output.nbytes));
+        in.vram_backend = dev->backend_bytes();
+        const uint64_t free_b = dev->free_bytes(), headroom = dev->headroom_bytes();
+        in.vram_avail = in.vram_backend + (free_b > headroom ? free_b - headroom : 0);
+        in.vram_budget = mo.vram_budget;
+        in.ram_avail = mem::default_ram_budget(mem::mem_available());
+        in.ram_budget = mo.ram_budget;
+        in.slots = mo.slots;
+        in.staging = mo.prefetch;
+        in.force_stream = mo.force_stream;
+        memory_.plan = mem::plan_tiers(in);
+        memory_.planned = true;
+        if (memory_.plan.streams()) {
+            in.h2d_gbs = dev->measure_h2d_gbs();
+            in.hbm_gbs = dev->measure_hbm_gbs();
+            memory_.plan = mem::plan_tiers(in);
+            for (int i = 0; i < L; i++) resident[size_t(i)] = memory_.plan.tier[size_t(i)] == mem::Tier::Vram;
+        }
+    }
+
+    // Resident weights move to the backend's memory once (the CPU backend keeps the mapped file).
     size_t total = 0;
-    for_each_weight(weights_, [&](WeightView& v) { total += v.nbytes; });
+    auto count = [&](WeightView& v) { total += v.nbytes; };
+    auto upload = [&](WeightView& v) { v.data = backend_->upload_weight(v.data, v.nbytes); };
+    count(weights_.tok_embd);
+    count(weights_.output_norm);
+    if (!tied) count(weights_.output);
+    for (int i = 0; i < L; i++)
+        if (resident[size_t(i)])
+            for (WeightView* v : mem::layer_views(weights_.layers[size_t(i)])) count(*v);
     backend_->reserve_weights(total);
-    for_each_weight(weights_, [&](WeightView& v) { v.data = backend_->upload_weight(v.data, v.nbytes); });
+    upload(weights_.tok_embd);
+    upload(weights_.output_norm);
+    if (!tied) upload(weights_.output);
+    for (int i = 0; i < L; i++)
+        if (resident[size_t(i)])
+            for (WeightView* v : mem::layer_views(weights_.layers[size_t(i)])) upload(*v);
     if (tied) weights_.output = weights_.tok_embd;
-    source_ = std::make_unique<ResidentWeights>(weights_);
+
+    if (!dev || memory_.plan.all_resident()) {
+        // The resident path, exactly as without a planner (CUDA graphs stay on).
+        if (memory_.planned) memory_.text = mem::describe_plan(memory_.plan, memory_.input);
+        source_ = std::make_unique<ResidentWeights>(weights_);
+        return;
+    }
+    dev->begin_streaming();
+    mem::StreamOptions so;
+    so.io.threads = std::max(1, opt.memory.io_threads);
+    so.io.direct = opt.memory.direct_io;
+    so.trace = opt.memory.trace;
+    auto streamer = std::make_unique<mem::WeightStreamer>(*dev, model_.file->path(), model_.file->base(),
+                                                          weights_.layers, memory_.plan, so);
+    memory_.plan = streamer->plan();
+    if (memory_.plan.disk_per_step) {
+        memory_.input.disk_gbs = streamer->measure_disk_gbs();
+        const double t = memory_.input.disk_gbs > 0
+                             ? double(memory_.plan.disk_per_step) / (memory_.input.disk_gbs * 1e9)
+                             : 0;
+        memory_.plan.t_disk = t;
+        memory_.plan.t_h2d = memory_.input.h2d_gbs > 0
+                                 ? double(memory_.plan.h2d_per_step) / (memory_.input.h2d_gbs * 1e9)
+                                 : 0;
+        const double tmax = std::max({memory_.plan.t_h2d, memory_.plan.t_disk, memory_.plan.t_hbm});
+        memory_.plan.roofline_tok_s = tmax > 0 ? 1.0 / tmax : 0;
+    }
+    memory_.text = mem::describe_plan(memory_.plan, memory_.input) + streamer->notices();
+    streamer_ = streamer.get();
+    source_ = std::move(streamer);
+    stream_dev_ = std::move(dev);
 }
 
 Engine::~Engine() = default;

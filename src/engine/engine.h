@@ -10,10 +10,16 @@
 #include "backend/backend.h"
 #include "engine/sampler.h"
 #include "gguf/gguf.h"
+#include "memory/planner.h"
+#include "memory/stream_device.h"
 #include "model/llama.h"
 #include "tokenizer/tokenizer.h"
 
 namespace nt {
+
+namespace mem {
+class WeightStreamer;
+}
 
 // A validated model file: everything but the backend.
 struct Model {
@@ -25,11 +31,36 @@ struct Model {
     static std::unique_ptr<Model> load(const std::string& path);  // throws nt::Error
 };
 
+// Where weights may live (docs/BENCHMARKS.md, "Tiered memory and streaming"): budgets for the
+// tier planner and the streaming pipeline's knobs. Only used when the backend can stream.
+struct MemoryOptions {
+    uint64_t vram_budget = mem::kAuto;  // bytes on the GPU: KV, scratch, weights, slots
+    uint64_t ram_budget = mem::kAuto;   // pinned host bytes for streamed layers and staging
+    int slots = 0;                      // VRAM ring slots (0: default)
+    int prefetch = 0;                   // disk read-ahead in layers = staging buffers (0: default)
+    int io_threads = 8;                 // disk reads in flight
+    bool direct_io = true;              // O_DIRECT for the disk tier
+    bool force_stream = false;          // stream even when everything fits (tests)
+    bool trace = false;                 // keep a Chrome trace of the pipeline
+};
+
 struct EngineOptions {
     int n_ctx = 0;          // 0: the model's training context, capped at 4096
     int n_seq = 1;          // sequences sharing the KV cache
     int max_batch = 512;    // tokens per forward step (prompt chunk size)
     bool logits_all = false;  // size the logits buffer for every row of a full batch
+    MemoryOptions memory;
+    // The device side of weight streaming for the backend (make_cuda_stream_device for CUDA),
+    // called before the backend's init. Unset, or returning null: every weight is uploaded.
+    std::function<std::unique_ptr<mem::StreamDevice>(Backend&)> stream_device;
+};
+
+// What the tier planner decided and what was measured for it (Engine::memory()).
+struct MemoryReport {
+    bool planned = false;   // a stream device was there to plan with
+    mem::PlanInput input;   // sizes, budgets and bandwidths the plan was made from
+    mem::TierPlan plan;     // after any fallback (layers that could not be pinned)
+    std::string text;       // describe_plan() and the fallback notices
 };
 
 class Engine {
@@ -46,15 +77,25 @@ public:
     // One forward step; logits of the flagged rows are copied to `logits` ([n][n_vocab]).
     void eval(const Batch& batch, std::vector<float>& logits);
 
+    const MemoryReport& memory() const { return memory_; }
+    // The streaming pipeline (stats, trace); null when every layer is resident.
+    mem::WeightStreamer* streamer() { return streamer_; }
+
     // Feeds `tokens` of sequence `seq` starting at position `pos` in chunks of max_batch;
     // returns the logits after the last token. Throws nt::Error past the context.
     std::vector<float> prefill(int seq, int pos, const std::vector<int32_t>& tokens);
 
 private:
+    // Uploads every weight (the resident path) or plans tiers and builds the streamer.
+    void place_weights(const EngineOptions& opt, std::unique_ptr<mem::StreamDevice> dev);
+
     Model& model_;
     std::unique_ptr<Backend> backend_;
+    std::unique_ptr<mem::StreamDevice> stream_dev_;  // outlives the streamer in source_
     ModelWeights weights_;  // views in the backend's memory
     std::unique_ptr<WeightSource> source_;
+    mem::WeightStreamer* streamer_ = nullptr;  // source_, when it streams
+    MemoryReport memory_;
     int n_ctx_ = 0, max_batch_ = 0, n_seq_ = 0;
 };
 

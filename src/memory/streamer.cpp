@@ -81,17 +81,39 @@ WeightStreamer::WeightStreamer(StreamDevice& dev, const std::string& path, const
         if (N_) slots_ = static_cast<char*>(dev_.alloc_device(size_t(K_) * slot_bytes_, "the streaming slots"));
         if (ND_) {
             S_ = plan.staging > 0 ? plan.staging : kDefaultStaging;
-            uint64_t stage_bytes = 0;
-            for (int i : disk_) stage_bytes = std::max(stage_bytes, blobs_[size_t(i)].bytes);
-            for (int s = 0; s < S_; s++) {
-                void* p = dev_.alloc_pinned(stage_bytes);
-                if (!p)
-                    fail("could not pin %d staging buffers of %s for the disk tier (the system refused "
-                         "to lock more memory); raise the locked-memory limit (ulimit -l), lower "
-                         "--ram-budget to leave memory free, or lower --prefetch.",
+            // Sized for any streamed layer: a pinned layer may have to move to disk below.
+            const uint64_t stage_bytes = slot_bytes_;
+            // Staging comes first: when the system will not pin it all, pinned layers give
+            // their memory back (and are read from disk) until it fits.
+            for (;;) {
+                for (int s = int(staging_.size()); s < S_; s++) {
+                    void* p = dev_.alloc_pinned(stage_bytes);
+                    if (!p) break;
+                    staging_.push_back(p);
+                }
+                if (int(staging_.size()) == S_) break;
+                int victim = -1;
+                for (int i = 0; i < L_; i++)
+                    if (layers_[size_t(i)].tier == Tier::Pinned) victim = i;
+                if (victim < 0)
+                    fail("could not pin %d staging buffers of %s for the disk tier (the system "
+                         "refused to lock more memory); raise the locked-memory limit (ulimit -l), "
+                         "lower --ram-budget to leave memory free, or lower --prefetch.",
                          S_, format_gib(stage_bytes).c_str());
-                staging_.push_back(p);
+                Layer& v = layers_[size_t(victim)];
+                dev_.free_pinned(v.pinned);
+                v.pinned = nullptr;
+                v.tier = Tier::Disk;
+                plan_.tier[size_t(victim)] = Tier::Disk;
+                notices_ += strfmt("layer %d moved from pinned RAM to disk to make room for staging\n", victim);
             }
+            disk_.clear();
+            for (int i : streamed_)
+                if (layers_[size_t(i)].tier == Tier::Disk) {
+                    layers_[size_t(i)].dpos = int(disk_.size());
+                    disk_.push_back(i);
+                }
+            ND_ = int(disk_.size());
             plan_.staging = S_;
             plan_.staging_bytes = stage_bytes;
             reader_ = std::make_unique<FileReader>(path, opt_.io);

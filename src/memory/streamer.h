@@ -70,6 +70,8 @@ public:
     // flight; 0 without a disk tier. Call before the first step.
     double measure_disk_gbs(uint64_t bytes = uint64_t(1) << 30);
 
+    FileReader* reader_for_testing() { return reader_.get(); }  // fault injection
+
     void reset_stats();  // drains the device, starts a new window
     StreamStats stats();  // drains the device, totals of the window so far
     // Writes the Chrome trace of everything recorded so far; throws nt::Error.
