@@ -152,8 +152,9 @@ int main(int argc, char** argv) try {
                         const double gl_us = time_stream_us(stream, iters, [&](int) {
                             for (int i0 = 0; i0 < n; i0 += 8) {
                                 const int m = std::min(8, n - i0);
-                                nt::cuda::detail::quantize_q8(dx.p + size_t(i0) * sh.cols, m,
-                                                              sh.cols, xq.p, xd.p, stream);
+                                nt::cuda::detail::quantize_q8(
+                                    dx.p + size_t(i0) * sh.cols, m, sh.cols,
+                                    nt::cuda::detail::act_quant(t), xq.p, xd.p, stream);
                                 nt::cuda::detail::gemv_q8(t, dw.p, sh.rows, sh.cols, xq.p, xd.p, m,
                                                           dy.p + size_t(i0) * sh.rows, cfg, stream);
                             }

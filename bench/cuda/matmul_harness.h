@@ -104,21 +104,6 @@ inline std::vector<float> random_activations(int n, int64_t cols, uint64_t seed)
     return x;
 }
 
-// What the GEMV path multiplies with: each 32-element block of x quantized exactly as the GPU
-// does (d = amax/127, q = rint(x * (127/amax))) and dequantized back (d * q).
-inline std::vector<float> q8_roundtrip(const std::vector<float>& x, int64_t cols) {
-    std::vector<float> out(x.size());
-    for (size_t b = 0; b < x.size() / 32; ++b) {
-        float amax = 0.f;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-        const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-        for (int i = 0; i < 32; ++i)
-            out[b * 32 + i] = d * float(std::nearbyint(x[b * 32 + i] * id));
-    }
-    (void)cols;
-    return out;
-}
-
 // Rounds every element through FP16 or BF16 (what the GEMM path feeds the tensor cores).
 inline std::vector<float> round_f16(std::vector<float> v) {
     for (auto& f : v) f = nt::f16_to_f32(nt::f32_to_f16(f));
@@ -159,6 +144,25 @@ inline Reference reference(GgmlType t, const std::vector<uint8_t>& w, int64_t co
             ref.mag[size_t(i) * rows.size() + k] = m;
         }
     }
+    return ref;
+}
+
+// The quantized GEMV's reference: the CPU backend's own product, nt::vec_dot on activations
+// quantized by nt::quantize_row to the weight's vec_dot_type (the GPU quantizes the same way,
+// so only float summation order differs). mag: sum |w * x| of the unrounded activations.
+inline Reference cpu_gemv_reference(GgmlType t, const std::vector<uint8_t>& w, int64_t cols,
+                                    const std::vector<float>& x, int n,
+                                    const std::vector<int64_t>& rows) {
+    Reference ref = reference(t, w, cols, x, n, rows, false);
+    const GgmlType at = nt::vec_dot_type(t);
+    const size_t ab = nt::row_bytes(at, cols), rb = nt::row_bytes(t, cols);
+    std::vector<uint8_t> act(size_t(n) * ab);
+    for (int i = 0; i < n; ++i)
+        nt::quantize_row(at, x.data() + size_t(i) * cols, act.data() + size_t(i) * ab, cols);
+    for (size_t k = 0; k < rows.size(); ++k)
+        for (int i = 0; i < n; ++i)
+            ref.y[size_t(i) * rows.size() + k] =
+                nt::vec_dot(t, cols, w.data() + size_t(rows[k]) * rb, act.data() + size_t(i) * ab);
     return ref;
 }
 

@@ -2,7 +2,8 @@
 // batch sizes on both sides of the GEMV/GEMM switch and awkward shapes.
 //
 // The reference multiplies in double with exactly what the GPU multiplies: int8-rounded
-// activations (reproduced bit for bit on the CPU) for the quantized GEMV, FP16-rounded weights
+// activations (the CPU backend's own quantization, which the GPU reproduces bit for bit) for
+// the quantized GEMV, FP16-rounded weights
 // and activations for the GEMM path, BF16-rounded activations for BF16 weights. What is left is
 // float accumulation, so the tolerance is tight: 5e-5 of sum |w * x| per output (a wrong
 // sub-block scale or a dropped block shows up at 1e-3 or more). The GEMV is also held to the
@@ -111,21 +112,70 @@ std::vector<uint8_t> random_weights(GgmlType t, int64_t rows, int64_t cols, uint
     return w;
 }
 
-// The GPU's activation quantization, reproduced: per 32, d = amax/127, q = rint(x * 127/amax).
-std::vector<float> q8_roundtrip(const std::vector<float>& x,
-                                std::vector<float>* half_step = nullptr) {
-    std::vector<float> out(x.size());
-    if (half_step) half_step->assign(x.size(), 0.f);
-    for (size_t b = 0; b < x.size() / 32; ++b) {
-        float amax = 0.f;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-        const float d = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-        for (int i = 0; i < 32; ++i) {
-            out[b * 32 + i] = d * float(std::nearbyint(x[b * 32 + i] * id));
-            if (half_step) (*half_step)[b * 32 + i] = d / 2;
+// What the GEMV multiplies with: x quantized by the CPU backend (nt::quantize_row to the weight
+// type's vec_dot_type, which the GPU reproduces bit for bit) and dequantized back.
+//  - half_step (optional): per element, a bound on |x - xr| (half a quantization step, plus the
+//    FP16 rounding of Q8_0/Q8_1's scale, which applies to up to 127 steps);
+//  - s_fix (optional, one per 32-element block): Q4_1/Q5_1 weights meet Q8_1's stored
+//    s = f16(d * sum(q)) rather than f16(d) * sum(q) = the block's sum of xr; the products
+//    differ by m * s_fix with m the weight block's min.
+struct ActRef {
+    std::vector<float> xr, half_step;
+    std::vector<double> s_fix;
+};
+ActRef act_roundtrip(GgmlType t, const std::vector<float>& x, int64_t cols) {
+    const GgmlType at = nt::vec_dot_type(t);
+    const size_t ab = nt::row_bytes(at, cols);
+    const int64_t rows = int64_t(x.size()) / cols;
+    ActRef r;
+    r.xr.resize(x.size());
+    r.half_step.resize(x.size());
+    r.s_fix.assign(x.size() / 32, 0.0);
+    std::vector<uint8_t> q(ab);
+    for (int64_t i = 0; i < rows; ++i) {
+        const float* xi = x.data() + size_t(i) * cols;
+        nt::quantize_row(at, xi, q.data(), cols);
+        nt::dequantize_row(at, q.data(), r.xr.data() + size_t(i) * cols, cols);
+        for (int64_t b = 0; b < cols / 32; ++b) {
+            const size_t e0 = size_t(i) * cols + size_t(b) * 32;
+            float h;
+            if (at == GgmlType::Q8_K) {
+                float d;
+                std::memcpy(&d, q.data() + size_t(b / 8) * sizeof(nt::block_q8_K), 4);
+                h = std::fabs(d) / 2;
+            } else {
+                float amax = 0.f;
+                for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(xi[b * 32 + k]));
+                const float d = amax / 127;
+                const uint8_t* blk = q.data() + size_t(b) * nt::traits(at).block_bytes;
+                uint16_t dh, sh;
+                std::memcpy(&dh, blk, 2);
+                const float d16 = nt::f16_to_f32(dh);
+                h = d / 2 + 127 * std::fabs(d - d16);
+                if (at == GgmlType::Q8_1) {
+                    std::memcpy(&sh, blk + 2, 2);
+                    double sum = 0;
+                    for (int k = 0; k < 32; ++k) sum += r.xr[e0 + k];
+                    r.s_fix[e0 / 32] = double(nt::f16_to_f32(sh)) - sum;
+                }
+            }
+            for (int k = 0; k < 32; ++k) r.half_step[e0 + k] = h;
         }
     }
-    return out;
+    return r;
+}
+
+// Per 32-element block of a weight row, the min m of Q4_1/Q5_1 (zero for other types).
+std::vector<double> block_mins(GgmlType t, const uint8_t* row, int64_t cols) {
+    std::vector<double> m(size_t(cols / 32), 0.0);
+    if (t != GgmlType::Q4_1 && t != GgmlType::Q5_1) return m;
+    const int bb = nt::traits(t).block_bytes;
+    for (size_t b = 0; b < m.size(); ++b) {
+        uint16_t h;
+        std::memcpy(&h, row + b * bb + 2, 2);
+        m[b] = nt::f16_to_f32(h);
+    }
+    return m;
 }
 
 std::vector<float> rounded(std::vector<float> v, GgmlType through) {
@@ -192,9 +242,11 @@ double check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, uint64_t seed
     // What the GPU multiplies.
     const bool gemv = n <= ncu::kGemvMaxBatch;
     const bool quantized = !is_float_type(t);
-    std::vector<float> half_step;
+    ActRef act;
+    if (gemv && quantized) act = act_roundtrip(t, x, cols);
+    const std::vector<float>& half_step = act.half_step;
     std::vector<float> xr =
-        gemv ? (quantized ? q8_roundtrip(x, &half_step) : x)
+        gemv ? (quantized ? act.xr : x)
              : (t == GgmlType::F32
                     ? x
                     : rounded(x, t == GgmlType::BF16 ? GgmlType::BF16 : GgmlType::F16));
@@ -206,8 +258,13 @@ double check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, uint64_t seed
     for (int64_t r = 0; r < rows; ++r) {
         nt::dequantize_row(t, w.data() + size_t(r) * rb, wr.data(), cols);
         if (w_f16) wr = rounded(wr, GgmlType::F16);
+        const std::vector<double> mins = gemv && quantized
+                                             ? block_mins(t, w.data() + size_t(r) * rb, cols)
+                                             : std::vector<double>();
         for (int i = 0; i < n; ++i) {
             double s = 0, mag = 0, s_exact = 0, bound = 0;
+            for (size_t b = 0; b < mins.size(); ++b)
+                s += mins[b] * act.s_fix[size_t(i) * (cols / 32) + b];
             for (int64_t c = 0; c < cols; ++c) {
                 const double wc = wr[c], xc = xr[size_t(i) * cols + c];
                 s += wc * xc;
@@ -303,11 +360,16 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
             for (int n : {1, 2, 3, 5, 8}) {
                 std::vector<float> x(size_t(n) * cols);
                 for (auto& v : x) v = rng.normal();
-                const std::vector<float> xr = q8_roundtrip(x);
+                const ActRef act = act_roundtrip(t, x, cols);
+                const std::vector<float>& xr = act.xr;
                 std::vector<double> ref(size_t(n) * rows), mag(size_t(n) * rows);
-                for (int64_t r = 0; r < rows; ++r)
+                for (int64_t r = 0; r < rows; ++r) {
+                    const std::vector<double> mins =
+                        block_mins(t, w.data() + size_t(r) * nt::row_bytes(t, cols), cols);
                     for (int i = 0; i < n; ++i) {
                         double s = 0, m = 0;
+                        for (size_t b = 0; b < mins.size(); ++b)
+                            s += mins[b] * act.s_fix[size_t(i) * (cols / 32) + b];
                         for (int64_t k = 0; k < cols; ++k) {
                             const double p =
                                 double(wf[size_t(r) * cols + k]) * xr[size_t(i) * cols + k];
@@ -317,10 +379,12 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                         ref[size_t(i) * rows + r] = s;
                         mag[size_t(i) * rows + r] = m;
                     }
+                }
                 Dev<float> dx(x), dy(size_t(n) * rows);
                 Dev<int8_t> xq(size_t(n) * cols);
                 Dev<float2> xd(size_t(n) * cols / 32);
-                ncu::detail::quantize_q8(dx.p, n, cols, xq.p, xd.p, stream);
+                ncu::detail::quantize_q8(dx.p, n, cols, ncu::detail::act_quant(t), xq.p, xd.p,
+                                         stream);
                 const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
                 int tried = 0;
                 for (auto kern : {GemvKernel::Staged, GemvKernel::Direct})
@@ -351,36 +415,195 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
     cudaStreamDestroy(stream);
 }
 
-// The activation quantizer is bit-exact with the CPU formula the references rely on.
-TEST(MatmulQuantizer, BitExactWithCpuFormula) {
+// The activation quantizer is bit-exact with the CPU backend's (nt::quantize_row to Q8_0, Q8_1
+// and Q8_K), including ties after scaling, all-zero blocks and, for Q8_K, the sign of the scale
+// when two elements share the largest magnitude.
+TEST(MatmulQuantizer, BitExactWithCpu) {
     SKIP_WITHOUT_GPU();
     const int n = 3;
-    const int64_t cols = 4096 + 64;
+    const int64_t cols = 4096 + 256;
     Rng rng(9);
     std::vector<float> x(size_t(n) * cols);
     for (auto& v : x) v = rng.normal() * 3.f;
-    for (int i = 0; i < 32; ++i) x[64 + i] = 0.f;  // an all-zero block
-    x[200] = 127.f * 0.5f;                         // exact ties after scaling
+    for (int i = 0; i < 256; ++i) x[256 + i] = 0.f;  // an all-zero block (Q8_K and Q8_0)
+    // Elements 512..767: max magnitude 127 twice (+ first), so d = 1 (Q8_0) / -1 (Q8_K), and
+    // values that land on .5 after scaling: roundf goes away from zero, Q8_K's rint to even.
+    x[512] = 127.f;
+    x[520] = -127.f;
+    x[513] = 62.5f;
+    x[514] = -62.5f;
+    x[515] = 0.5f;
+    x[516] = 1.5f;
     Dev<float> dx(x);
     Dev<int8_t> xq(x.size());
     Dev<float2> xd(x.size() / 32);
-    ncu::detail::quantize_q8(dx.p, n, cols, xq.p, xd.p, nullptr);
-    ck(cudaDeviceSynchronize());
-    const auto q = xq.get();
-    const auto d = xd.get();
-    for (size_t b = 0; b < x.size() / 32; ++b) {
-        float amax = 0.f;
-        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-        const float dd = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
-        int sum = 0;
-        for (int i = 0; i < 32; ++i) {
-            const int want = int(std::nearbyint(x[b * 32 + i] * id));
-            sum += want;
-            ASSERT_EQ(int(q[b * 32 + i]), want) << "block " << b << " element " << i;
+    for (GgmlType wt : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K}) {
+        const GgmlType at = nt::vec_dot_type(wt);
+        ncu::detail::quantize_q8(dx.p, n, cols, ncu::detail::act_quant(wt), xq.p, xd.p, nullptr);
+        ck(cudaDeviceSynchronize());
+        const auto q = xq.get();
+        const auto d = xd.get();
+        const size_t ab = nt::row_bytes(at, cols);
+        std::vector<uint8_t> cpu(ab);
+        for (int i = 0; i < n; ++i) {
+            nt::quantize_row(at, x.data() + size_t(i) * cols, cpu.data(), cols);
+            for (int64_t b = 0; b < cols / 32; ++b) {
+                const size_t g = size_t(i) * (cols / 32) + size_t(b);  // global 32-block
+                const int8_t* want_q;
+                float want_d, want_s;
+                int sum = 0;
+                if (at == GgmlType::Q8_K) {
+                    nt::block_q8_K k;
+                    std::memcpy(&k, cpu.data() + size_t(b / 8) * sizeof(k), sizeof(k));
+                    want_q = reinterpret_cast<const int8_t*>(cpu.data() +
+                                                             size_t(b / 8) * sizeof(k) + 4) +
+                             (b % 8) * 32;
+                    for (int e = 0; e < 32; ++e) sum += want_q[e];
+                    ASSERT_EQ(sum, k.bsums[2 * (b % 8)] + k.bsums[2 * (b % 8) + 1]);
+                    want_d = k.d;
+                    want_s = k.d * float(sum);
+                } else {
+                    const uint8_t* blk = cpu.data() + size_t(b) * nt::traits(at).block_bytes;
+                    uint16_t dh, sh;
+                    std::memcpy(&dh, blk, 2);
+                    want_q = reinterpret_cast<const int8_t*>(blk + (at == GgmlType::Q8_1 ? 4 : 2));
+                    for (int e = 0; e < 32; ++e) sum += want_q[e];
+                    want_d = nt::f16_to_f32(dh);
+                    std::memcpy(&sh, blk + 2, 2);
+                    want_s = at == GgmlType::Q8_1 ? nt::f16_to_f32(sh) : want_d * float(sum);
+                }
+                for (int e = 0; e < 32; ++e)
+                    ASSERT_EQ(int(q[g * 32 + e]), int(want_q[e]))
+                        << nt::type_name(at) << " row " << i << " block " << b << " element " << e;
+                ASSERT_EQ(d[g].x, want_d) << nt::type_name(at) << " row " << i << " block " << b;
+                ASSERT_EQ(d[g].y, want_s) << nt::type_name(at) << " row " << i << " block " << b;
+            }
         }
-        ASSERT_EQ(d[b].x, dd) << "block " << b;
-        ASSERT_EQ(d[b].y, dd * float(sum)) << "block " << b;
     }
+}
+
+// GEMV parity with the CPU backend: matmul() for n <= 8 equals nt::vec_dot of the same weight
+// row with the CPU's quantized activations, up to float summation order, for every type.
+TEST(MatmulParity, GemvEqualsCpuVecDot) {
+    SKIP_WITHOUT_GPU();
+    cudaStream_t stream;
+    ck(cudaStreamCreate(&stream));
+    for (GgmlType t :
+         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+          GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+        const int64_t rows = 67, cols = 4096;
+        const std::vector<uint8_t> w = random_weights(t, rows, cols, 500 + uint64_t(t));
+        const size_t rb = nt::row_bytes(t, cols);
+        const GgmlType at = nt::vec_dot_type(t);
+        const size_t ab = nt::row_bytes(at, cols);
+        Dev<uint8_t> dw(w);
+        for (int n : {1, 3, 8}) {
+            Rng rng(600 + uint64_t(n));
+            std::vector<float> x(size_t(n) * cols);
+            for (auto& v : x) v = rng.normal();
+            std::vector<uint8_t> act(size_t(n) * ab);
+            for (int i = 0; i < n; ++i)
+                nt::quantize_row(at, x.data() + size_t(i) * cols, act.data() + size_t(i) * ab,
+                                 cols);
+            const ActRef ar = act_roundtrip(t, x, cols);
+            Dev<float> dx(x), dy(size_t(n) * rows);
+            {
+                Workspace ws(ncu::matmul_workspace_bytes(cols, rows, n), stream);
+                ncu::matmul({t, cols, rows, dw.p, w.size()}, dx.p, n, dy.p, ws.ws, stream);
+                ck(cudaStreamSynchronize(stream));
+            }
+            const auto y = dy.get();
+            std::vector<float> wr(cols);
+            for (int64_t r = 0; r < rows; ++r) {
+                nt::dequantize_row(t, w.data() + size_t(r) * rb, wr.data(), cols);
+                for (int i = 0; i < n; ++i) {
+                    const float want = nt::vec_dot(t, cols, w.data() + size_t(r) * rb,
+                                                   act.data() + size_t(i) * ab);
+                    double mag = 0;
+                    for (int64_t c = 0; c < cols; ++c)
+                        mag += std::fabs(double(wr[c]) * ar.xr[size_t(i) * cols + c]);
+                    const float got = y[size_t(i) * rows + r];
+                    ASSERT_LE(std::fabs(double(got) - want), 1e-5 * mag)
+                        << nt::type_name(t) << " n=" << n << " row " << r << " batch " << i
+                        << ": GPU " << got << ", CPU vec_dot " << want << " (sum|wx| " << mag
+                        << ")";
+                }
+            }
+        }
+    }
+    cudaStreamDestroy(stream);
+}
+
+// Activations quantized once serve the next matmul on the same x (x_unchanged), and only when
+// x, batch, columns and activation type all match. The test overwrites x between the two calls
+// (breaking the promise on purpose): a reused quantization still gives the result on the old x,
+// a fresh one the result on the new x.
+TEST(MatmulReuse, QuantizedActivationsReusedOnlyWhenTheyMatch) {
+    SKIP_WITHOUT_GPU();
+    cudaStream_t s;
+    ck(cudaStreamCreate(&s));
+    const int64_t cols = 1024, rows = 200;
+    const int n = 2;
+    const std::vector<uint8_t> wk = random_weights(GgmlType::Q4_K, rows, cols, 31);
+    const std::vector<uint8_t> w6 = random_weights(GgmlType::Q6_K, rows, cols, 32);
+    const std::vector<uint8_t> w0 = random_weights(GgmlType::Q4_0, rows, cols, 33);
+    Rng rng(34);
+    std::vector<float> x1(size_t(n) * cols), x2(size_t(n) * cols), x3(size_t(n) * cols);
+    for (auto* x : {&x1, &x2, &x3})
+        for (auto& v : *x) v = rng.normal();
+    Dev<uint8_t> dk(wk), d6(w6), d0(w0);
+    Dev<float> dx1(x1), dx2(x2), ya(size_t(n) * rows), yb(size_t(n) * rows);
+    Workspace ws(ncu::matmul_workspace_bytes(cols, rows, n), s);
+    const nt::WeightView vk{GgmlType::Q4_K, cols, rows, dk.p, wk.size()};
+    const nt::WeightView v6{GgmlType::Q6_K, cols, rows, d6.p, w6.size()};
+    const nt::WeightView v0{GgmlType::Q4_0, cols, rows, d0.p, w0.size()};
+    const auto upload = [&](float* d, const std::vector<float>& h) {
+        ck(cudaMemcpyAsync(d, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+    };
+    const auto alone = [&](const nt::WeightView& w, float* x, const std::vector<float>& content) {
+        upload(x, content);
+        ncu::matmul(w, x, n, yb.p, ws.ws, s);
+        ck(cudaStreamSynchronize(s));
+        return yb.get();
+    };
+    const auto check = [&](const nt::WeightView& a, float* xa, const std::vector<float>& ca,
+                           const nt::WeightView& b, float* xb, const std::vector<float>& cb,
+                           bool reused, const char* what) {
+        const auto want = alone(b, xb, reused ? cb : x3);
+        upload(xa, ca);
+        upload(xb, cb);
+        ncu::matmul(a, xa, n, ya.p, ws.ws, s);
+        upload(xb, x3);
+        ncu::matmul(b, xb, n, yb.p, ws.ws, s, /*x_unchanged=*/true);
+        ck(cudaStreamSynchronize(s));
+        const auto got = yb.get();
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << what;
+        upload(xa, ca);
+        upload(xb, cb);
+    };
+    check(vk, dx1.p, x1, v6, dx1.p, x1, true, "same x, Q8_K twice: reused");
+    check(v0, dx1.p, x1, v0, dx1.p, x1, true, "same x, Q8_0 twice: reused");
+    check(vk, dx1.p, x1, vk, dx2.p, x2, false, "other x: quantized again");
+    check(vk, dx1.p, x1, v0, dx1.p, x1, false, "same x, Q8_K then Q8_0: quantized again");
+    check(v0, dx1.p, x1, vk, dx1.p, x1, false, "same x, Q8_0 then Q8_K: quantized again");
+    // Without x_unchanged a matching call still quantizes; after forget, too.
+    upload(dx1.p, x1);
+    ncu::matmul(vk, dx1.p, n, ya.p, ws.ws, s);
+    upload(dx1.p, x3);
+    ncu::matmul(vk, dx1.p, n, yb.p, ws.ws, s);
+    ck(cudaStreamSynchronize(s));
+    const auto fresh = yb.get();
+    upload(dx1.p, x1);
+    ncu::matmul(vk, dx1.p, n, ya.p, ws.ws, s);
+    upload(dx1.p, x3);
+    ncu::matmul_forget_activations(ws.ws);
+    ncu::matmul(vk, dx1.p, n, yb.p, ws.ws, s, true);
+    ck(cudaStreamSynchronize(s));
+    const auto forgot = yb.get();
+    EXPECT_EQ(0, std::memcmp(fresh.data(), forgot.data(), fresh.size() * sizeof(float)));
+    const auto want3 = alone(vk, dx2.p, x3);
+    EXPECT_EQ(0, std::memcmp(fresh.data(), want3.data(), fresh.size() * sizeof(float)));
+    cudaStreamDestroy(s);
 }
 
 // The decode path replays from a CUDA graph: same bits as the eager call.

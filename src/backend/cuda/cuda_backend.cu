@@ -253,7 +253,8 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
 
 void CudaBackend::begin_step(const Batch& batch) {
     require_init("begin_step");
-    flush();  // a previous step that never downloaded
+    flush();             // a previous step that never downloaded
+    forget_quantized();  // a replayed graph leaves other activations in the workspace
     const int n = batch.size();
     if (n > max_batch_) fail("batch of %d tokens exceeds the maximum of %d.", n, max_batch_);
     for (int i = 0; i < n; i++) {
@@ -364,9 +365,15 @@ void CudaBackend::leave_graph() {
     g.failures++;
     stats_.fallbacks++;
     mode_ = Mode::Eager;
+    forget_quantized();
     std::vector<Op> ops;
     ops.swap(pending_);
     for (const Op& o : ops) run(o);
+}
+
+void CudaBackend::forget_quantized() {
+    after_matmul_ = false;
+    if (mm_) cuda::matmul_forget_activations(*mm_);
 }
 
 void CudaBackend::capture_failed() {
@@ -379,6 +386,7 @@ void CudaBackend::capture_failed() {
     (void)cudaGetLastError();
     mode_ = Mode::Eager;
     graphs_[key_].failures = kMaxGraphFailures;
+    forget_quantized();  // what run() recorded as quantized was captured, never executed
     std::vector<Op> ops;
     ops.swap(recording_);
     for (const Op& o : ops) run(o);  // captured, never executed
@@ -439,6 +447,8 @@ void CudaBackend::set_graphs(bool on) {
 void CudaBackend::run(const Op& op) {
     const auto f = [&](int i) { return static_cast<float*>(const_cast<void*>(op.p[i])); };
     const size_t B = size_t(max_batch_);
+    const bool x_unchanged = after_matmul_;
+    after_matmul_ = op.kind == OpKind::Matmul;
     const int32_t* d_tokens = d_step_;
     const int32_t* d_pos = d_step_ + B;
     const int32_t* d_seq = d_step_ + 2 * B;
@@ -453,7 +463,7 @@ void CudaBackend::run(const Op& op) {
             cuda::rmsnorm(f(0), op.w, op.i0, op.i1, shape_.norm_eps, f(1), stream_);
             return;
         case OpKind::Matmul:
-            cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_);
+            cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
             return;
         case OpKind::Rope:
             cuda::rope(f(0), f(1), d_pos, n_rows_, shape_.n_head, shape_.n_head_kv, shape_.head_dim,

@@ -103,9 +103,10 @@ class CudaBackend : public Backend {
 
     void submit(const Op& op);
     void run(const Op& op);
-    void flush();           // ends a capture or replays the graph; afterwards the stream is eager
-    void capture_failed();  // a capture broke: give up graphs for this key, run the step eagerly
-    void leave_graph();     // the step left its recorded sequence: catch up eagerly
+    void flush();             // ends a capture or replays the graph; afterwards the stream is eager
+    void capture_failed();    // a capture broke: give up graphs for this key, run the step eagerly
+    void leave_graph();       // the step left its recorded sequence: catch up eagerly
+    void forget_quantized();  // the next matmul quantizes its activations whatever came before
     void drop_graphs();
     void release();  // frees everything init() allocated
     void require_init(const char* op) const;
@@ -155,6 +156,10 @@ class CudaBackend : public Backend {
     std::vector<Op> recording_;  // Capture: ops of this step, in order
     std::vector<Op> pending_;    // Replay: ops matched so far, not yet executed
     size_t replay_pos_ = 0;
+    // The op run last was a matmul: the next matmul's input has not been written since (ops run
+    // in stream order and a matmul writes only its output), so activations it quantized can be
+    // reused (q/k/v and gate/up share one quantization). Cleared at every break in the sequence.
+    bool after_matmul_ = false;
     GraphStats stats_;
 };
 

@@ -109,6 +109,7 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
         nt::fail("CUDA matmul workspace must be 256-byte aligned.");
     ws.buf = buf;
     ws.bytes = bytes;
+    ws.held = {};
     int dev = 0;
     NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
     NT_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev),
@@ -121,13 +122,17 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
         NT_CUDA_CHECK(cublasSetWorkspace(ws.cublas, buf, kCublasWorkspace), "cublasSetWorkspace");
 }
 
+void matmul_forget_activations(MatmulWorkspace& ws) {
+    ws.held = {};
+}
+
 void matmul_free(MatmulWorkspace& ws) {
     if (ws.cublas) cublasDestroy(ws.cublas);
     ws = MatmulWorkspace{};
 }
 
 void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
-            cudaStream_t stream) {
+            cudaStream_t stream, bool x_unchanged) {
     check_args(w, x, n, y);
     const int64_t rows = w.rows, cols = w.cols;
     auto* base = static_cast<uint8_t*>(ws.buf);
@@ -142,10 +147,25 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
                 ws.bytes, n, (long long)cols, need);
         auto* xq = reinterpret_cast<int8_t*>(base);
         auto* xd = reinterpret_cast<float2*>(base + align256(size_t(n) * cols));
-        detail::quantize_q8(x, n, cols, xq, xd, stream);
+        const detail::ActQuant mode = detail::act_quant(w.type);
+        ActivationKey& held = ws.held;
+        const bool reuse = x_unchanged && held.x == x && held.n == n && held.cols == cols &&
+                           held.mode == int(mode);
+        if (!reuse) {
+            detail::quantize_q8(x, n, cols, mode, xq, xd, stream);
+            held = {x, n, cols, int(mode)};
+        }
         const GemvConfig c = detail::gemv_config(w.type, rows, cols, n, ws.sm_count);
-        return detail::gemv_q8(w.type, w.data, rows, cols, xq, xd, n, y, c, stream);
+        detail::gemv_q8(w.type, w.data, rows, cols, xq, xd, n, y, c, stream);
+        // An output written over the activations it came from makes them stale.
+        const auto* xb = reinterpret_cast<const uint8_t*>(x);
+        const auto* yb = reinterpret_cast<const uint8_t*>(y);
+        if (yb < xb + size_t(n) * cols * sizeof(float) &&
+            xb < yb + size_t(n) * rows * sizeof(float))
+            held = {};
+        return;
     }
+    ws.held = {};  // the GEMM path below overwrites the quantized activations
 
     if (!ws.cublas) nt::fail("CUDA matmul: workspace not initialised (call matmul_init).");
     if (w.type == GgmlType::F32) {

@@ -2,8 +2,9 @@
 //
 // Two paths, chosen by the batch size n:
 //  - n <= kGemvMaxBatch (decode): GEMV. Quantized weights meet activations quantized to int8
-//    (per 32 elements: d = amax/127, q = round(x/d), stored with d and d*sum(q), like ggml's
-//    q8_1) in integer dot products; F32/F16/BF16 weights meet the float activations. Every
+//    exactly as the CPU backend quantizes them for that weight type (Q8_0, Q8_1 or Q8_K: same
+//    scales, same rounding, so the integer dot products are the CPU's), held per 32 elements as
+//    (d, d*sum(q)); F32/F16/BF16 weights meet the float activations. Every
 //    weight byte is read once for all n rows. Asynchronous, no allocation, no host sync: safe
 //    to capture in a CUDA graph.
 //  - n > kGemvMaxBatch (prompt): the weight is dequantized to FP16 into the workspace (in row
@@ -25,12 +26,22 @@ namespace nt::cuda {
 
 constexpr int kGemvMaxBatch = 8;
 
+// Which activations the workspace holds quantized (GEMV path): x, batch, columns and the
+// activation quantization (detail::ActQuant). x == nullptr: none.
+struct ActivationKey {
+    const float* x = nullptr;
+    int n = 0;
+    int64_t cols = 0;
+    int mode = -1;
+};
+
 // Scratch for one stream's matmuls. Calls sharing a workspace must be ordered (same stream).
 struct MatmulWorkspace {
     void* buf = nullptr;  // device memory, 256-byte aligned (cudaMalloc)
     size_t bytes = 0;
     cublasHandle_t cublas = nullptr;
-    int sm_count = 0;  // multiprocessors of the current device (launch shapes)
+    int sm_count = 0;    // multiprocessors of the current device (launch shapes)
+    ActivationKey held;  // host-side record of what the last GEMV quantized into buf
 };
 
 // Bytes of workspace that let matmul() run on any weight with at most max_cols columns and
@@ -54,8 +65,17 @@ void matmul_free(MatmulWorkspace& ws);
 // `stream`. Throws nt::Error (before launching anything) for an unsupported type, a column
 // count that is not a multiple of the type's block, a misaligned weight, or a workspace too
 // small for this call.
+//
+// x_unchanged: the caller guarantees that x has not been written since the previous matmul()
+// on this workspace was enqueued. Then a GEMV whose x, n, columns and activation quantization
+// match the previous GEMV's reuses the int8 activations already in the workspace instead of
+// quantizing again (q/k/v, gate/up: one quantize kernel instead of three or two). The decision
+// is host-side and depends only on the sequence of calls, so it is safe in a CUDA graph capture.
 void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
-            cudaStream_t stream);
+            cudaStream_t stream, bool x_unchanged = false);
+
+// Drops the record of quantized activations (the next GEMV quantizes whatever it is given).
+void matmul_forget_activations(MatmulWorkspace& ws);
 
 // Whether matmul() supports weights of this type.
 bool matmul_supports(GgmlType t);

@@ -11,8 +11,27 @@ constexpr size_t align256(size_t b) {
     return (b + 255) & ~size_t(255);
 }
 
-// 8 threads per 32-element block, 4 elements each; 32 blocks per 256-thread CTA.
-template <bool VEC>
+// IEEE single-precision division and product, rounded to nearest even and without flushing
+// subnormals, whatever --use_fast_math makes of '/' and '*': the scales must be the CPU's bits.
+__device__ __forceinline__ float div_rn(float a, float b) {
+    float r;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float mul_rn(float a, float b) {
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float f16_round(float v) {
+    return __half2float(__float2half_rn(v));
+}
+
+// Q8_0 / Q8_1 (the CPU's q8_block): per 32, d = amax / 127, id = 1 / d, q = roundf(x * id)
+// (half away from zero; NaN -> 0, clamped to +-127), d stored as FP16. xd = (f16(d), s) with
+// s = f16(d) * sum(q) for Q8_0 (exact in float: 11 x 12 significant bits) and the CPU's stored
+// s = f16(d * sum(q)) for Q8_1. 8 threads per 32-element block, 4 elements each.
+template <bool VEC, bool Q81>
 __global__ void __launch_bounds__(256)
     quantize_q8_kernel(const float* __restrict__ x, int64_t nblocks, int8_t* __restrict__ xq,
                        float2* __restrict__ xd) {
@@ -33,13 +52,13 @@ __global__ void __launch_bounds__(256)
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    // IEEE division and products, rounded like the CPU does them, whatever --use_fast_math says.
-    const float d = __fdiv_rn(amax, 127.f);
-    const float id = amax > 0.f ? __fdiv_rn(127.f, amax) : 0.f;
+    const float d = div_rn(amax, 127.f);
+    const float id = d != 0.f ? div_rn(1.f, d) : 0.f;
     int q[4], s = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        q[i] = __float2int_rn(__fmul_rn(v[i], id));
+        const float r = roundf(mul_rn(v[i], id));
+        q[i] = r == r ? int(fminf(127.f, fmaxf(-127.f, r))) : 0;
         s += q[i];
     }
 #pragma unroll
@@ -47,8 +66,71 @@ __global__ void __launch_bounds__(256)
     if (live) {
         const char4 c = make_char4(int8_t(q[0]), int8_t(q[1]), int8_t(q[2]), int8_t(q[3]));
         *reinterpret_cast<char4*>(xq + blk * 32 + sub * 4) = c;
-        if (sub == 0) xd[blk] = make_float2(d, __fmul_rn(d, float(s)));
+        if (sub == 0) {
+            const float d16 = f16_round(d);
+            xd[blk] =
+                make_float2(d16, Q81 ? f16_round(mul_rn(float(s), d)) : mul_rn(d16, float(s)));
+        }
     }
+}
+
+// Q8_K (the CPU's q_q8_K): per 256, max = the first element of largest magnitude, iscale =
+// -127 / max, q = rint(clamp(iscale * x, +-127)) (half to even; NaN -> 0), d = 1 / iscale
+// (0 and q = 0 for an all-zero block). Each of the 8 sub-blocks of 32 gets xd = (d, d * sum(q)),
+// the per-32 pairs the GEMV kernels read. One warp per 256 elements, 8 per lane.
+template <bool VEC>
+__global__ void __launch_bounds__(256)
+    quantize_q8k_kernel(const float* __restrict__ x, int64_t nblocks, int8_t* __restrict__ xq,
+                        float2* __restrict__ xd) {
+    const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (blk >= nblocks) return;  // whole warps: blk is uniform across the warp
+    const float* p = x + blk * 256 + lane * 8;
+    float v[8];
+    if constexpr (VEC) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+        const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __ldg(p + i);
+    }
+    // Largest magnitude, ties to the lowest index (the CPU scans forward with a strict '>').
+    float amax = 0.f, vmax = 0.f;
+    int imax = 256;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float ax = fabsf(v[i]);
+        if (ax > amax) amax = ax, vmax = v[i], imax = lane * 8 + i;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, amax, o);
+        const float v2 = __shfl_xor_sync(0xffffffffu, vmax, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, imax, o);
+        if (a2 > amax || (a2 == amax && i2 < imax)) amax = a2, vmax = v2, imax = i2;
+    }
+    const float iscale = amax != 0.f ? div_rn(-127.f, vmax) : 0.f;
+    const float d = amax != 0.f ? div_rn(1.f, iscale) : 0.f;
+    int q[8], s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const float t = mul_rn(iscale, v[i]);
+        q[i] = t == t ? __float2int_rn(fminf(127.f, fmaxf(-127.f, t))) : 0;
+        s += q[i];
+    }
+    // Lanes 4k .. 4k+3 hold sub-block k.
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        lo |= uint32_t(uint8_t(int8_t(q[i]))) << (8 * i);
+        hi |= uint32_t(uint8_t(int8_t(q[4 + i]))) << (8 * i);
+    }
+    *reinterpret_cast<uint2*>(xq + blk * 256 + lane * 8) = make_uint2(lo, hi);
+    if ((lane & 3) == 0) xd[blk * 8 + (lane >> 2)] = make_float2(d, mul_rn(d, float(s)));
 }
 
 __global__ void to_f16_kernel(const float* __restrict__ x, int64_t count,
@@ -140,15 +222,47 @@ size_t q8_bytes(int n, int64_t cols) {
     return align256(size_t(n) * cols) + align256(size_t(n) * (cols / 32) * sizeof(float2));
 }
 
-void quantize_q8(const float* x, int n, int64_t cols, int8_t* xq, float2* xd, cudaStream_t stream) {
-    if (cols % 32 != 0)
-        nt::fail("quantize_q8: %lld columns are not a multiple of 32.", (long long)cols);
-    const int64_t nblocks = int64_t(n) * (cols / 32);
-    const unsigned grid = unsigned((nblocks * 8 + 255) / 256);
-    if (reinterpret_cast<uintptr_t>(x) % 16 == 0)
-        quantize_q8_kernel<true><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
-    else
-        quantize_q8_kernel<false><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+ActQuant act_quant(GgmlType t) {
+    switch (t) {
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_1:
+            return ActQuant::Q8_1;
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K:
+            return ActQuant::Q8_K;
+        default:
+            return ActQuant::Q8_0;
+    }
+}
+
+void quantize_q8(const float* x, int n, int64_t cols, ActQuant mode, int8_t* xq, float2* xd,
+                 cudaStream_t stream) {
+    const int block = mode == ActQuant::Q8_K ? 256 : 32;
+    if (cols % block != 0)
+        nt::fail("quantize_q8: %lld columns are not a multiple of %d.", (long long)cols, block);
+    const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    const int64_t nblocks = int64_t(n) * (cols / block);
+    if (mode == ActQuant::Q8_K) {
+        const unsigned grid = unsigned((nblocks * 32 + 255) / 256);
+        if (vec)
+            quantize_q8k_kernel<true><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+        else
+            quantize_q8k_kernel<false><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+    } else {
+        const unsigned grid = unsigned((nblocks * 8 + 255) / 256);
+        const bool q81 = mode == ActQuant::Q8_1;
+        if (vec && q81)
+            quantize_q8_kernel<true, true><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+        else if (vec)
+            quantize_q8_kernel<true, false><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+        else if (q81)
+            quantize_q8_kernel<false, true><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+        else
+            quantize_q8_kernel<false, false><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+    }
     NT_CUDA_CHECK(cudaGetLastError(), "quantize activations");
 }
 

@@ -83,6 +83,20 @@ __device__ __forceinline__ void gemv_reduce_store(float (&acc)[RW][NX], float* r
     for (int r = 0; r < RW; ++r)
 #pragma unroll
         for (int k = 0; k < NX; ++k) acc[r][k] = warp_sum(acc[r][k]);
+    if (ksplit == 1) {
+        // Every warp owns its rows: no shared memory and no CTA barrier, so warps never wait
+        // for each other between tiles (ksplit is uniform across the CTA).
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < RW; ++r) {
+                const int64_t row = (tile * kGemvWarps + warp) * RW + r;
+#pragma unroll
+                for (int k = 0; k < NX; ++k)
+                    if (row < rows && k < n) y[int64_t(k) * rows + row] = acc[r][k];
+            }
+        }
+        return;
+    }
     if (lane == 0) {
 #pragma unroll
         for (int r = 0; r < RW; ++r)

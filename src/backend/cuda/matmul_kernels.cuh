@@ -14,10 +14,25 @@ namespace nt::cuda::detail {
 
 // ---- activations ---------------------------------------------------------------------------
 
-// x [n][cols] fp32 (cols a multiple of 32) -> xq [n][cols] int8 and xd [n][cols/32] float2,
-// per 32 elements: d = amax / 127, q = rint(x * (127 / amax)) (IEEE division, round to nearest
-// even, q = 0 where amax = 0), xd = (d, d * sum(q)). Tests reproduce this on the CPU exactly.
-void quantize_q8(const float* x, int n, int64_t cols, int8_t* xq, float2* xd, cudaStream_t stream);
+// How the integer GEMV quantizes activations for a weight type: exactly as the CPU backend does
+// (nt::vec_dot_type), so that both compute the same integer dot products.
+enum class ActQuant : int {
+    Q8_0 = 0,  // Q4_0, Q5_0, Q8_0 weights
+    Q8_1 = 1,  // Q4_1, Q5_1
+    Q8_K = 2,  // Q2_K .. Q6_K
+};
+ActQuant act_quant(GgmlType t);
+
+// x [n][cols] fp32 -> xq [n][cols] int8 and xd [n][cols/32] float2 = (d, d * sum(q)) per 32
+// elements, with the CPU's formulas and rounding (src/quant/quantize.cpp):
+//  - Q8_0: d = f16(amax / 127), q = roundf(x * (1 / (amax / 127))), xd.y = d * sum(q);
+//  - Q8_1: the same q and d, xd.y = f16((amax / 127) * sum(q)) (block_q8_1's s);
+//  - Q8_K: one scale per 256 (cols a multiple of 256): d = 1 / (-127 / max), q =
+//    rint(x * (-127 / max)) with max the first element of largest magnitude; all 8 sub-blocks
+//    carry that d, and xd.y = d * sum of their own 32 quants.
+// Tests compare xq and xd bit for bit with nt::quantize_row(vec_dot_type(t)).
+void quantize_q8(const float* x, int n, int64_t cols, ActQuant mode, int8_t* xq, float2* xd,
+                 cudaStream_t stream);
 size_t q8_bytes(int n, int64_t cols);  // xq then xd, each 256-byte aligned
 
 // count fp32 -> fp16 / bf16 (round to nearest even).
