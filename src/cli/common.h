@@ -23,5 +23,6 @@ int cmd_perplexity(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 
 }  // namespace nt::cli
