@@ -66,12 +66,13 @@ void Engine::place_weights(const EngineOptions& opt, std::unique_ptr<mem::Stream
         in.slots = mo.slots;
         in.staging = mo.prefetch;
         in.force_stream = mo.force_stream;
-        memory_.plan = mem::plan_tiers(in);
+        auto plan = [&] { return mo.forced_tiers.empty() ? mem::plan_tiers(in) : mem::plan_fixed(in, mo.forced_tiers); };
+        memory_.plan = plan();
         memory_.planned = true;
         if (memory_.plan.streams()) {
             in.h2d_gbs = dev->measure_h2d_gbs();
             in.hbm_gbs = dev->measure_hbm_gbs();
-            memory_.plan = mem::plan_tiers(in);
+            memory_.plan = plan();
             for (int i = 0; i < L; i++) resident[size_t(i)] = memory_.plan.tier[size_t(i)] == mem::Tier::Vram;
         }
     }

@@ -42,6 +42,7 @@ struct MemoryOptions {
     bool direct_io = true;              // O_DIRECT for the disk tier
     bool force_stream = false;          // stream even when everything fits (tests)
     bool trace = false;                 // keep a Chrome trace of the pipeline
+    std::vector<mem::Tier> forced_tiers;  // tests: this placement instead of the planner's
 };
 
 struct EngineOptions {

@@ -30,6 +30,26 @@ std::vector<int> spread(int n, int count) {
 
 namespace {
 
+// Layers and bytes per tier, memory used and the roofline, from the tiers chosen.
+void finish(TierPlan& p, const PlanInput& in) {
+    const int L = int(p.tier.size());
+    for (int i = 0; i < L; i++) {
+        const int t = int(p.tier[size_t(i)]);
+        p.layers[t]++;
+        p.bytes[t] += t == 0 ? in.resident_bytes[size_t(i)] : in.blob_bytes[size_t(i)];
+    }
+    p.vram_used = in.vram_backend + in.vram_fixed_weights + p.bytes[0] + uint64_t(p.slots) * p.slot_bytes;
+    p.ram_used = p.bytes[1] + uint64_t(p.staging) * p.staging_bytes;
+    p.h2d_per_step = p.bytes[1] + p.bytes[2];
+    p.disk_per_step = p.bytes[2];
+    p.hbm_per_step = in.vram_fixed_weights + p.bytes[0] + p.h2d_per_step;
+    p.t_h2d = in.h2d_gbs > 0 ? double(p.h2d_per_step) / (in.h2d_gbs * 1e9) : 0;
+    p.t_disk = in.disk_gbs > 0 ? double(p.disk_per_step) / (in.disk_gbs * 1e9) : 0;
+    p.t_hbm = in.hbm_gbs > 0 ? double(p.hbm_per_step) / (in.hbm_gbs * 1e9) : 0;
+    const double t = std::max({p.t_h2d, p.t_disk, p.t_hbm});
+    p.roofline_tok_s = t > 0 ? 1.0 / t : 0;
+}
+
 uint64_t sum(const std::vector<uint64_t>& v) {
     uint64_t s = 0;
     for (uint64_t x : v) s += x;
@@ -135,21 +155,31 @@ TierPlan plan_tiers(const PlanInput& in) {
         }
     }
 
-    for (int i = 0; i < L; i++) {
-        const int t = int(p.tier[size_t(i)]);
-        p.layers[t]++;
-        p.bytes[t] += t == 0 ? in.resident_bytes[size_t(i)] : in.blob_bytes[size_t(i)];
+    finish(p, in);
+    return p;
+}
+
+TierPlan plan_fixed(const PlanInput& in, const std::vector<Tier>& tiers) {
+    if (tiers.size() != in.resident_bytes.size() || tiers.size() != in.blob_bytes.size())
+        fail("memory planner: %zu forced tiers for %zu layers.", tiers.size(), in.resident_bytes.size());
+    TierPlan p;
+    p.tier = tiers;
+    p.vram_budget = in.vram_budget == kAuto ? in.vram_avail : in.vram_budget;
+    p.ram_budget = in.ram_budget == kAuto ? in.ram_avail : in.ram_budget;
+    bool streams = false, disk = false;
+    for (size_t i = 0; i < tiers.size(); i++) {
+        if (tiers[i] != Tier::Vram) {
+            streams = true;
+            p.slot_bytes = std::max(p.slot_bytes, in.blob_bytes[i]);
+        }
+        disk = disk || tiers[i] == Tier::Disk;
     }
-    p.vram_used = base + p.bytes[0] + uint64_t(p.slots) * p.slot_bytes;
-    p.ram_used = p.bytes[1] + uint64_t(p.staging) * p.staging_bytes;
-    p.h2d_per_step = p.bytes[1] + p.bytes[2];
-    p.disk_per_step = p.bytes[2];
-    p.hbm_per_step = in.vram_fixed_weights + p.bytes[0] + p.h2d_per_step;
-    p.t_h2d = in.h2d_gbs > 0 ? double(p.h2d_per_step) / (in.h2d_gbs * 1e9) : 0;
-    p.t_disk = in.disk_gbs > 0 ? double(p.disk_per_step) / (in.disk_gbs * 1e9) : 0;
-    p.t_hbm = in.hbm_gbs > 0 ? double(p.hbm_per_step) / (in.hbm_gbs * 1e9) : 0;
-    const double t = std::max({p.t_h2d, p.t_disk, p.t_hbm});
-    p.roofline_tok_s = t > 0 ? 1.0 / t : 0;
+    if (streams) p.slots = in.slots > 0 ? in.slots : kDefaultSlots;
+    if (disk) {
+        p.staging = in.staging > 0 ? in.staging : kDefaultStaging;
+        p.staging_bytes = p.slot_bytes;
+    }
+    finish(p, in);
     return p;
 }
 

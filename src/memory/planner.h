@@ -57,6 +57,10 @@ struct TierPlan {
 // cannot hold the working set.
 TierPlan plan_tiers(const PlanInput& in);
 
+// A plan with the tiers given (tests, experiments): slots, staging and the per-step figures as
+// plan_tiers would derive them, without budget checks.
+TierPlan plan_fixed(const PlanInput& in, const std::vector<Tier>& tiers);
+
 // The plan for people: layers and bytes per tier, bytes per step and the roofline.
 std::string describe_plan(const TierPlan& p, const PlanInput& in);
 

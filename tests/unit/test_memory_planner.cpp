@@ -228,3 +228,26 @@ TEST(MemoryPlanner, DescriptionShowsTiersStepBytesAndRoofline) {
 
 }  // namespace
 }  // namespace nt::mem
+
+namespace nt::mem {
+namespace {
+
+TEST(MemoryPlanner, FixedTiersDeriveSlotsStagingAndStepBytes) {
+    PlanInput in = uniform(4, 100 * MiB, 128 * MiB);
+    in.blob_bytes[2] = 130 * MiB;
+    TierPlan p = plan_fixed(in, {Tier::Vram, Tier::Pinned, Tier::Disk, Tier::Vram});
+    EXPECT_EQ(p.layers[0], 2);
+    EXPECT_EQ(p.layers[1], 1);
+    EXPECT_EQ(p.layers[2], 1);
+    EXPECT_EQ(p.slots, kDefaultSlots);
+    EXPECT_EQ(p.slot_bytes, 130 * MiB);
+    EXPECT_EQ(p.staging, kDefaultStaging);
+    EXPECT_EQ(p.h2d_per_step, 258 * MiB);
+    EXPECT_EQ(p.disk_per_step, 130 * MiB);
+    EXPECT_EQ(p.vram_used, 2 * GiB + 200 * MiB + 3 * 130 * MiB);
+    EXPECT_TRUE(plan_fixed(in, {Tier::Vram, Tier::Vram, Tier::Vram, Tier::Vram}).all_resident());
+    EXPECT_EQ(plan_fixed(in, {Tier::Vram, Tier::Vram, Tier::Vram, Tier::Vram}).slots, 0);
+}
+
+}  // namespace
+}  // namespace nt::mem
