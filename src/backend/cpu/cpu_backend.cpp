@@ -147,10 +147,16 @@ void CpuBackend::matmul(const WeightView& w, const float* x, int n, float* y) {
 void CpuBackend::rope_rows(float* x, int n_heads) const {
     const int hd = shape_.head_dim;
     const int half = int(rope_inv_freq_.size());
+    const int n_rot = 2 * half;
+    // ggml's order of operations: theta = pos * theta_scale^i by repeated float products,
+    // divided by the frequency factor, times freq_scale; cos/sin in float.
+    const float theta_scale = std::pow(shape_.rope.freq_base, -2.0f / float(n_rot));
+    const std::vector<float>& ff = shape_.rope.freq_factors;
     for (int i = 0; i < batch_.size(); i++) {
-        const float p = float(batch_.pos[size_t(i)]);
+        float theta_base = float(batch_.pos[size_t(i)]);
         for (int j = 0; j < half; j++) {
-            const float theta = p * rope_inv_freq_[size_t(j)];
+            const float theta = shape_.rope.freq_scale * (theta_base / (ff.empty() ? 1.0f : ff[size_t(j)]));
+            theta_base *= theta_scale;
             const float c = std::cos(theta), s = std::sin(theta);
             for (int h = 0; h < n_heads; h++) {
                 float* v = x + (int64_t(i) * n_heads + h) * hd + 2 * j;
@@ -206,11 +212,13 @@ void CpuBackend::attention(int layer, const float* q, const float* k, const floa
                 scores[size_t(p)] = s;
                 mx = std::max(mx, s);
             }
-            float sum = 0;
+            double sum = 0;
             for (int p = 0; p < len; p++) {
                 scores[size_t(p)] = std::exp(scores[size_t(p)] - mx);
-                sum += scores[size_t(p)];
+                sum += double(scores[size_t(p)]);
             }
+            const float inv_sum = float(1.0 / sum);
+            for (int p = 0; p < len; p++) scores[size_t(p)] *= inv_sum;
             std::fill(acc.begin(), acc.end(), 0.f);
             for (int p = 0; p < len; p++) {
                 const uint16_t* vr = vc + (base + size_t(p)) * size_t(kvdim) + size_t(kvh) * size_t(hd);
@@ -218,8 +226,7 @@ void CpuBackend::attention(int layer, const float* q, const float* k, const floa
                 for (int d = 0; d < hd; d++) acc[size_t(d)] += w * tab[vr[d]];
             }
             float* o = out + (int64_t(i) * n_head + h) * hd;
-            const float inv = 1.0f / sum;
-            for (int d = 0; d < hd; d++) o[d] = acc[size_t(d)] * inv;
+            for (int d = 0; d < hd; d++) o[d] = acc[size_t(d)];
         }
     });
 }
