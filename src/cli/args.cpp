@@ -157,6 +157,16 @@ std::vector<Opt> model_opts() {
         {"-t,--threads", "N", "CPU threads (0: all cores)", "0"},
         {"--device", "NAME", "cpu, cuda or auto", "auto"},
         {"-b,--batch-size", "N", "tokens per forward step while reading a prompt", "512"},
+        // Tiered memory (GPU backends): where weights may live and how they stream.
+        {"--vram-budget", "SIZE", "GPU memory the engine may use, e.g. 24G (default: what is free)", ""},
+        {"--ram-budget", "SIZE", "pinned RAM for streamed layers, e.g. 48G (default: available - 10%)", ""},
+        {"--slots", "N", "VRAM ring slots for streamed layers", "3"},
+        {"--prefetch", "N", "disk-tier layers read ahead into pinned staging", "3"},
+        {"--io-threads", "N", "disk reads in flight", "8"},
+        {"--no-direct-io", "", "read the disk tier through the page cache instead of O_DIRECT", ""},
+        {"--stream", "", "stream layers even when the model fits in VRAM (measurements)", ""},
+        {"--gds", "", "ask for GPUDirect Storage (cuFile); says why not and falls back to O_DIRECT", ""},
+        {"--trace", "FILE", "write a Chrome trace of the streaming pipeline (generate, bench)", ""},
     };
 }
 

@@ -61,19 +61,24 @@ int cmd_bench(int argc, char** argv) {
 
     using clock = std::chrono::steady_clock;
     std::vector<double> pp, tg;
+    mem::WeightStreamer* ws = eng.streamer();  // streaming: per-stage stats of the last repetition
+    mem::StreamStats pp_stream, tg_stream;
     // One untimed warm-up of each kind (page faults, kernel selection, graph capture).
     for (int r = -1; r < reps; r++) {
         if (n_prompt > 0) {
             std::vector<int32_t> toks(static_cast<size_t>(n_prompt));
             for (auto& t : toks) t = tok_dist(rng);
             eng.backend().kv_truncate(0, 0);
+            if (ws) ws->reset_stats();
             auto t0 = clock::now();
             eng.prefill(0, 0, toks);
             const double s = std::chrono::duration<double>(clock::now() - t0).count();
             if (r >= 0) pp.push_back(n_prompt / s);
+            if (ws) pp_stream = ws->stats();
         }
         if (n_gen > 0) {
             eng.backend().kv_truncate(0, 0);
+            if (ws) ws->reset_stats();
             Batch b;
             auto t0 = clock::now();
             for (int i = 0; i < n_gen; i++) {
@@ -83,8 +88,10 @@ int cmd_bench(int argc, char** argv) {
             }
             const double s = std::chrono::duration<double>(clock::now() - t0).count();
             if (r >= 0) tg.push_back(n_gen / s);
+            if (ws) tg_stream = ws->stats();
         }
     }
+    write_trace_if_asked(a, eng);
     const LlamaHParams& hp = l.model->hp;
     const size_t bytes = decode_bytes(l.model->weights);
     const double size_gib = double(l.model->file->file_size()) / double(1 << 30);
@@ -114,6 +121,11 @@ int cmd_bench(int argc, char** argv) {
             std::printf(" = %.1f%% of the %.0f GB/s ceiling (roofline %.1f tok/s)", 100.0 * gbs / ceiling, ceiling,
                         ceiling * 1e9 / double(bytes));
         std::printf("\n");
+    }
+    if (ws) {
+        std::printf("\n%s", eng.memory().text.c_str());
+        if (!pp.empty()) std::printf("%s", stream_report(eng, pp_stream, strfmt("pp%d, last run", n_prompt).c_str()).c_str());
+        if (!tg.empty()) std::printf("%s", stream_report(eng, tg_stream, strfmt("tg%d, last run", n_gen).c_str()).c_str());
     }
     return 0;
 }

@@ -33,6 +33,7 @@ int cmd_generate(int argc, char** argv) {
         fail("the prompt has %zu tokens but the context holds %d; shorten it or raise -c.", ids.size(), eng.n_ctx());
     Sampler sampler(sp, eng.n_vocab());
     int pos = 0;
+    if (eng.streamer()) eng.streamer()->reset_stats();
     GenerateStats st = generate(eng, sampler, 0, pos, ids, n_predict, [&](int32_t, const std::string& text) {
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
@@ -43,6 +44,9 @@ int cmd_generate(int argc, char** argv) {
                  st.n_prompt, st.prompt_seconds, st.n_prompt / std::max(st.prompt_seconds, 1e-9), st.n_generated,
                  st.decode_seconds, st.n_generated > 1 ? (st.n_generated - 1) / std::max(st.decode_seconds, 1e-9) : 0.0,
                  eng.backend().name().c_str());
+    if (a.has("--stats") && eng.streamer())
+        std::fprintf(stderr, "%s", stream_report(eng, eng.streamer()->stats(), "prompt and decode").c_str());
+    write_trace_if_asked(a, eng);
     return 0;
 }
 

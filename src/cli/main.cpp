@@ -21,6 +21,7 @@ void usage() {
         "  tokenize     show the tokens of a text\n"
         "  info         metadata, tensors and bytes per layer of a GGUF file\n"
         "  bench        prompt and decode throughput with bandwidth against the roofline\n"
+        "  doctor       GPU, PCIe link, copy and disk bandwidth, pinnable memory: what is slow\n"
         "  serve        OpenAI-compatible HTTP server with continuous batching\n\n"
         "'ntransformer <command> --help' shows a command's options.\n");
 }
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
         if (cmd == "tokenize") return cmd_tokenize(argc, argv);
         if (cmd == "info") return cmd_info(argc, argv);
         if (cmd == "bench") return cmd_bench(argc, argv);
+        if (cmd == "doctor") return cmd_doctor(argc, argv);
         if (cmd == "serve") return cmd_serve(argc, argv);
         std::fprintf(stderr, "error: unknown command '%s'; run 'ntransformer --help' for the list.\n", cmd.c_str());
         return 1;
