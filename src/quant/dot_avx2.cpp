@@ -50,6 +50,7 @@ struct Avx2 {
     static VF loadu_ps(const float* p) { return _mm256_loadu_ps(p); }
     static VF cvt(VI a) { return _mm256_cvtepi32_ps(a); }
     static VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+    static VF add_ps(VF a, VF b) { return _mm256_add_ps(a, b); }
     static VF sub_ps(VF a, VF b) { return _mm256_sub_ps(a, b); }
     static VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
     static float reduce_ps(VF a) {

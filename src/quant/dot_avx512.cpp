@@ -56,6 +56,7 @@ struct Avx512 {
     static VF loadu_ps(const float* p) { return _mm512_loadu_ps(p); }
     static VF cvt(VI a) { return _mm512_cvtepi32_ps(a); }
     static VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+    static VF add_ps(VF a, VF b) { return _mm512_add_ps(a, b); }
     static VF sub_ps(VF a, VF b) { return _mm512_sub_ps(a, b); }
     static VF fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
     static float reduce_ps(VF a) { return _mm512_reduce_add_ps(a); }

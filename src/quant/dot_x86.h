@@ -756,20 +756,33 @@ void tile_k(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, con
 // ---------------------------------------------------------------------------------------------
 // Float weights against float activations: lanes are elements, R x C accumulators.
 
-template <class I, GgmlType T, int R, int C>
+// R weight rows x C activation rows; U independent accumulators per pair over consecutive
+// vectors (for short dependency chains when R x C is small).
+template <class I, GgmlType T, int R, int C, int U = 1>
 void float_block(int64_t n, const uint8_t* const* w, const float* const* a, float* out, size_t out_stride) {
     using VF = typename I::VF;
     constexpr int L = I::L;
-    VF acc[R][C];
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) acc[r][c] = I::zero_ps();
+    VF acc[U][R][C];
+    for (int u = 0; u < U; ++u)
+        for (int r = 0; r < R; ++r)
+            for (int c = 0; c < C; ++c) acc[u][r][c] = I::zero_ps();
     int64_t i = 0;
+    for (; i + U * L <= n; i += U * L) {
+        for (int u = 0; u < U; ++u) {
+            VF av[C];
+            for (int c = 0; c < C; ++c) av[c] = I::loadu_ps(a[c] + i + u * L);
+            for (int r = 0; r < R; ++r) {
+                const VF wv = I::template load_weights<T>(w[r], i + u * L);
+                for (int c = 0; c < C; ++c) acc[u][r][c] = I::fmadd(wv, av[c], acc[u][r][c]);
+            }
+        }
+    }
     for (; i + L <= n; i += L) {
         VF av[C];
         for (int c = 0; c < C; ++c) av[c] = I::loadu_ps(a[c] + i);
         for (int r = 0; r < R; ++r) {
             const VF wv = I::template load_weights<T>(w[r], i);
-            for (int c = 0; c < C; ++c) acc[r][c] = I::fmadd(wv, av[c], acc[r][c]);
+            for (int c = 0; c < C; ++c) acc[0][r][c] = I::fmadd(wv, av[c], acc[0][r][c]);
         }
     }
     if (i < n) {  // the tail, zero-padded
@@ -786,11 +799,16 @@ void float_block(int64_t n, const uint8_t* const* w, const float* const* a, floa
             std::memset(wt, 0, sizeof wt);
             std::memcpy(wt, w[r] + size_t(i) * es, size_t(n - i) * es);
             const VF wv = I::template load_weights<T>(wt, 0);
-            for (int c = 0; c < C; ++c) acc[r][c] = I::fmadd(wv, av[c], acc[r][c]);
+            for (int c = 0; c < C; ++c) acc[0][r][c] = I::fmadd(wv, av[c], acc[0][r][c]);
         }
     }
-    for (int r = 0; r < R; ++r)
-        for (int c = 0; c < C; ++c) out[size_t(c) * out_stride + size_t(r)] = I::reduce_ps(acc[r][c]);
+    for (int r = 0; r < R; ++r) {
+        for (int c = 0; c < C; ++c) {
+            VF v = acc[0][r][c];
+            for (int u = 1; u < U; ++u) v = I::add_ps(v, acc[u][r][c]);
+            out[size_t(c) * out_stride + size_t(r)] = I::reduce_ps(v);
+        }
+    }
 }
 
 template <class I, GgmlType T, int R>
@@ -815,6 +833,13 @@ void tile_float(int64_t n, int nrows, int ncols, const void* w, size_t w_stride,
     constexpr int R = I::kFloatRows;
     const auto* wb = static_cast<const uint8_t*>(w);
     const auto* af = static_cast<const float*>(a);
+    if (ncols == 1) {  // GEMV: one row at a time, so the weights are one sequential stream
+        for (int r = 0; r < nrows; ++r) {
+            const uint8_t* wr = wb + size_t(r) * w_stride;
+            float_block<I, T, 1, 1, 4>(n, &wr, &af, out + r, out_stride);
+        }
+        return;
+    }
     const uint8_t* wp[R];
     int r0 = 0;
     for (; r0 + R <= nrows; r0 += R) {
