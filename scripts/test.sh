@@ -12,7 +12,11 @@ export NT_BUILD_DIR=$(realpath -m "$build")
 scripts/setup.sh
 scripts/fetch-model.sh
 
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${NT_CMAKE_ARGS:-}
+# Where nvcc exists the CUDA backend and GPU tests are compiled too (for one architecture, to
+# keep CI short); they run only on a GPU machine (scripts/gpu-check.sh).
+cuda_args=""
+if command -v nvcc >/dev/null 2>&1; then cuda_args="-DCMAKE_CUDA_ARCHITECTURES=${NT_CUDA_ARCH:-90}"; fi
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release $cuda_args ${NT_CMAKE_ARGS:-}
 cmake --build "$build" -j "$jobs"
 
 echo "== unit tests"
