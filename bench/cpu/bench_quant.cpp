@@ -141,12 +141,23 @@ std::vector<uint8_t> make_weights(GgmlType t, int64_t rows, int64_t n, std::mt19
     for (size_t off = 0; off < w.size(); off += size_t(bb)) {
         uint8_t* b = w.data() + off;
         switch (t) {
-            case GgmlType::Q2_K: put(b + 80, 1e-3f); put(b + 82, 5e-4f); break;
-            case GgmlType::Q3_K: put(b + 108, 1e-3f); break;
+            case GgmlType::Q2_K:
+                put(b + 80, 1e-3f);
+                put(b + 82, 5e-4f);
+                break;
+            case GgmlType::Q3_K:
+                put(b + 108, 1e-3f);
+                break;
             case GgmlType::Q4_K:
-            case GgmlType::Q5_K: put(b, 5e-4f); put(b + 2, 1e-3f); break;
-            case GgmlType::Q6_K: put(b + 208, 2e-4f); break;
-            default: break;
+            case GgmlType::Q5_K:
+                put(b, 5e-4f);
+                put(b + 2, 1e-3f);
+                break;
+            case GgmlType::Q6_K:
+                put(b + 208, 2e-4f);
+                break;
+            default:
+                break;
         }
     }
     return w;
@@ -160,7 +171,8 @@ std::vector<uint8_t> make_acts(GgmlType wt, int64_t cols, int64_t n, std::vector
     std::normal_distribution<float> nd(0.0f, 1.0f);
     x.resize(size_t(cols * n));
     for (auto& v : x) v = nd(rng);
-    for (int64_t c = 0; c < cols; ++c) quantize_row(at, x.data() + c * n, a.data() + size_t(c) * rb, n);
+    for (int64_t c = 0; c < cols; ++c)
+        quantize_row(at, x.data() + c * n, a.data() + size_t(c) * rb, n);
     return a;
 }
 
@@ -199,14 +211,14 @@ struct Ggml {
             fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
             return fn != nullptr;
         };
-        const bool ok = sym(cpu, "ggml_cpu_init", cpu_init) &&
-                        sym(cpu, "ggml_get_type_traits_cpu", traits_cpu) &&
-                        sym(base, "ggml_init", init) && sym(base, "ggml_free", free) &&
-                        sym(base, "ggml_new_tensor_2d", new_tensor_2d) &&
-                        sym(base, "ggml_get_data", get_data) && sym(base, "ggml_mul_mat", mul_mat) &&
-                        sym(base, "ggml_new_graph", new_graph) &&
-                        sym(base, "ggml_build_forward_expand", build_forward_expand) &&
-                        sym(cpu, "ggml_graph_compute_with_ctx", graph_compute_with_ctx);
+        const bool ok =
+            sym(cpu, "ggml_cpu_init", cpu_init) &&
+            sym(cpu, "ggml_get_type_traits_cpu", traits_cpu) && sym(base, "ggml_init", init) &&
+            sym(base, "ggml_free", free) && sym(base, "ggml_new_tensor_2d", new_tensor_2d) &&
+            sym(base, "ggml_get_data", get_data) && sym(base, "ggml_mul_mat", mul_mat) &&
+            sym(base, "ggml_new_graph", new_graph) &&
+            sym(base, "ggml_build_forward_expand", build_forward_expand) &&
+            sym(cpu, "ggml_graph_compute_with_ctx", graph_compute_with_ctx);
         if (!ok) {
             std::fprintf(stderr, "ggml in %s lacks a symbol this benchmark needs\n", dir.c_str());
             return false;
@@ -242,7 +254,8 @@ GgmlType type_by_name(const std::string& name) {
         const TypeTraits* tr = type_traits(id);
         if (tr && tr->weight_type && name == tr->name) return GgmlType(id);
     }
-    fail("--types: '%s' is not a weight type (try q4_0, q4_1, q8_0, q4_K, q6_K, f16 ...).", name.c_str());
+    fail("--types: '%s' is not a weight type (try q4_0, q4_1, q8_0, q4_K, q6_K, f16 ...).",
+         name.c_str());
 }
 
 Options parse(int argc, char** argv) {
@@ -278,7 +291,8 @@ Options parse(int argc, char** argv) {
         } else if (arg == "--sweep") {
             o.sweep = true;
         } else {
-            fail("unknown argument %s (see the comment at the top of bench_quant.cpp).", arg.c_str());
+            fail("unknown argument %s (see the comment at the top of bench_quant.cpp).",
+                 arg.c_str());
         }
     }
     return o;
@@ -317,24 +331,29 @@ int main(int argc, char** argv) {
         const double bw = measure_read_bw();
         std::printf("single-core DRAM read: %.1f GB/s (roofline of the cold GEMV)\n", bw);
         __builtin_cpu_init();
-        const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+        const bool vnni =
+            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
         const double peak_macs = vnni ? measure_vnni_macs() : 0.0;
         if (vnni) {
-            std::printf("single-core VPDPBUSD peak: %.1f GOP/s (roofline of the int8 GEMM at avx512)\n",
-                        2 * peak_macs / 1e9);
+            std::printf(
+                "single-core VPDPBUSD peak: %.1f GOP/s (roofline of the int8 GEMM at avx512)\n",
+                2 * peak_macs / 1e9);
         }
-        std::printf("\nGEMV: 1 activation column; cold: weights cycled through 256 MiB, hot: in cache."
-                    "\nGEMM: %d activation columns, hot weights. diff: max |kernel - scalar| / max |scalar|.\n\n",
-                    opt.cols);
+        std::printf(
+            "\nGEMV: 1 activation column; cold: weights cycled through 256 MiB, hot: in cache."
+            "\nGEMM: %d activation columns, hot weights. diff: max |kernel - scalar| / max "
+            "|scalar|.\n\n",
+            opt.cols);
         std::printf("%-5s %-10s | %-25s | %-9s | %-26s | %s\n", "type", "shape", "GEMV cold",
                     "GEMV hot", "GEMM", "diff");
-        std::printf("%-5s %-10s | %7s %7s %9s | %9s | %8s %6s %10s |\n", "", "rows x n", "GB/s", "GFLOP/s",
-                    "%roofline", "GB/s", "GFLOP/s", "%peak", "GB/s(w)");
+        std::printf("%-5s %-10s | %7s %7s %9s | %9s | %8s %6s %10s |\n", "", "rows x n", "GB/s",
+                    "GFLOP/s", "%roofline", "GB/s", "GFLOP/s", "%peak", "GB/s(w)");
 
         std::mt19937 rng(1234);
         if (opt.sweep) {
             const int counts[] = {1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 64};
-            std::printf("GFLOP/s by activation columns (hot weights):\n%-5s %-10s", "type", "shape");
+            std::printf("GFLOP/s by activation columns (hot weights):\n%-5s %-10s", "type",
+                        "shape");
             for (int c : counts) std::printf(" %6d", c);
             std::printf("\n");
             for (GgmlType t : opt.types) {
@@ -348,9 +367,12 @@ int main(int argc, char** argv) {
                     std::vector<float> out(size_t(rows) * 64);
                     std::printf("%-5s %5lldx%-5lld", type_name(t), (long long)rows, (long long)n);
                     for (int c : counts) {
-                        const double sec = time_it([&] {
-                            vec_dot_tile(t, n, int(rows), c, w.data(), rb, a.data(), as, out.data(), size_t(rows));
-                        }, 0.2);
+                        const double sec = time_it(
+                            [&] {
+                                vec_dot_tile(t, n, int(rows), c, w.data(), rb, a.data(), as,
+                                             out.data(), size_t(rows));
+                            },
+                            0.2);
                         std::printf(" %6.1f", 2.0 * double(rows) * double(n) * c / sec / 1e9);
                     }
                     std::printf("\n");
@@ -367,7 +389,8 @@ int main(int argc, char** argv) {
                 const size_t copies = std::max<size_t>(1, (size_t(256) << 20) / wbytes);
                 std::vector<uint8_t> w = make_weights(t, rows, n, rng);
                 std::vector<uint8_t> pool(wbytes * copies);
-                for (size_t i = 0; i < copies; ++i) std::memcpy(pool.data() + i * wbytes, w.data(), wbytes);
+                for (size_t i = 0; i < copies; ++i)
+                    std::memcpy(pool.data() + i * wbytes, w.data(), wbytes);
                 std::vector<float> x;
                 const std::vector<uint8_t> a = make_acts(t, opt.cols, n, x, rng);
                 const size_t as = row_bytes(vec_dot_type(t), n);
@@ -380,7 +403,8 @@ int main(int argc, char** argv) {
                 });
                 const double gemv_gbs = double(wbytes) / t_gemv / 1e9;
                 const double t_gemv_hot = time_it([&] {
-                    vec_dot_tile(t, n, int(rows), 1, w.data(), rb, a.data(), as, out.data(), size_t(rows));
+                    vec_dot_tile(t, n, int(rows), 1, w.data(), rb, a.data(), as, out.data(),
+                                 size_t(rows));
                 });
                 const double t_gemm = time_it([&] {
                     vec_dot_tile(t, n, int(rows), opt.cols, w.data(), rb, a.data(), as, out.data(),
@@ -393,17 +417,19 @@ int main(int argc, char** argv) {
                 const bool int8 = traits(t).block_elems > 1 && peak_macs > 0 &&
                                   std::string(simd_level()) == "avx512";
                 char pct[16] = "-";
-                if (int8) std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * gemm_flops / (2 * peak_macs));
-                std::printf("%-5s %-10s | %7.1f %7.1f %8.0f%% | %9.1f | %8.1f %6s %10.2f |", type_name(t),
-                            shape, gemv_gbs, flops / t_gemv / 1e9, 100.0 * gemv_gbs / bw,
-                            double(wbytes) / t_gemv_hot / 1e9, gemm_flops / 1e9, pct,
-                            double(wbytes) / t_gemm / 1e9);
+                if (int8)
+                    std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * gemm_flops / (2 * peak_macs));
+                std::printf("%-5s %-10s | %7.1f %7.1f %8.0f%% | %9.1f | %8.1f %6s %10.2f |",
+                            type_name(t), shape, gemv_gbs, flops / t_gemv / 1e9,
+                            100.0 * gemv_gbs / bw, double(wbytes) / t_gemv_hot / 1e9,
+                            gemm_flops / 1e9, pct, double(wbytes) / t_gemm / 1e9);
                 if (opt.check) {
                     const int crow = int(std::min<int64_t>(rows, 64)), ccol = std::min(opt.cols, 9);
                     std::vector<float> got(size_t(crow) * size_t(ccol));
-                    vec_dot_tile(t, n, crow, ccol, w.data(), rb, a.data(), as, got.data(), size_t(crow));
-                    std::printf(" %.1e", check_vs_scalar(t, n, crow, ccol, w.data(), rb, a.data(), as,
-                                                         got.data(), size_t(crow)));
+                    vec_dot_tile(t, n, crow, ccol, w.data(), rb, a.data(), as, got.data(),
+                                 size_t(crow));
+                    std::printf(" %.1e", check_vs_scalar(t, n, crow, ccol, w.data(), rb, a.data(),
+                                                         as, got.data(), size_t(crow)));
                 }
                 std::printf("\n");
 
@@ -417,13 +443,15 @@ int main(int argc, char** argv) {
                         std::memcpy(ga.data(), x.data(), ga.size());
                     } else {
                         for (int c = 0; c < opt.cols; ++c)
-                            tr->from_float(x.data() + size_t(c) * n, ga.data() + size_t(c) * gas, n);
+                            tr->from_float(x.data() + size_t(c) * n, ga.data() + size_t(c) * gas,
+                                           n);
                     }
                     which = 0;
                     const double g_gemv = time_it([&] {
                         const uint8_t* wp = pool.data() + (which++ % copies) * wbytes;
                         for (int64_t r = 0; r < rows; ++r)
-                            tr->vec_dot(int(n), &out[size_t(r)], 0, wp + size_t(r) * rb, 0, ga.data(), 0, 1);
+                            tr->vec_dot(int(n), &out[size_t(r)], 0, wp + size_t(r) * rb, 0,
+                                        ga.data(), 0, 1);
                     });
                     // ggml_mul_mat on one thread: weights [n, rows] x activations [n, cols].
                     const size_t mem = wbytes + size_t(opt.cols) * size_t(n) * 4 * 3 +
@@ -436,19 +464,25 @@ int main(int argc, char** argv) {
                     void* tout = ggml.mul_mat(ctx, tw, ta);
                     void* graph = ggml.new_graph(ctx);
                     ggml.build_forward_expand(graph, tout);
-                    const double g_gemm = time_it([&] { ggml.graph_compute_with_ctx(ctx, graph, 1); });
+                    const double g_gemm =
+                        time_it([&] { ggml.graph_compute_with_ctx(ctx, graph, 1); });
                     ggml.free(ctx);
                     const double g_gemv_hot = time_it([&] {
                         for (int64_t r = 0; r < rows; ++r)
-                            tr->vec_dot(int(n), &out[size_t(r)], 0, w.data() + size_t(r) * rb, 0, ga.data(), 0, 1);
+                            tr->vec_dot(int(n), &out[size_t(r)], 0, w.data() + size_t(r) * rb, 0,
+                                        ga.data(), 0, 1);
                     });
                     const double g_gemm_flops = flops * opt.cols / g_gemm;
                     char gpct[16] = "-";
-                    if (int8) std::snprintf(gpct, sizeof gpct, "%.0f%%", 100.0 * g_gemm_flops / (2 * peak_macs));
-                    std::printf("%-5s %-10s | %7.1f %7.1f %8.0f%% | %9.1f | %8.1f %6s %10.2f | ggml\n",
-                                type_name(t), shape, double(wbytes) / g_gemv / 1e9, flops / g_gemv / 1e9,
-                                100.0 * double(wbytes) / g_gemv / 1e9 / bw, double(wbytes) / g_gemv_hot / 1e9,
-                                g_gemm_flops / 1e9, gpct, double(wbytes) / g_gemm / 1e9);
+                    if (int8)
+                        std::snprintf(gpct, sizeof gpct, "%.0f%%",
+                                      100.0 * g_gemm_flops / (2 * peak_macs));
+                    std::printf(
+                        "%-5s %-10s | %7.1f %7.1f %8.0f%% | %9.1f | %8.1f %6s %10.2f | ggml\n",
+                        type_name(t), shape, double(wbytes) / g_gemv / 1e9, flops / g_gemv / 1e9,
+                        100.0 * double(wbytes) / g_gemv / 1e9 / bw,
+                        double(wbytes) / g_gemv_hot / 1e9, g_gemm_flops / 1e9, gpct,
+                        double(wbytes) / g_gemm / 1e9);
                 }
             }
         }

@@ -16,7 +16,9 @@ namespace {
 
 using quant_detail::load_u16;
 
-inline float h2f(f16_t h) { return f16_to_f32(h); }
+inline float h2f(f16_t h) {
+    return f16_to_f32(h);
+}
 
 void dq_q4_0(const block_q4_0* x, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, y += QK4_0) {
@@ -181,14 +183,17 @@ void dq_q8_K(const block_q8_K* x, float* y, int64_t nb) {
 
 void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
     const TypeTraits* tr = type_traits(uint32_t(t));
-    if (!tr) fail("cannot dequantize tensor type id %u: it is not a GGML type this build knows.",
-                  unsigned(t));
+    if (!tr)
+        fail("cannot dequantize tensor type id %u: it is not a GGML type this build knows.",
+             unsigned(t));
     if (n % tr->block_elems != 0)
         fail("cannot dequantize %lld elements of type %s: not a multiple of its block size %d.",
              (long long)n, tr->name, tr->block_elems);
     const int64_t nb = n / tr->block_elems;
     switch (t) {
-        case GgmlType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
+        case GgmlType::F32:
+            std::memcpy(dst, src, size_t(n) * 4);
+            return;
         case GgmlType::F16: {
             const auto* s = static_cast<const uint8_t*>(src);
             for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(load_u16(s + 2 * i));
@@ -199,18 +204,30 @@ void dequantize_row(GgmlType t, const void* src, float* dst, int64_t n) {
             for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16(s + 2 * i));
             return;
         }
-        case GgmlType::Q4_0: return dq_q4_0(static_cast<const block_q4_0*>(src), dst, nb);
-        case GgmlType::Q4_1: return dq_q4_1(static_cast<const block_q4_1*>(src), dst, nb);
-        case GgmlType::Q5_0: return dq_q5_0(static_cast<const block_q5_0*>(src), dst, nb);
-        case GgmlType::Q5_1: return dq_q5_1(static_cast<const block_q5_1*>(src), dst, nb);
-        case GgmlType::Q8_0: return dq_q8_0(static_cast<const block_q8_0*>(src), dst, nb);
-        case GgmlType::Q8_1: return dq_q8_1(static_cast<const block_q8_1*>(src), dst, nb);
-        case GgmlType::Q2_K: return dq_q2_K(static_cast<const block_q2_K*>(src), dst, nb);
-        case GgmlType::Q3_K: return dq_q3_K(static_cast<const block_q3_K*>(src), dst, nb);
-        case GgmlType::Q4_K: return dq_q4_K(static_cast<const block_q4_K*>(src), dst, nb);
-        case GgmlType::Q5_K: return dq_q5_K(static_cast<const block_q5_K*>(src), dst, nb);
-        case GgmlType::Q6_K: return dq_q6_K(static_cast<const block_q6_K*>(src), dst, nb);
-        case GgmlType::Q8_K: return dq_q8_K(static_cast<const block_q8_K*>(src), dst, nb);
+        case GgmlType::Q4_0:
+            return dq_q4_0(static_cast<const block_q4_0*>(src), dst, nb);
+        case GgmlType::Q4_1:
+            return dq_q4_1(static_cast<const block_q4_1*>(src), dst, nb);
+        case GgmlType::Q5_0:
+            return dq_q5_0(static_cast<const block_q5_0*>(src), dst, nb);
+        case GgmlType::Q5_1:
+            return dq_q5_1(static_cast<const block_q5_1*>(src), dst, nb);
+        case GgmlType::Q8_0:
+            return dq_q8_0(static_cast<const block_q8_0*>(src), dst, nb);
+        case GgmlType::Q8_1:
+            return dq_q8_1(static_cast<const block_q8_1*>(src), dst, nb);
+        case GgmlType::Q2_K:
+            return dq_q2_K(static_cast<const block_q2_K*>(src), dst, nb);
+        case GgmlType::Q3_K:
+            return dq_q3_K(static_cast<const block_q3_K*>(src), dst, nb);
+        case GgmlType::Q4_K:
+            return dq_q4_K(static_cast<const block_q4_K*>(src), dst, nb);
+        case GgmlType::Q5_K:
+            return dq_q5_K(static_cast<const block_q5_K*>(src), dst, nb);
+        case GgmlType::Q6_K:
+            return dq_q6_K(static_cast<const block_q6_K*>(src), dst, nb);
+        case GgmlType::Q8_K:
+            return dq_q8_K(static_cast<const block_q8_K*>(src), dst, nb);
     }
 }
 

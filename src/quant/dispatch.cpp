@@ -32,9 +32,12 @@ SimdLevel detect() {
 
 const KernelTable& table(SimdLevel level) {
     switch (level) {
-        case SimdLevel::Avx512: return avx512_kernels();
-        case SimdLevel::Avx2: return avx2_kernels();
-        case SimdLevel::Scalar: break;
+        case SimdLevel::Avx512:
+            return avx512_kernels();
+        case SimdLevel::Avx2:
+            return avx2_kernels();
+        case SimdLevel::Scalar:
+            break;
     }
     return scalar_kernels();
 }
@@ -69,9 +72,12 @@ SimdLevel level_from_env(const char* value) {
 
 const char* level_name(SimdLevel level) {
     switch (level) {
-        case SimdLevel::Avx512: return "avx512";
-        case SimdLevel::Avx2: return "avx2";
-        case SimdLevel::Scalar: break;
+        case SimdLevel::Avx512:
+            return "avx512";
+        case SimdLevel::Avx2:
+            return "avx2";
+        case SimdLevel::Scalar:
+            break;
     }
     return "scalar";
 }
@@ -98,7 +104,9 @@ QuantizeFn quantize_kernel(SimdLevel level, GgmlType t) {
 
 using namespace quant_detail;
 
-const char* simd_level() { return level_name(active_level()); }
+const char* simd_level() {
+    return level_name(active_level());
+}
 
 namespace {
 

@@ -11,20 +11,25 @@ namespace {
 using x86::load_i32;
 
 struct Avx2 {
-    static constexpr int L = 8;           // weight rows per tile (32-bit lanes)
-    static constexpr int kCols = 4;       // activation columns per pass over a decoded block
+    static constexpr int L = 8;      // weight rows per tile (32-bit lanes)
+    static constexpr int kCols = 4;  // activation columns per pass over a decoded block
     // Row-direct kernels up to row_cols<T>() activation columns, in groups of kRowGroup; the
     // transposed tiles beyond (see the AVX-512 struct).
     template <GgmlType T>
     static constexpr int row_cols() {
         switch (T) {
-            case GgmlType::Q8_0: return 2;
-            case GgmlType::Q4_K: return 4;
-            case GgmlType::Q5_K: return 5;
+            case GgmlType::Q8_0:
+                return 2;
+            case GgmlType::Q4_K:
+                return 4;
+            case GgmlType::Q5_K:
+                return 5;
             case GgmlType::Q2_K:
             case GgmlType::Q3_K:
-            case GgmlType::Q6_K: return 6;
-            default: return 1;
+            case GgmlType::Q6_K:
+                return 6;
+            default:
+                return 1;
         }
     }
     static constexpr int kRowGroup = 2;
@@ -61,8 +66,9 @@ struct Avx2 {
 
     // f16 in the low / high half of each lane -> float.
     static VF half_lo(VI a) {
-        const VI lo16 = _mm256_shuffle_epi8(a, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
-                                                                0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
+        const VI lo16 = _mm256_shuffle_epi8(
+            a, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4,
+                                5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
         return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(lo16, 0x08)));
     }
     static VF half_hi(VI a) { return half_lo(_mm256_srli_epi32(a, 16)); }
@@ -78,23 +84,30 @@ struct Avx2 {
     static VI dot4_wide(VI acc, VI w, const void* y) {
         const VI yv = _mm256_set1_epi32(load_i32(y));
         const VI lo = _mm256_maddubs_epi16(_mm256_and_si256(w, _mm256_set1_epi8(0x7F)), yv);
-        const VI hi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(w, 7), _mm256_set1_epi8(1)), yv);
+        const VI hi = _mm256_maddubs_epi16(
+            _mm256_and_si256(_mm256_srli_epi16(w, 7), _mm256_set1_epi8(1)), yv);
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(lo, _mm256_set1_epi16(1)));
         return _mm256_add_epi32(acc, _mm256_madd_epi16(hi, _mm256_set1_epi16(128)));
     }
     // The row-direct kernels' forms (same vectors): acc += w (u8, at most 128) . y (s8, |y| <=
     // 127) in groups of four, and acc += a . b in pairs of 16-bit values.
     static __m256i ydot(__m256i acc, __m256i w, __m256i y) {
-        return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1)));
+        return _mm256_add_epi32(
+            acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, y), _mm256_set1_epi16(1)));
     }
-    static __m256i ydot16(__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+    static __m256i ydot16(__m256i acc, __m256i a, __m256i b) {
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+    }
 
     // acc += the two products of 16-bit pairs a with the pair b[0..1], per lane.
     static VI dot_pairs16(VI acc, VI a, const int16_t* b) {
         return _mm256_add_epi32(acc, _mm256_madd_epi16(a, _mm256_set1_epi32(load_i32(b))));
     }
 
-    static VI mask(int nvalid) { return _mm256_cmpgt_epi32(_mm256_set1_epi32(nvalid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+    static VI mask(int nvalid) {
+        return _mm256_cmpgt_epi32(_mm256_set1_epi32(nvalid),
+                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    }
     static VF load_rows(const float* p, int nvalid) {
         return nvalid == L ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask(nvalid));
     }
@@ -122,11 +135,12 @@ struct Avx2 {
     static void add_q5_high_bits(VI qh, VI w[8]) {
         for (int k = 0; k < 8; ++k) {
             const int b = (k / 2) * 0x01010101;
-            const VI idx = _mm256_setr_epi32(b, 0x04040404 + b, 0x08080808 + b, 0x0C0C0C0C + b, b, 0x04040404 + b,
-                                             0x08080808 + b, 0x0C0C0C0C + b);
+            const VI idx = _mm256_setr_epi32(b, 0x04040404 + b, 0x08080808 + b, 0x0C0C0C0C + b, b,
+                                             0x04040404 + b, 0x08080808 + b, 0x0C0C0C0C + b);
             const VI sel = _mm256_shuffle_epi8(qh, idx);
             const int s = 4 * (k & 1);
-            const VI bits = _mm256_set1_epi32(int((1u << s) | (2u << (s + 8)) | (4u << (s + 16)) | (8u << (s + 24))));
+            const VI bits = _mm256_set1_epi32(
+                int((1u << s) | (2u << (s + 8)) | (4u << (s + 16)) | (8u << (s + 24))));
             const VI set = _mm256_cmpeq_epi8(_mm256_and_si256(sel, bits), bits);
             w[k] = _mm256_add_epi8(w[k], _mm256_and_si256(set, _mm256_set1_epi8(16)));
         }
@@ -138,9 +152,11 @@ struct Avx2 {
         const __m256i flip = _mm256_set1_epi8(char(0x80));
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t* blk = row + size_t(b) * block;
-            const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(blk + qs_off)), flip);
+            const __m256i q =
+                _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(blk + qs_off)), flip);
             const __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
-            const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            const __m128i h =
+                _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             sy[b] = int32_t(_mm_cvtsi128_si32(h) + _mm_extract_epi32(h, 2)) - 4096;
         }
     }
@@ -175,7 +191,8 @@ struct Avx2 {
             VI z[4];
             for (int a = 0; a < 4; ++a) {
                 const __m128i lo = _mm_loadu_si128((const __m128i*)(p[a] + at));
-                z[a] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), _mm_loadu_si128((const __m128i*)(p[4 + a] + at)), 1);
+                z[a] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo),
+                                               _mm_loadu_si128((const __m128i*)(p[4 + a] + at)), 1);
             }
             const VI t0 = _mm256_unpacklo_epi32(z[0], z[1]), t1 = _mm256_unpackhi_epi32(z[0], z[1]);
             const VI t2 = _mm256_unpacklo_epi32(z[2], z[3]), t3 = _mm256_unpackhi_epi32(z[2], z[3]);

@@ -16,21 +16,26 @@ namespace {
 using x86::load_i32;
 
 struct Avx512 {
-    static constexpr int L = 16;          // weight rows per tile (32-bit lanes)
-    static constexpr int kCols = 8;       // activation columns per pass over a decoded block
+    static constexpr int L = 16;     // weight rows per tile (32-bit lanes)
+    static constexpr int kCols = 8;  // activation columns per pass over a decoded block
     // Row-direct kernels up to row_cols<T>() activation columns, in groups of kRowGroup; the
     // transposed tiles beyond. Measured on Zen 4 (bench_quant --sweep): the tiles' transposition
     // pays off from 2 columns for the 32-element formats, from 5-8 for the K-quants.
     template <GgmlType T>
     static constexpr int row_cols() {
         switch (T) {
-            case GgmlType::Q8_0: return 2;
-            case GgmlType::Q4_K: return 4;
-            case GgmlType::Q5_K: return 5;
+            case GgmlType::Q8_0:
+                return 2;
+            case GgmlType::Q4_K:
+                return 4;
+            case GgmlType::Q5_K:
+                return 5;
             case GgmlType::Q2_K:
             case GgmlType::Q3_K:
-            case GgmlType::Q6_K: return 6;
-            default: return 1;
+            case GgmlType::Q6_K:
+                return 6;
+            default:
+                return 1;
         }
     }
     static constexpr int kRowGroup = 4;
@@ -70,14 +75,20 @@ struct Avx512 {
     // _mm512_set1_epi32(load) into the instruction, and the separate VPBROADCASTD costs ~5% of
     // the GEMM on Zen 4 (bench_quant --sweep).
     static VI dot4(VI acc, VI w, const void* y) {
-        __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*static_cast<const int32_t*>(y)));
+        __asm__("vpdpbusd %2%{1to16%}, %1, %0"
+                : "+v"(acc)
+                : "v"(w), "m"(*static_cast<const int32_t*>(y)));
         return acc;
     }
     static VI dot4_wide(VI acc, VI w, const void* y) { return dot4(acc, w, y); }
     // 256-bit forms for the row-direct kernels: acc += w (u8) . y (s8) in groups of four, and
     // acc += a . b in pairs of 16-bit values.
-    static __m256i ydot(__m256i acc, __m256i w, __m256i y) { return _mm256_dpbusd_epi32(acc, w, y); }
-    static __m256i ydot16(__m256i acc, __m256i a, __m256i b) { return _mm256_dpwssd_epi32(acc, a, b); }
+    static __m256i ydot(__m256i acc, __m256i w, __m256i y) {
+        return _mm256_dpbusd_epi32(acc, w, y);
+    }
+    static __m256i ydot16(__m256i acc, __m256i a, __m256i b) {
+        return _mm256_dpwssd_epi32(acc, a, b);
+    }
 
     // acc += the two products of 16-bit pairs a with the pair b[0..1], per lane.
     static VI dot_pairs16(VI acc, VI a, const int16_t* b) {
@@ -85,8 +96,12 @@ struct Avx512 {
     }
 
     static __mmask16 mask(int nvalid) { return __mmask16((1u << nvalid) - 1); }
-    static VF load_rows(const float* p, int nvalid) { return _mm512_maskz_loadu_ps(mask(nvalid), p); }
-    static void store_rows(float* p, int nvalid, VF v) { _mm512_mask_storeu_ps(p, mask(nvalid), v); }
+    static VF load_rows(const float* p, int nvalid) {
+        return _mm512_maskz_loadu_ps(mask(nvalid), p);
+    }
+    static void store_rows(float* p, int nvalid, VF v) {
+        _mm512_mask_storeu_ps(p, mask(nvalid), v);
+    }
 
     template <GgmlType T>
     static VF load_weights(const uint8_t* p, int64_t i) {
@@ -95,7 +110,8 @@ struct Avx512 {
         } else if constexpr (T == GgmlType::F16) {
             return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(p + 2 * i)));
         } else {
-            const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + 2 * i)));
+            const __m512i h =
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + 2 * i)));
             return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
         }
     }
@@ -105,10 +121,13 @@ struct Avx512 {
         for (int k = 0; k < 8; ++k) {
             // Byte k/2 of each lane's qh into all four bytes, then test bits 4(k&1)+0..3.
             const int b = (k / 2) * 0x01010101;
-            const VI sel = _mm512_shuffle_epi8(qh, _mm512_set4_epi32(0x0C0C0C0C + b, 0x08080808 + b, 0x04040404 + b, b));
+            const VI sel = _mm512_shuffle_epi8(
+                qh, _mm512_set4_epi32(0x0C0C0C0C + b, 0x08080808 + b, 0x04040404 + b, b));
             const int s = 4 * (k & 1);
-            const VI bits = _mm512_set1_epi32(int((1u << s) | (2u << (s + 8)) | (4u << (s + 16)) | (8u << (s + 24))));
-            w[k] = _mm512_mask_add_epi8(w[k], _mm512_test_epi8_mask(sel, bits), w[k], _mm512_set1_epi8(16));
+            const VI bits = _mm512_set1_epi32(
+                int((1u << s) | (2u << (s + 8)) | (4u << (s + 16)) | (8u << (s + 24))));
+            w[k] = _mm512_mask_add_epi8(w[k], _mm512_test_epi8_mask(sel, bits), w[k],
+                                        _mm512_set1_epi8(16));
         }
     }
 
@@ -118,9 +137,11 @@ struct Avx512 {
         const __m256i flip = _mm256_set1_epi8(char(0x80));
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t* blk = row + size_t(b) * block;
-            const __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(blk + qs_off)), flip);
+            const __m256i q =
+                _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(blk + qs_off)), flip);
             const __m256i s = _mm256_sad_epu8(q, _mm256_setzero_si256());
-            const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            const __m128i h =
+                _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
             sy[b] = int32_t(_mm_cvtsi128_si32(h) + _mm_extract_epi32(h, 2)) - 4096;
         }
     }

@@ -12,7 +12,9 @@
 namespace nt::quant_detail {
 namespace {
 
-inline float h2f(f16_t h) { return f16_to_f32(h); }
+inline float h2f(f16_t h) {
+    return f16_to_f32(h);
+}
 
 float dot_q4_0(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q4_0*>(vw);
@@ -215,14 +217,12 @@ float dot_f32(int64_t n, const void* w, const void* a) {
     });
 }
 float dot_f16(int64_t n, const void* w, const void* a) {
-    return dot_float(n, w, static_cast<const float*>(a), [](const uint8_t* p, int64_t i) {
-        return f16_to_f32(load_u16(p + 2 * i));
-    });
+    return dot_float(n, w, static_cast<const float*>(a),
+                     [](const uint8_t* p, int64_t i) { return f16_to_f32(load_u16(p + 2 * i)); });
 }
 float dot_bf16(int64_t n, const void* w, const void* a) {
-    return dot_float(n, w, static_cast<const float*>(a), [](const uint8_t* p, int64_t i) {
-        return bf16_to_f32(load_u16(p + 2 * i));
-    });
+    return dot_float(n, w, static_cast<const float*>(a),
+                     [](const uint8_t* p, int64_t i) { return bf16_to_f32(load_u16(p + 2 * i)); });
 }
 
 template <float (*Dot)(int64_t, const void*, const void*)>

@@ -2,18 +2,24 @@
 // dot_avx2.cpp (8 lanes, AVX2) and dot_avx512.cpp (16 lanes, AVX-512 VNNI). Include it only
 // from those two files: the code needs their ISA flags.
 //
-// Quantized weights. A tile is I::L weight rows, one per 32-bit lane. Every weight block of the
-// tile's rows is unpacked to unsigned bytes in element order and transposed, so that vector k
-// holds elements 4k..4k+3 of each row in its lane. Dotting it with a broadcast 4-byte group of
-// an activation row (VPDPBUSD, or PMADDUBSW + PMADDWD) adds four products per row at once, and
-// the per-block float scaling is then one multiply-add for all rows of the tile. Offsets of the
-// signed formats (q - 8, q - 16, q - 128, q - 4, q - 32) are applied exactly, as integer starting
-// values -offset * sum(activation quants); mins use the activation sums as well. With few
-// activation columns the unpacked block goes straight from registers into the dot products
-// (GEMV); with many, each block is unpacked once to memory and reused for every column (GEMM).
+// Quantized weights have two kernel shapes; each type switches from the first to the second at
+// a measured column count (I::row_cols<T>()):
+//  - row-direct (few activation columns: the GEMV of decoding): lanes are elements; one weight
+//    row at a time is read as one sequential stream, its blocks unpacked in registers with
+//    in-lane shifts and masks and dotted with every column. 256-bit vectors at both levels.
+//  - transposed tiles (many columns: prompt processing): a tile is I::L weight rows, one per
+//    32-bit lane. Each weight block of the tile's rows is unpacked to unsigned bytes in element
+//    order and transposed, so that vector k holds elements 4k..4k+3 of each row in its lane; a
+//    broadcast 4-byte group of an activation row then adds four products to every row's lane
+//    (VPDPBUSD, or PMADDUBSW + PMADDWD), and the per-block float scaling is one multiply-add for
+//    all rows. The unpacked block is stored once and reused for every column; the transposition
+//    (about 2.4 cycles per 16 bytes of a row on Zen 4) is what the columns amortize.
+// Offsets of the signed formats (q - 8, q - 16, q - 128, q - 4, q - 32) are applied exactly, as
+// integer starting values -offset * sum(activation quants), or with the sign trick in the
+// row-direct kernels; mins use the activation sums (Q8_1's s field, Q8_K's bsums).
 //
 // Float weights (F32/F16/BF16 against F32 activations) use the classic register-blocked shape:
-// lanes are elements, R rows x C columns of accumulators.
+// lanes are elements, R rows x C columns of accumulators (one row at a time for one column).
 #pragma once
 #include <immintrin.h>
 
@@ -71,10 +77,12 @@ struct ActQ8 {
     size_t block;   // bytes per block
     size_t qs_off;  // offset of the quants in a block
     const float* dy;
-    const float* ds;     // Q8_1 only
+    const float* ds;    // Q8_1 only
     const int32_t* sy;  // Q8_0 with sums only
 
-    const uint8_t* qs(int c, int64_t b) const { return a + size_t(c) * stride + size_t(b) * block + qs_off; }
+    const uint8_t* qs(int c, int64_t b) const {
+        return a + size_t(c) * stride + size_t(b) * block + qs_off;
+    }
     size_t idx(int c, int64_t b) const { return size_t(c) * size_t(nb) + size_t(b); }
 };
 
@@ -82,8 +90,14 @@ template <class I>
 ActQ8 prepare_q8(const void* a, size_t stride, int ncols, int64_t nb, bool q8_1, bool sums) {
     thread_local std::vector<float> dyv, dsv;
     thread_local std::vector<int32_t> syv;
-    ActQ8 r{static_cast<const uint8_t*>(a), stride, nb, q8_1 ? sizeof(block_q8_1) : sizeof(block_q8_0),
-            q8_1 ? size_t(4) : size_t(2), nullptr, nullptr, nullptr};
+    ActQ8 r{static_cast<const uint8_t*>(a),
+            stride,
+            nb,
+            q8_1 ? sizeof(block_q8_1) : sizeof(block_q8_0),
+            q8_1 ? size_t(4) : size_t(2),
+            nullptr,
+            nullptr,
+            nullptr};
     const size_t count = size_t(ncols) * size_t(nb);
     float* dy = scratch(dyv, count);
     float* ds = q8_1 ? scratch(dsv, count) : nullptr;
@@ -114,7 +128,9 @@ struct ActQ8K {
     const block_q8_K* blk(int c, int64_t b) const {
         return reinterpret_cast<const block_q8_K*>(a + size_t(c) * stride) + b;
     }
-    const int32_t* corr_of(int c, int64_t b) const { return corr + (size_t(c) * size_t(nb) + size_t(b)) * 16; }
+    const int32_t* corr_of(int c, int64_t b) const {
+        return corr + (size_t(c) * size_t(nb) + size_t(b)) * 16;
+    }
 };
 
 inline ActQ8K prepare_q8k(const void* a, size_t stride, int ncols, int64_t nb, int offset) {
@@ -139,7 +155,10 @@ inline ActQ8K prepare_q8k(const void* a, size_t stride, int ncols, int64_t nb, i
 template <GgmlType T>
 constexpr bool kHasMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
 template <GgmlType T>
-constexpr int kOffset = T == GgmlType::Q4_0 ? 8 : T == GgmlType::Q5_0 ? 16 : T == GgmlType::Q8_0 ? 128 : 0;
+constexpr int kOffset = T == GgmlType::Q4_0   ? 8
+                        : T == GgmlType::Q5_0 ? 16
+                        : T == GgmlType::Q8_0 ? 128
+                                              : 0;
 template <GgmlType T>
 constexpr size_t kBlockBytes = T == GgmlType::Q4_0   ? sizeof(block_q4_0)
                                : T == GgmlType::Q4_1 ? sizeof(block_q4_1)
@@ -168,7 +187,10 @@ inline void decode_legacy(const typename I::Rows& rows, int64_t b, LegacyBlock<I
         rows.transpose16(at + 18, q);
         for (int k = 0; k < 4; ++k) out.w[k + 4] = I::xor_(q[k], flip);
     } else {
-        constexpr size_t qs_off = T == GgmlType::Q4_0 ? 2 : T == GgmlType::Q4_1 ? 4 : T == GgmlType::Q5_0 ? 6 : 8;
+        constexpr size_t qs_off = T == GgmlType::Q4_0   ? 2
+                                  : T == GgmlType::Q4_1 ? 4
+                                  : T == GgmlType::Q5_0 ? 6
+                                                        : 8;
         rows.transpose16(at + qs_off, q);
         for (int k = 0; k < 4; ++k) {
             out.w[k] = low_nibbles<I>(q[k]);
@@ -182,7 +204,8 @@ inline void decode_legacy(const typename I::Rows& rows, int64_t b, LegacyBlock<I
 
 // One decoded block against columns c0..c0+G-1: f[g] += d * dy * sum + m * dy * sy.
 template <class I, GgmlType T, int G>
-inline void legacy_block(const LegacyBlock<I>& B, int64_t b, const ActQ8& act, int c0, typename I::VF* f) {
+inline void legacy_block(const LegacyBlock<I>& B, int64_t b, const ActQ8& act, int c0,
+                         typename I::VF* f) {
     using VI = typename I::VI;
     VI acc[G];
     for (int g = 0; g < G; ++g) {
@@ -246,14 +269,17 @@ inline void for_col_groups(int ncols, F&& fn) {
 
 template <class I>
 inline void zero_tile(float* out, size_t out_stride, int ncols, int nvalid) {
-    for (int c = 0; c < ncols; ++c) I::store_rows(out + size_t(c) * out_stride, nvalid, I::zero_ps());
+    for (int c = 0; c < ncols; ++c)
+        I::store_rows(out + size_t(c) * out_stride, nvalid, I::zero_ps());
 }
 
 // K-quant block constants (used by the row-direct kernels below and the K tiles further on).
 template <GgmlType T>
 constexpr int kSubBlocks = (T == GgmlType::Q4_K || T == GgmlType::Q5_K) ? 8 : 16;
 template <GgmlType T>
-constexpr int kKOffset = T == GgmlType::Q3_K ? 4 : T == GgmlType::Q6_K ? 32 : 0;
+constexpr int kKOffset = T == GgmlType::Q3_K   ? 4
+                         : T == GgmlType::Q6_K ? 32
+                                               : 0;
 template <GgmlType T>
 constexpr bool kKMins = T == GgmlType::Q2_K || T == GgmlType::Q4_K || T == GgmlType::Q5_K;
 template <GgmlType T>
@@ -275,17 +301,20 @@ inline float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-inline __m256i bytes_mask(uint8_t m) { return _mm256_set1_epi8(char(m)); }
+inline __m256i bytes_mask(uint8_t m) {
+    return _mm256_set1_epi8(char(m));
+}
 // Bits from..from+width-1 of every byte moved to to..to+width-1, others clear.
 inline __m256i ymove_bits(__m256i v, int from, int to, int width) {
-    const __m256i s = to >= from ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
+    const __m256i s =
+        to >= from ? _mm256_slli_epi16(v, to - from) : _mm256_srli_epi16(v, from - to);
     return _mm256_and_si256(s, bytes_mask(uint8_t(((1u << width) - 1) << to)));
 }
 // 32 bits -> 32 bytes, 0xFF where the bit is set (bit j -> byte j).
 inline __m256i bits_to_bytes(uint32_t x) {
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(int(x)),
-                                               _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                                 0x0101010101010101, 0x0000000000000000));
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(int(x)), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                     0x0101010101010101, 0x0000000000000000));
     const __m256i probe = _mm256_set1_epi64x(0x8040201008040201);
     return _mm256_cmpeq_epi8(_mm256_and_si256(spread, probe), probe);
 }
@@ -298,7 +327,8 @@ inline __m256i ydot_signed(__m256i acc, __m256i ws, __m256i y) {
 // Calls fn.template operator()<G>(row, c0, res) for every weight row and group of <= kG
 // columns; res[g] is then stored to out[(c0 + g) * out_stride + row].
 template <int kG, typename F>
-inline void row_direct(int nrows, int ncols, const uint8_t* w, size_t w_stride, float* out, size_t out_stride, F&& fn) {
+inline void row_direct(int nrows, int ncols, const uint8_t* w, size_t w_stride, float* out,
+                       size_t out_stride, F&& fn) {
     for (int r = 0; r < nrows; ++r) {
         const uint8_t* row = w + size_t(r) * w_stride;
         for_col_groups<kG>(ncols, [&]<int G>(int c0) {
@@ -324,14 +354,18 @@ void rd_legacy(int64_t nb, const uint8_t* row, const ActQ8& act, int c0, float* 
         if constexpr (T == GgmlType::Q8_0) {
             w = _mm256_loadu_si256((const __m256i*)(x + 2));
         } else {
-            constexpr size_t qs_off = T == GgmlType::Q4_0 ? 2 : T == GgmlType::Q4_1 ? 4 : T == GgmlType::Q5_0 ? 6 : 8;
+            constexpr size_t qs_off = T == GgmlType::Q4_0   ? 2
+                                      : T == GgmlType::Q4_1 ? 4
+                                      : T == GgmlType::Q5_0 ? 6
+                                                            : 8;
             const __m128i q = _mm_loadu_si128((const __m128i*)(x + qs_off));
             w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), bytes_mask(0x0F));
             if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
                 const uint32_t qh = uint32_t(load_i32(x + (T == GgmlType::Q5_0 ? 2 : 4)));
                 w = _mm256_or_si256(w, _mm256_and_si256(bits_to_bytes(qh), bytes_mask(0x10)));
             }
-            if constexpr (kOffset<T> != 0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(char(kOffset<T>)));
+            if constexpr (kOffset<T> != 0)
+                w = _mm256_sub_epi8(w, _mm256_set1_epi8(char(kOffset<T>)));
         }
         for (int g = 0; g < G; ++g) {
             const size_t ci = act.idx(c0 + g, b);
@@ -342,7 +376,8 @@ void rd_legacy(int64_t nb, const uint8_t* row, const ActQ8& act, int c0, float* 
             } else {
                 i = ydot_signed<I>(_mm256_setzero_si256(), w, y);
             }
-            acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * act.dy[ci]), acc[g]);
+            acc[g] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * act.dy[ci]), acc[g]);
             if constexpr (kHasMin<T>) mins[g] += _cvtsh_ss(load_u16(x + 2)) * act.ds[ci];
         }
     }
@@ -354,7 +389,8 @@ void rd_legacy(int64_t nb, const uint8_t* row, const ActQ8& act, int c0, float* 
 // min j < 4 is b's; for j >= 4 the low four bits come from c's byte j-4 (low nibble: scale,
 // high: min), the top two from the top bits of a's (scale) or b's (min) byte j-4.
 inline __m128i k4_scales_mins(const uint8_t* s) {
-    const uint32_t a = uint32_t(load_i32(s)), b = uint32_t(load_i32(s + 4)), c = uint32_t(load_i32(s + 8));
+    const uint32_t a = uint32_t(load_i32(s)), b = uint32_t(load_i32(s + 4)),
+                   c = uint32_t(load_i32(s + 8));
     const uint32_t sc_lo = a & 0x3F3F3F3Fu, m_lo = b & 0x3F3F3F3Fu;
     const uint32_t sc_hi = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);
     const uint32_t m_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
@@ -362,17 +398,20 @@ inline __m128i k4_scales_mins(const uint8_t* s) {
 }
 // The 12 scale bytes of Q3_K -> the 16 signed scales (6-bit value - 32), as unpack_q3k_scales.
 inline __m128i q3k_scales(const uint8_t* s) {
-    const uint32_t a = uint32_t(load_i32(s)), b = uint32_t(load_i32(s + 4)), c = uint32_t(load_i32(s + 8));
+    const uint32_t a = uint32_t(load_i32(s)), b = uint32_t(load_i32(s + 4)),
+                   c = uint32_t(load_i32(s + 8));
     const uint32_t m4 = 0x0F0F0F0Fu, m2 = 0x03030303u;
     const uint32_t w0 = (a & m4) | ((c & m2) << 4), w1 = (b & m4) | (((c >> 2) & m2) << 4);
-    const uint32_t w2 = ((a >> 4) & m4) | (((c >> 4) & m2) << 4), w3 = ((b >> 4) & m4) | (((c >> 6) & m2) << 4);
+    const uint32_t w2 = ((a >> 4) & m4) | (((c >> 4) & m2) << 4),
+                   w3 = ((b >> 4) & m4) | (((c >> 6) & m2) << 4);
     return _mm_sub_epi8(_mm_set_epi32(int(w3), int(w2), int(w1), int(w0)), _mm_set1_epi8(32));
 }
 
 // 16 int8 scales -> the 16-bit multipliers of a 32-element group made of sub-blocks 2p, 2p+1
 // (16 elements each): [s[2p] x 8 | s[2p+1] x 8].
 inline __m256i pair_scales(__m128i s8, int p) {
-    const __m128i idx = _mm_set_epi64x(0x0101010101010101 * uint64_t(2 * p + 1), 0x0101010101010101 * uint64_t(2 * p));
+    const __m128i idx = _mm_set_epi64x(0x0101010101010101 * uint64_t(2 * p + 1),
+                                       0x0101010101010101 * uint64_t(2 * p));
     return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, idx));
 }
 // 8 uint8 scales (low 8 bytes) -> the 16-bit multiplier of sub-block j of 32 elements, x 16.
@@ -396,7 +435,8 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
         // d*isum, the offsets in isum's start (Q3_K, Q6_K), and the mins apart.
         auto madd_q = [&](__m256i q, int e, __m256i scale) {  // elements e..e+31 of the block
             for (int g = 0; g < G; ++g) {
-                const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i*)(y[g]->qs + e)));
+                const __m256i p =
+                    _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i*)(y[g]->qs + e)));
                 isum[g] = I::ydot16(isum[g], p, scale);
             }
         };
@@ -410,9 +450,11 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
             for (int g = 0; g < G; ++g) {
                 isum[g] = _mm256_setzero_si256();
                 const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
-                const __m128i bs32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                const __m128i bs32 =
+                    _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
                 const __m128 m = _mm_cvtepi32_ps(_mm_madd_epi16(mins16, bs32));
-                accm[g] = _mm256_fmadd_ps(_mm256_castps128_ps256(m), _mm256_set1_ps(-dmin * y[g]->d), accm[g]);
+                accm[g] = _mm256_fmadd_ps(_mm256_castps128_ps256(m),
+                                          _mm256_set1_ps(-dmin * y[g]->d), accm[g]);
             }
             const uint8_t* qs = x + (T == GgmlType::Q4_K ? 16 : 48);
             __m256i hb;
@@ -421,7 +463,8 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
                 const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
                 __m256i lo = _mm256_and_si256(q, bytes_mask(0x0F));
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), bytes_mask(0x0F));
-                if constexpr (T == GgmlType::Q5_K) {  // bit g of qh[l] is the fifth bit of sub-block g
+                if constexpr (T ==
+                              GgmlType::Q5_K) {  // bit g of qh[l] is the fifth bit of sub-block g
                     lo = _mm256_or_si256(lo, ymove_bits(hb, 2 * c, 4, 1));
                     hi = _mm256_or_si256(hi, ymove_bits(hb, 2 * c + 1, 4, 1));
                 }
@@ -435,19 +478,24 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
             const __m256i s16 = _mm256_cvtepi8_epi16(s8);
             for (int g = 0; g < G; ++g) {  // the offset: -32 * sum_j scale_j * bsum_j
                 const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
-                isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 5));
+                isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                           _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 5));
             }
             for (int h = 0; h < 2; ++h) {
                 const __m256i l0 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h));
                 const __m256i l1 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h + 32));
                 const __m256i hq = _mm256_loadu_si256((const __m256i*)(blk->qh + 32 * h));
                 const __m256i m4 = bytes_mask(0x0F);
-                madd_q(_mm256_or_si256(_mm256_and_si256(l0, m4), ymove_bits(hq, 0, 4, 2)), 128 * h, pair_scales(s8, 4 * h));
-                madd_q(_mm256_or_si256(_mm256_and_si256(l1, m4), ymove_bits(hq, 2, 4, 2)), 128 * h + 32, pair_scales(s8, 4 * h + 1));
-                madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), ymove_bits(hq, 4, 4, 2)), 128 * h + 64,
-                       pair_scales(s8, 4 * h + 2));
-                madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), ymove_bits(hq, 6, 4, 2)), 128 * h + 96,
-                       pair_scales(s8, 4 * h + 3));
+                madd_q(_mm256_or_si256(_mm256_and_si256(l0, m4), ymove_bits(hq, 0, 4, 2)), 128 * h,
+                       pair_scales(s8, 4 * h));
+                madd_q(_mm256_or_si256(_mm256_and_si256(l1, m4), ymove_bits(hq, 2, 4, 2)),
+                       128 * h + 32, pair_scales(s8, 4 * h + 1));
+                madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                       ymove_bits(hq, 4, 4, 2)),
+                       128 * h + 64, pair_scales(s8, 4 * h + 2));
+                madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                       ymove_bits(hq, 6, 4, 2)),
+                       128 * h + 96, pair_scales(s8, 4 * h + 3));
             }
         } else if constexpr (T == GgmlType::Q3_K) {
             const auto* blk = reinterpret_cast<const block_q3_K*>(x);
@@ -456,13 +504,15 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
             const __m256i s16 = _mm256_cvtepi8_epi16(s8);
             for (int g = 0; g < G; ++g) {  // the offset: -4 * sum_j scale_j * bsum_j
                 const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
-                isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 2));
+                isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                           _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 2));
             }
             const __m256i hm = _mm256_loadu_si256((const __m256i*)blk->hmask);
             for (int h = 0; h < 2; ++h) {
                 const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * h));
                 for (int sh = 0; sh < 4; ++sh) {  // q + 4 = low two bits + 4 * hmask bit
-                    const __m256i v = _mm256_or_si256(ymove_bits(q, 2 * sh, 0, 2), ymove_bits(hm, 4 * h + sh, 2, 1));
+                    const __m256i v = _mm256_or_si256(ymove_bits(q, 2 * sh, 0, 2),
+                                                      ymove_bits(hm, 4 * h + sh, 2, 1));
                     madd_q(v, 128 * h + 32 * sh, pair_scales(s8, 4 * h + sh));
                 }
             }
@@ -472,7 +522,8 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
             const float dmin = _cvtsh_ss(blk->dmin);
             const __m128i raw = _mm_loadu_si128((const __m128i*)blk->scales);
             const __m128i s8 = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
-            const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
+            const __m256i m16 =
+                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
             for (int g = 0; g < G; ++g) {
                 isum[g] = _mm256_setzero_si256();
                 const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
@@ -481,10 +532,14 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
             }
             for (int h = 0; h < 2; ++h) {
                 const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * h));
-                for (int sh = 0; sh < 4; ++sh) madd_q(ymove_bits(q, 2 * sh, 0, 2), 128 * h + 32 * sh, pair_scales(s8, 4 * h + sh));
+                for (int sh = 0; sh < 4; ++sh)
+                    madd_q(ymove_bits(q, 2 * sh, 0, 2), 128 * h + 32 * sh,
+                           pair_scales(s8, 4 * h + sh));
             }
         }
-        for (int g = 0; g < G; ++g) acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_set1_ps(d * y[g]->d), acc[g]);
+        for (int g = 0; g < G; ++g)
+            acc[g] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_set1_ps(d * y[g]->d), acc[g]);
     }
     for (int g = 0; g < G; ++g) res[g] = hsum8(_mm256_add_ps(acc[g], accm[g]));
 }
@@ -498,13 +553,15 @@ void tile_legacy(int64_t n, int nrows, int ncols, const void* w, size_t w_stride
     const ActQ8 act = prepare_q8<I>(a, a_stride, ncols, nb, kHasMin<T>, !few);
     const auto* wb = static_cast<const uint8_t*>(w);
     if (few) {
-        row_direct<I::kRowGroup>(nrows, ncols, wb, w_stride, out, out_stride, [&]<int G>(const uint8_t* row, int c0, float* res) {
-            rd_legacy<I, T, G>(nb, row, act, c0, res);
-        });
+        row_direct<I::kRowGroup>(nrows, ncols, wb, w_stride, out, out_stride,
+                                 [&]<int G>(const uint8_t* row, int c0, float* res) {
+                                     rd_legacy<I, T, G>(nb, row, act, c0, res);
+                                 });
         return;
     }
     for (int r0 = 0; r0 < nrows; r0 += I::L) {
-        const typename I::Rows rows(wb + size_t(r0) * w_stride, w_stride, std::min(I::L, nrows - r0));
+        const typename I::Rows rows(wb + size_t(r0) * w_stride, w_stride,
+                                    std::min(I::L, nrows - r0));
         float* o = out + r0;
         alignas(64) LegacyBlock<I> blk[kChunk];
         zero_tile<I>(o, out_stride, ncols, rows.nvalid);
@@ -526,9 +583,9 @@ void tile_legacy(int64_t n, int nrows, int ncols, const void* w, size_t w_stride
 
 template <class I>
 struct KScales {
-    typename I::VF ds[16];    // d * scale of each sub-block
-    typename I::VI mins[8];   // 16-bit pairs of mins, matched to 32-bit words of the bsums
-    typename I::VF ndmin;     // -dmin
+    typename I::VF ds[16];   // d * scale of each sub-block
+    typename I::VI mins[8];  // 16-bit pairs of mins, matched to 32-bit words of the bsums
+    typename I::VF ndmin;    // -dmin
 };
 
 template <class I, GgmlType T>
@@ -565,7 +622,8 @@ inline void decode_k_scales(const typename I::Rows& rows, int64_t b, KScales<I>&
         const VI a = rows.gather(at + 96), bb = rows.gather(at + 100), c = rows.gather(at + 104);
         // Scale j: low four bits from byte j % 8 (low nibble for j < 8, high for j >= 8), top two
         // bits from byte 8 + j % 4 at bit 2 * (j / 4).
-        const VI lows[4] = {low_nibbles<I>(a), low_nibbles<I>(bb), high_nibbles<I>(a), high_nibbles<I>(bb)};
+        const VI lows[4] = {low_nibbles<I>(a), low_nibbles<I>(bb), high_nibbles<I>(a),
+                            high_nibbles<I>(bb)};
         for (int t = 0; t < 4; ++t) {
             const VI sc = I::or_(lows[t], move_bits<I>(c, 2 * t, 4, 2));  // scale + 32
             for (int j = 0; j < 4; ++j) {
@@ -578,7 +636,8 @@ inline void decode_k_scales(const typename I::Rows& rows, int64_t b, KScales<I>&
         out.ndmin = I::sub_ps(I::zero_ps(), I::half_hi(dd));
         for (int i = 0; i < 4; ++i) {
             const VI g = rows.gather(at + 4 * i);
-            for (int j = 0; j < 4; ++j) out.ds[4 * i + j] = I::mul(d, I::cvt(I::and_(byte_of<I>(g, j), I::set1_i32(15))));
+            for (int j = 0; j < 4; ++j)
+                out.ds[4 * i + j] = I::mul(d, I::cvt(I::and_(byte_of<I>(g, j), I::set1_i32(15))));
             for (int p = 0; p < 2; ++p) {  // mins of sub-blocks 4i+2p and 4i+2p+1
                 const VI x = I::srli32(g, 16 * p);
                 out.mins[2 * i + p] = I::or_(I::and_(I::srli32(x, 4), I::set1_i32(0x0F)),
@@ -612,7 +671,8 @@ inline void decode_k_quants(const typename I::Rows& rows, int64_t b, F&& fn) {
             }
             for (int k = 0; k < 8; ++k) {
                 VI hi = high_nibbles<I>(p[k]);
-                if constexpr (T == GgmlType::Q5_K) hi = I::or_(hi, move_bits<I>(h[k], 2 * c + 1, 4, 1));
+                if constexpr (T == GgmlType::Q5_K)
+                    hi = I::or_(hi, move_bits<I>(h[k], 2 * c + 1, 4, 1));
                 fn(16 * c + 8 + k, hi);
             }
         }
@@ -651,7 +711,8 @@ inline void decode_k_quants(const typename I::Rows& rows, int64_t b, F&& fn) {
             VI q[8];
             rows.transpose16(at + 16 + 32 * half, q);
             rows.transpose16(at + 32 + 32 * half, q + 4);
-            for (int kk = 0; kk < 32; ++kk) fn(32 * half + kk, move_bits<I>(q[kk % 8], 2 * (kk / 8), 0, 2));
+            for (int kk = 0; kk < 32; ++kk)
+                fn(32 * half + kk, move_bits<I>(q[kk % 8], 2 * (kk / 8), 0, 2));
         }
     }
 }
@@ -671,7 +732,8 @@ struct KAccum {
     VI acc[G];
     VF fb[G];
 
-    KAccum(const KScales<I>& s, const ActQ8K& a, int64_t blk, int col0) : S(s), act(a), b(blk), c0(col0) {
+    KAccum(const KScales<I>& s, const ActQ8K& a, int64_t blk, int col0)
+        : S(s), act(a), b(blk), c0(col0) {
         for (int g = 0; g < G; ++g) {
             y[g] = act.blk(c0 + g, b)->qs;
             acc[g] = I::zero();  // set again at each sub-block's start; this keeps GCC sure of it
@@ -715,8 +777,8 @@ struct KBlock {
 };
 
 template <class I, GgmlType T, int G>
-void k_block_cols(const KBlock<I>& B, int64_t b, const ActQ8K& act, int c0, float* out, size_t out_stride,
-                  int nvalid) {
+void k_block_cols(const KBlock<I>& B, int64_t b, const ActQ8K& act, int c0, float* out,
+                  size_t out_stride, int nvalid) {
     KAccum<I, T, G> acc(B.s, act, b, c0);
     for (int k = 0; k < 64; ++k) acc(k, B.w[k]);
     typename I::VF f[G];
@@ -732,15 +794,17 @@ void tile_k(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, con
     const auto* wb = static_cast<const uint8_t*>(w);
     if (ncols <= I::template row_cols<T>()) {
         const ActQ8K act{static_cast<const uint8_t*>(a), a_stride, nb, nullptr};
-        row_direct<I::kRowGroup>(nrows, ncols, wb, w_stride, out, out_stride, [&]<int G>(const uint8_t* row, int c0, float* res) {
-            rd_k<I, T, G>(nb, row, act, c0, res);
-        });
+        row_direct<I::kRowGroup>(nrows, ncols, wb, w_stride, out, out_stride,
+                                 [&]<int G>(const uint8_t* row, int c0, float* res) {
+                                     rd_k<I, T, G>(nb, row, act, c0, res);
+                                 });
         return;
     }
     const ActQ8K act = prepare_q8k(a, a_stride, ncols, nb, kKOffset<T>);
     thread_local const std::unique_ptr<KBlock<I>> blk(new KBlock<I>);  // 6 KiB, per thread
     for (int r0 = 0; r0 < nrows; r0 += I::L) {
-        const typename I::Rows rows(wb + size_t(r0) * w_stride, w_stride, std::min(I::L, nrows - r0));
+        const typename I::Rows rows(wb + size_t(r0) * w_stride, w_stride,
+                                    std::min(I::L, nrows - r0));
         float* o = out + r0;
         zero_tile<I>(o, out_stride, ncols, rows.nvalid);
         for (int64_t b = 0; b < nb; ++b) {
@@ -759,7 +823,8 @@ void tile_k(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, con
 // R weight rows x C activation rows; U independent accumulators per pair over consecutive
 // vectors (for short dependency chains when R x C is small).
 template <class I, GgmlType T, int R, int C, int U = 1>
-void float_block(int64_t n, const uint8_t* const* w, const float* const* a, float* out, size_t out_stride) {
+void float_block(int64_t n, const uint8_t* const* w, const float* const* a, float* out,
+                 size_t out_stride) {
     using VF = typename I::VF;
     constexpr int L = I::L;
     VF acc[U][R][C];
@@ -812,17 +877,20 @@ void float_block(int64_t n, const uint8_t* const* w, const float* const* a, floa
 }
 
 template <class I, GgmlType T, int R>
-inline void float_cols(int64_t n, const uint8_t* const* w, const float* a, size_t a_stride, int ncols,
-                       float* out, size_t out_stride) {
+inline void float_cols(int64_t n, const uint8_t* const* w, const float* a, size_t a_stride,
+                       int ncols, float* out, size_t out_stride) {
     constexpr int C = I::kFloatCols;
     int c0 = 0;
     const float* ap[C];
     for (; c0 + C <= ncols; c0 += C) {
-        for (int c = 0; c < C; ++c) ap[c] = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(a) + size_t(c0 + c) * a_stride);
+        for (int c = 0; c < C; ++c)
+            ap[c] = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(a) +
+                                                   size_t(c0 + c) * a_stride);
         float_block<I, T, R, C>(n, w, ap, out + size_t(c0) * out_stride, out_stride);
     }
     for (; c0 < ncols; ++c0) {
-        ap[0] = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(a) + size_t(c0) * a_stride);
+        ap[0] = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(a) +
+                                               size_t(c0) * a_stride);
         float_block<I, T, R, 1>(n, w, ap, out + size_t(c0) * out_stride, out_stride);
     }
 }
@@ -866,14 +934,18 @@ inline int hsum8i(__m256i v) {
     s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
 }
-inline __m256 abs8(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
+inline __m256 abs8(__m256 v) {
+    return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)));
+}
 
 // C's roundf (half away from zero): truncate, then step away from zero when the dropped
 // fraction (exact: v - trunc(v)) is at least one half. For |v| < 2^23.
 inline __m256 round_half_away(__m256 v) {
     const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
     const __m256 away = _mm256_cmp_ps(abs8(_mm256_sub_ps(v, t)), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-    const __m256 one = _mm256_or_ps(_mm256_set1_ps(1.0f), _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), v));
+    const __m256 one =
+        _mm256_or_ps(_mm256_set1_ps(1.0f),
+                     _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF)), v));
     return _mm256_add_ps(t, _mm256_and_ps(away, one));
 }
 // q8_clamp of quantize.cpp: NaN -> 0, then clamp to [-127, 127].
@@ -905,11 +977,13 @@ void quantize_q8(const float* x, void* dst, int64_t n) {
         y[b].d = f32_to_f16(d);
         __m256i q[4];
         for (int k = 0; k < 4; ++k) {
-            q[k] = _mm256_cvttps_epi32(clamp127(round_half_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id)))));
+            q[k] = _mm256_cvttps_epi32(
+                clamp127(round_half_away(_mm256_mul_ps(v[k], _mm256_set1_ps(id)))));
         }
         _mm256_storeu_si256((__m256i*)y[b].qs, pack_i8(q[0], q[1], q[2], q[3]));
         if constexpr (kQ8_1) {
-            const int sum = hsum8i(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+            const int sum = hsum8i(
+                _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
             y[b].s = f32_to_f16(float(sum) * d);
         }
     }
@@ -929,7 +1003,8 @@ inline void quantize_q8_K(const float* x, void* dst, int64_t n) {
         }
         float max = 0.0f;
         for (int k = 0; k < 32; ++k) {
-            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs8(_mm256_loadu_ps(x + 8 * k)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            const int hit = _mm256_movemask_ps(
+                _mm256_cmp_ps(abs8(_mm256_loadu_ps(x + 8 * k)), _mm256_set1_ps(amax), _CMP_EQ_OQ));
             if (hit) {
                 max = x[8 * k + __builtin_ctz(unsigned(hit))];
                 break;
@@ -941,7 +1016,8 @@ inline void quantize_q8_K(const float* x, void* dst, int64_t n) {
             __m256i q[4];
             for (int j = 0; j < 4; ++j) {
                 const __m256 v = clamp127(_mm256_mul_ps(is, _mm256_loadu_ps(x + 32 * k + 8 * j)));
-                q[j] = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                q[j] = _mm256_cvtps_epi32(
+                    _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
             }
             _mm256_storeu_si256((__m256i*)(y[b].qs + 32 * k), pack_i8(q[0], q[1], q[2], q[3]));
             y[b].bsums[2 * k] = int16_t(hsum8i(_mm256_add_epi32(q[0], q[1])));
@@ -959,7 +1035,8 @@ inline void quantize_f16(const float* x, void* dst, int64_t n) {
         const __m256 v = _mm256_loadu_ps(x + i);
         __m128i h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        const __m128i nan = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
+        const __m128i nan =
+            _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
         if (!_mm_testz_si128(nan, nan)) {
             const __m128i sign = _mm_and_si128(h, _mm_set1_epi16(short(0x8000)));
             h = _mm_blendv_epi8(h, _mm_or_si128(sign, _mm_set1_epi16(0x7E00)), nan);
@@ -979,9 +1056,13 @@ inline void quantize_bf16(const float* x, void* dst, int64_t n) {
     for (; i + 8 <= n; i += 8) {
         const __m256i v = _mm256_loadu_si256((const __m256i*)(x + i));
         const __m256i rounded = _mm256_srli_epi32(
-            _mm256_add_epi32(v, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), _mm256_and_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(1)))), 16);
+            _mm256_add_epi32(v, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF),
+                                                 _mm256_and_si256(_mm256_srli_epi32(v, 16),
+                                                                  _mm256_set1_epi32(1)))),
+            16);
         const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(v, 16), _mm256_set1_epi32(0x40));
-        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFFFFFF)), _mm256_set1_epi32(0x7F800000));
+        const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x7FFFFFFF)),
+                                               _mm256_set1_epi32(0x7F800000));
         const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
         const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
         _mm_storeu_si128((__m128i*)(y + 2 * i), _mm256_castsi256_si128(packed));

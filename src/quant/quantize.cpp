@@ -184,19 +184,24 @@ GgmlType vec_dot_type(GgmlType t) {
     switch (t) {
         case GgmlType::F32:
         case GgmlType::F16:
-        case GgmlType::BF16: return GgmlType::F32;
+        case GgmlType::BF16:
+            return GgmlType::F32;
         case GgmlType::Q4_0:
         case GgmlType::Q5_0:
-        case GgmlType::Q8_0: return GgmlType::Q8_0;
+        case GgmlType::Q8_0:
+            return GgmlType::Q8_0;
         case GgmlType::Q4_1:
-        case GgmlType::Q5_1: return GgmlType::Q8_1;
+        case GgmlType::Q5_1:
+            return GgmlType::Q8_1;
         case GgmlType::Q2_K:
         case GgmlType::Q3_K:
         case GgmlType::Q4_K:
         case GgmlType::Q5_K:
-        case GgmlType::Q6_K: return GgmlType::Q8_K;
+        case GgmlType::Q6_K:
+            return GgmlType::Q8_K;
         case GgmlType::Q8_1:
-        case GgmlType::Q8_K: break;
+        case GgmlType::Q8_K:
+            break;
     }
     fail("tensor type %s has no dot product: it is an activation format, not a weight type.",
          type_name(t));
@@ -213,15 +218,18 @@ bool can_quantize(GgmlType t) {
         case GgmlType::Q5_1:
         case GgmlType::Q8_0:
         case GgmlType::Q8_1:
-        case GgmlType::Q8_K: return true;
-        default: return false;
+        case GgmlType::Q8_K:
+            return true;
+        default:
+            return false;
     }
 }
 
 void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
     const TypeTraits* tr = type_traits(uint32_t(t));
     if (tr && can_quantize(t) && n % tr->block_elems == 0) {
-        if (quant_detail::QuantizeFn f = quant_detail::quantize_kernel(quant_detail::active_level(), t)) {
+        if (quant_detail::QuantizeFn f =
+                quant_detail::quantize_kernel(quant_detail::active_level(), t)) {
             return f(src, dst, n);
         }
     }
@@ -231,16 +239,19 @@ void quantize_row(GgmlType t, const float* src, void* dst, int64_t n) {
 void quant_detail::quantize_row_scalar(GgmlType t, const float* src, void* dst, int64_t n) {
     const TypeTraits* tr = type_traits(uint32_t(t));
     if (!tr || !can_quantize(t))
-        fail("cannot quantize to tensor type %s: only f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "
-             "q8_0, q8_1 and q8_K are supported.",
-             tr ? tr->name : "unknown");
+        fail(
+            "cannot quantize to tensor type %s: only f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "
+            "q8_0, q8_1 and q8_K are supported.",
+            tr ? tr->name : "unknown");
     if (n % tr->block_elems != 0)
         fail("cannot quantize %lld elements to type %s: not a multiple of its block size %d.",
              (long long)n, tr->name, tr->block_elems);
     const int64_t nb = n / tr->block_elems;
     auto* d8 = static_cast<uint8_t*>(dst);
     switch (t) {
-        case GgmlType::F32: std::memcpy(dst, src, size_t(n) * 4); return;
+        case GgmlType::F32:
+            std::memcpy(dst, src, size_t(n) * 4);
+            return;
         case GgmlType::F16:
             for (int64_t i = 0; i < n; ++i) {
                 const uint16_t h = f32_to_f16(src[i]);
@@ -253,14 +264,22 @@ void quant_detail::quantize_row_scalar(GgmlType t, const float* src, void* dst, 
                 std::memcpy(d8 + 2 * i, &h, 2);
             }
             return;
-        case GgmlType::Q4_0: return q_q4_0(src, static_cast<block_q4_0*>(dst), nb);
-        case GgmlType::Q4_1: return q_q4_1(src, static_cast<block_q4_1*>(dst), nb);
-        case GgmlType::Q5_0: return q_q5_0(src, static_cast<block_q5_0*>(dst), nb);
-        case GgmlType::Q5_1: return q_q5_1(src, static_cast<block_q5_1*>(dst), nb);
-        case GgmlType::Q8_0: return q_q8_0(src, static_cast<block_q8_0*>(dst), nb);
-        case GgmlType::Q8_1: return q_q8_1(src, static_cast<block_q8_1*>(dst), nb);
-        case GgmlType::Q8_K: return q_q8_K(src, static_cast<block_q8_K*>(dst), nb);
-        default: return;  // rejected above
+        case GgmlType::Q4_0:
+            return q_q4_0(src, static_cast<block_q4_0*>(dst), nb);
+        case GgmlType::Q4_1:
+            return q_q4_1(src, static_cast<block_q4_1*>(dst), nb);
+        case GgmlType::Q5_0:
+            return q_q5_0(src, static_cast<block_q5_0*>(dst), nb);
+        case GgmlType::Q5_1:
+            return q_q5_1(src, static_cast<block_q5_1*>(dst), nb);
+        case GgmlType::Q8_0:
+            return q_q8_0(src, static_cast<block_q8_0*>(dst), nb);
+        case GgmlType::Q8_1:
+            return q_q8_1(src, static_cast<block_q8_1*>(dst), nb);
+        case GgmlType::Q8_K:
+            return q_q8_K(src, static_cast<block_q8_K*>(dst), nb);
+        default:
+            return;  // rejected above
     }
 }
 

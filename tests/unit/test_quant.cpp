@@ -47,11 +47,12 @@ std::vector<uint8_t> read_file(const std::string& path) {
 }
 
 class QuantGgufPy : public ::testing::Test {
-protected:
+  protected:
     static void SetUpTestSuite() {
         if (std::system("python3 -c 'import gguf, numpy' >/dev/null 2>&1") != 0) {
-            skip_reason_ = "python3 with the gguf and numpy packages is not available "
-                           "(pip install gguf numpy) - cannot compare with gguf-py";
+            skip_reason_ =
+                "python3 with the gguf and numpy packages is not available "
+                "(pip install gguf numpy) - cannot compare with gguf-py";
             return;
         }
         dir_ = std::string(NT_BINARY_DIR) + "/quant_fixtures." + std::to_string(getpid());
@@ -66,7 +67,9 @@ protected:
         if (!skip_reason_.empty()) GTEST_SKIP() << skip_reason_;
         ASSERT_TRUE(generated_) << "tests/python/gen_quant_fixtures.py failed";
     }
-    static std::vector<uint8_t> fixture(const std::string& name) { return read_file(dir_ + "/" + name); }
+    static std::vector<uint8_t> fixture(const std::string& name) {
+        return read_file(dir_ + "/" + name);
+    }
 
     static inline std::string dir_, skip_reason_;
     static inline bool generated_ = false;
@@ -176,9 +179,10 @@ std::vector<float> tricky_inputs(bool with_specials, std::mt19937& rng) {
     for (int64_t i = 512; i < 768; ++i) x[size_t(i)] = 0.0f;
     for (int64_t i = 768; i < 1024; ++i) x[size_t(i)] = float(i - 900) * 1e-41f;
     if (with_specials) {
-        const float specials[] = {65504.0f, 65519.99f, 65520.0f, -65520.0f, 6.1035156e-05f, 5.9604645e-08f,
-                                  2.9802322e-08f, 2.9802326e-08f, 1e-45f, INFINITY, -INFINITY, NAN, -NAN,
-                                  1.00048828125f, 1.0009765625f, 3.3895314e38f};
+        const float specials[] = {65504.0f,       65519.99f,      65520.0f,       -65520.0f,
+                                  6.1035156e-05f, 5.9604645e-08f, 2.9802322e-08f, 2.9802326e-08f,
+                                  1e-45f,         INFINITY,       -INFINITY,      NAN,
+                                  -NAN,           1.00048828125f, 1.0009765625f,  3.3895314e38f};
         for (size_t j = 0; j < std::size(specials); ++j) x[1024 + j] = specials[j];
     }
     return x;
@@ -186,7 +190,8 @@ std::vector<float> tricky_inputs(bool with_specials, std::mt19937& rng) {
 
 TEST(Quantize, SimdLevelsAreBitExact) {
     std::mt19937 rng(21);
-    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::F16, GgmlType::BF16}) {
+    for (GgmlType t :
+         {GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K, GgmlType::F16, GgmlType::BF16}) {
         const bool floats = t == GgmlType::F16 || t == GgmlType::BF16;
         const std::vector<float> x = tricky_inputs(floats, rng);
         const int64_t n = int64_t(x.size());
@@ -198,7 +203,8 @@ TEST(Quantize, SimdLevelsAreBitExact) {
             SCOPED_TRACE(std::string(type_name(t)) + " level=" + quant_detail::level_name(l));
             std::vector<uint8_t> got(want.size(), 0xAA);
             f(x.data(), got.data(), n);
-            for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(int(got[i]), int(want[i])) << "byte " << i;
+            for (size_t i = 0; i < got.size(); ++i)
+                ASSERT_EQ(int(got[i]), int(want[i])) << "byte " << i;
             // Odd lengths for the float formats (the vector loop's tail).
             if (floats) {
                 std::vector<uint8_t> w7(14), g7(14);
@@ -272,7 +278,9 @@ Weights random_weights(GgmlType t, int64_t n, int rows, std::mt19937& rng, size_
             switch (t) {
                 case GgmlType::Q4_0:
                 case GgmlType::Q5_0:
-                case GgmlType::Q8_0: put_f16(blk, sgn() * d); break;
+                case GgmlType::Q8_0:
+                    put_f16(blk, sgn() * d);
+                    break;
                 case GgmlType::Q4_1:
                 case GgmlType::Q5_1:
                     put_f16(blk, d);
@@ -282,14 +290,19 @@ Weights random_weights(GgmlType t, int64_t n, int rows, std::mt19937& rng, size_
                     put_f16(blk + 80, d * 0.1f);
                     put_f16(blk + 82, d * 0.05f);
                     break;
-                case GgmlType::Q3_K: put_f16(blk + 108, d * 0.1f); break;
+                case GgmlType::Q3_K:
+                    put_f16(blk + 108, d * 0.1f);
+                    break;
                 case GgmlType::Q4_K:
                 case GgmlType::Q5_K:
                     put_f16(blk, d * 0.05f);
                     put_f16(blk + 2, d * 0.1f);
                     break;
-                case GgmlType::Q6_K: put_f16(blk + 208, d * 0.02f); break;
-                default: break;
+                case GgmlType::Q6_K:
+                    put_f16(blk + 208, d * 0.02f);
+                    break;
+                default:
+                    break;
             }
         }
     }
@@ -314,7 +327,8 @@ Acts random_acts(GgmlType wt, int64_t n, int cols, std::mt19937& rng, size_t pad
     for (int c = 0; c < cols; ++c) {
         const float scale = std::pow(10.0f, float(c % 5) - 2.0f);
         for (int64_t i = 0; i < n; ++i) a.x[size_t(c) * size_t(n) + size_t(i)] = nd(rng) * scale;
-        quantize_row(at, a.x.data() + size_t(c) * size_t(n), a.data.data() + size_t(c) * a.stride, n);
+        quantize_row(at, a.x.data() + size_t(c) * size_t(n), a.data.data() + size_t(c) * a.stride,
+                     n);
     }
     return a;
 }
@@ -349,17 +363,25 @@ Magnitude term_magnitude(GgmlType t, const uint8_t* row, const std::vector<float
     int min_off = -1;
     switch (t) {
         case GgmlType::Q4_1:
-        case GgmlType::Q5_1: min_off = 2; break;
+        case GgmlType::Q5_1:
+            min_off = 2;
+            break;
         case GgmlType::Q4_K:
-        case GgmlType::Q5_K: min_off = 2; break;
-        case GgmlType::Q2_K: min_off = 82; break;
-        default: break;
+        case GgmlType::Q5_K:
+            min_off = 2;
+            break;
+        case GgmlType::Q2_K:
+            min_off = 82;
+            break;
+        default:
+            break;
     }
     if (min_off >= 0) {
         const int bb = traits(t).block_bytes;
         std::vector<uint8_t> only_min(row, row + row_bytes(t, n));
         const int d_off = t == GgmlType::Q2_K ? 80 : 0;
-        for (size_t b = 0; b < only_min.size(); b += size_t(bb)) std::memset(&only_min[b + d_off], 0, 2);
+        for (size_t b = 0; b < only_min.size(); b += size_t(bb))
+            std::memset(&only_min[b + d_off], 0, 2);
         const std::vector<float> m = dequant(t, only_min.data(), n);
         for (int64_t i = 0; i < n; ++i) mag.min += std::fabs(double(m[size_t(i)]) * a[size_t(i)]);
     }
@@ -432,13 +454,12 @@ TEST(VecDot, SimdLevelsAgreeWithScalar) {
             const size_t out_stride = size_t(rows) + 3;
             std::vector<float> ref(out_stride * 64, NAN);
             quant_detail::tile_kernel(SimdLevel::Scalar, t)(n, rows, 64, w.data.data(), w.stride,
-                                                           a.data.data(), a.stride, ref.data(),
-                                                           out_stride);
+                                                            a.data.data(), a.stride, ref.data(),
+                                                            out_stride);
             for (SimdLevel l : levels_to_test()) {
                 for (int cols : col_counts) {
-                    SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n) +
-                                 " cols=" + std::to_string(cols) +
-                                 " level=" + quant_detail::level_name(l));
+                    SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n) + " cols=" +
+                                 std::to_string(cols) + " level=" + quant_detail::level_name(l));
                     std::vector<float> out(out_stride * 64, NAN);
                     quant_detail::tile_kernel(l, t)(n, rows, cols, w.data.data(), w.stride,
                                                     a.data.data(), a.stride, out.data(),
@@ -451,7 +472,9 @@ TEST(VecDot, SimdLevelsAgreeWithScalar) {
                                 continue;
                             }
                             ASSERT_NEAR(got, ref[size_t(c) * out_stride + r],
-                                        1e-5 * (mag[size_t(c) * rows + r].all + 2 * mag[size_t(c) * rows + r].min) + 1e-30)
+                                        1e-5 * (mag[size_t(c) * rows + r].all +
+                                                2 * mag[size_t(c) * rows + r].min) +
+                                            1e-30)
                                 << "row " << r << " col " << c;
                         }
                     }
@@ -470,8 +493,8 @@ TEST(VecDot, TileEqualsVecDot) {
         const Weights w = random_weights(t, n, rows, rng);
         const Acts a = random_acts(t, n, cols, rng);
         std::vector<float> out(size_t(rows) * cols);
-        vec_dot_tile(t, n, rows, cols, w.data.data(), w.stride, a.data.data(), a.stride,
-                     out.data(), rows);
+        vec_dot_tile(t, n, rows, cols, w.data.data(), w.stride, a.data.data(), a.stride, out.data(),
+                     rows);
         for (int c = 0; c < cols; ++c) {
             const uint8_t* ar = a.data.data() + size_t(c) * a.stride;
             const std::vector<float> aq = dequant(vec_dot_type(t), ar, n);
