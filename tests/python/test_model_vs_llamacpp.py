@@ -159,3 +159,27 @@ def test_synthetic_first_position_exact(smollm2, synth_dir, type_name):
     _, ref = reference_logits(path, ids)
     ours = our_logits(path, ids, 49152)
     assert np.abs(ref[0][0] - ours[0][0]).max() <= 1e-4 * ref[0][0].std()
+
+
+def test_llama31_rope_scaling_matches_llamacpp(smollm2, synth_dir):
+    """Llama 3.1 rope: rope_freqs.weight factors and a large base, on float weights (tight)."""
+    path = os.path.join(synth_dir, "rope31.gguf")
+    hd = 64
+    # Meta's llama3 factors for factor 8, low 1, high 4, original context 8192.
+    base, factors = 500000.0, []
+    for i in range(hd // 2):
+        freq = base ** (-2.0 * i / hd)
+        wavelen = 2 * np.pi / freq
+        if wavelen < 8192 / 4:
+            factors.append(1.0)
+        elif wavelen > 8192 / 1:
+            factors.append(8.0)
+        else:
+            smooth = (8192 / wavelen - 1) / (4 - 1)
+            factors.append(1 / ((1 - smooth) / 8 + smooth))
+    synth_model.write_model(path, "f32", smollm2, rope_base=base, freq_factors=factors, seed=5)
+    rng = np.random.default_rng(3)
+    ids = [[1] + rng.integers(0, 49152, size=300).tolist()]
+    _, ref = reference_logits(path, ids)
+    ours = our_logits(path, ids, 49152)
+    compare(ref, ours, rel_tol=0.002, top1_min=0.99)
