@@ -57,7 +57,7 @@ bool Args::parse(int argc, char** argv, int start) {
                      command_.c_str());
             if (o->value.empty()) {
                 if (has_val) fail("option '%s' takes no value.", a.c_str());
-                values_[key_of(*o)] = "1";
+                values_[key_of(*o)] = std::string(1, '1');  // not a literal: gcc 12 -Wrestrict false positive
             } else {
                 if (!has_val) {
                     if (i + 1 >= argc) fail("option '%s' needs a value (%s).", a.c_str(), o->value.c_str());
