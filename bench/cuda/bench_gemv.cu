@@ -9,10 +9,12 @@
 //   gemv_us / GB/s / %hbm: the GEMV kernel alone (activations already quantized), weight bytes
 //   over time, and that against --hbm; mm_us / GB/s / %hbm: the public matmul() (activation
 //   quantization + GEMV). Variant: staged-p = staged kernel with a persistent grid, staged = one
-//   CTA per row tile, direct = registers only; nxN rwR kK = activation rows per pass, weight
-//   rows per warp, warps splitting the columns. err: max |y - ref| / sum|w*x| over the checked
-//   rows, against the CPU backend's nt::vec_dot on the CPU's own quantized activations (the GPU
-//   quantizes them identically); ok / FAIL against the tolerance.
+//   CTA per row tile, direct = registers only, stream = whole rows per warp with several
+//   16-byte loads per lane in flight (matmul_gemv_stream.cuh); nxN rwR kK = activation rows
+//   per pass, weight rows per warp, warps splitting the columns. err: max |y - ref| /
+//   sum|w*x| over the checked rows, against the CPU backend's nt::vec_dot on the CPU's own
+//   quantized activations (the GPU quantizes them identically); ok / FAIL against the
+//   tolerance.
 // A '*' marks the dispatcher's default variant. Exit status 1 if any check fails.
 #include <cstdio>
 #include <string>
@@ -75,18 +77,18 @@ Options parse(int argc, char** argv) {
 
 std::string describe(const GemvConfig& c) {
     char b[64];
-    const bool direct = c.kernel == GemvKernel::Direct;
     std::snprintf(b, sizeof b, "%s nx%d rw%d k%d",
-                  direct         ? "direct"
-                  : c.persistent ? "staged-p"
-                                 : "staged",
+                  c.kernel == GemvKernel::Direct   ? "direct"
+                  : c.kernel == GemvKernel::Stream ? "stream"
+                  : c.persistent                   ? "staged-p"
+                                                   : "staged",
                   c.nx, c.rows_per_warp, c.ksplit);
     return b;
 }
 
 bool same(const GemvConfig& a, const GemvConfig& b) {
     return a.kernel == b.kernel && a.nx == b.nx && a.rows_per_warp == b.rows_per_warp &&
-           a.ksplit == b.ksplit && (a.kernel == GemvKernel::Direct || a.persistent == b.persistent);
+           a.ksplit == b.ksplit && (a.kernel != GemvKernel::Staged || a.persistent == b.persistent);
 }
 
 }  // namespace
@@ -172,12 +174,12 @@ int main(int argc, char** argv) try {
                               : GemvConfig{};
                 variants.push_back(def);
                 if (quantized && opt.all_variants) {
-                    for (auto kern : {GemvKernel::Staged, GemvKernel::Direct})
+                    for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream})
                         for (int rw : {1, 2})
                             for (int ks : {1, 2, 4})
                                 for (bool pers : {true, false}) {
-                                    if (kern == GemvKernel::Direct && pers)
-                                        continue;  // Direct ignores it
+                                    if (kern != GemvKernel::Staged && pers)
+                                        continue;  // only Staged has it
                                     GemvConfig c{kern, def.nx, rw, ks, pers};
                                     if (!same(c, def) &&
                                         nt::cuda::detail::gemv_config_available(t, c))

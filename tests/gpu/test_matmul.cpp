@@ -387,7 +387,7 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                          stream);
                 const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
                 int tried = 0;
-                for (auto kern : {GemvKernel::Staged, GemvKernel::Direct})
+                for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream})
                     for (int rw : {1, 2})
                         for (int ks : {1, 2, 4})
                             for (bool pers : {true, false}) {
@@ -402,7 +402,9 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                 for (size_t o = 0; o < y.size(); ++o)
                                     ASSERT_LE(std::fabs(y[o] - ref[o]), 5e-5 * mag[o])
                                         << nt::type_name(t)
-                                        << (kern == GemvKernel::Direct ? " direct" : " staged")
+                                        << (kern == GemvKernel::Direct   ? " direct"
+                                            : kern == GemvKernel::Stream ? " stream"
+                                                                         : " staged")
                                         << (pers ? "-p" : "") << " nx" << nx << " rw" << rw << " k"
                                         << ks << " " << rows << "x" << cols << " n=" << n << " row "
                                         << o % rows << " batch " << o / rows << ": got " << y[o]

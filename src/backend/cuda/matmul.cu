@@ -252,6 +252,12 @@ int64_t chunk_blocks(GgmlType t) {
 bool gemv_config_available(GgmlType t, const GemvConfig& c) {
     if (!is_quantized(t) || !gemv_pair_compiled(c.nx, c.rows_per_warp)) return false;
     if (c.ksplit != 1 && c.ksplit != 2 && c.ksplit != 4) return false;
+    if (c.kernel == GemvKernel::Stream) {
+        // stream_compiled<T>(); one row per warp at a time, no column split
+        const bool typed = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K ||
+                           t == GgmlType::Q8_0;
+        return typed && c.rows_per_warp == 1 && c.ksplit == 1;
+    }
     if (c.kernel == GemvKernel::Direct) {
         const bool aligned = t == GgmlType::Q4_K || t == GgmlType::Q5_K;  // direct_compiled<T>()
         return aligned && direct_pair_compiled(c.nx, c.rows_per_warp);
@@ -299,8 +305,10 @@ void gemv_q8(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t
     if (n < 1 || n > c.nx) nt::fail("gemv: batch %d does not fit nx = %d.", n, c.nx);
     if (!gemv_config_available(t, c))
         nt::fail("gemv: no %s kernel for %s with nx=%d rows_per_warp=%d ksplit=%d.",
-                 c.kernel == GemvKernel::Direct ? "direct" : "staged", type_name(t), c.nx,
-                 c.rows_per_warp, c.ksplit);
+                 c.kernel == GemvKernel::Direct   ? "direct"
+                 : c.kernel == GemvKernel::Stream ? "stream"
+                                                  : "staged",
+                 type_name(t), c.nx, c.rows_per_warp, c.ksplit);
     switch (t) {
         case GgmlType::Q4_0:
             return gemv_q8_t<GgmlType::Q4_0>(w, rows, cols, xq, xd, n, y, c, s);

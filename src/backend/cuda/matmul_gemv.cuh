@@ -19,11 +19,14 @@
 //
 // Direct kernel (blocks that are 16-byte aligned: Q4_K, Q5_K): 16-byte loads straight into
 // registers, kDirectUnroll units in flight per warp.
+//
+// Stream kernel: matmul_gemv_stream.cuh.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/matmul_gemv_stream.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 
@@ -370,6 +373,10 @@ constexpr bool direct_compiled() {
 template <GgmlType T>
 void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
                     int n, float* y, const GemvConfig& c, cudaStream_t stream) {
+    if constexpr (stream_compiled<T>()) {
+        if (c.kernel == GemvKernel::Stream)
+            return launch_stream_nx<T>(w, rows, cols, xq, xd, n, y, c.nx, stream);
+    }
 #define NT_GEMV_CASE(NX, RW)                                                                    \
     if (c.nx == NX && c.rows_per_warp == RW) {                                                  \
         if constexpr (direct_compiled<T>() && direct_pair_compiled(NX, RW)) {                   \
@@ -399,6 +406,7 @@ void prepare_gemv_q8() {
     staged_resident_ctas<T, 4, 1>();
     staged_resident_ctas<T, 4, 2>();
     staged_resident_ctas<T, 8, 1>();
+    if constexpr (stream_compiled<T>()) prepare_stream<T>();
 }
 
 }  // namespace nt::cuda::detail

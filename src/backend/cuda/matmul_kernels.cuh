@@ -45,6 +45,9 @@ enum class GemvKernel : int {
     Staged = 0,  // weights streamed through shared memory by cp.async, 3 stages (any type)
     Direct = 1,  // 16-byte loads straight into registers (Q4_K and Q5_K, whose blocks are
                  // 16-byte aligned)
+    Stream = 2,  // GPU-filling grid of warps that each take whole rows, weights loaded several
+                 // 16-byte vectors per lane ahead, activations in shared memory (Q4_K, Q5_K,
+                 // Q6_K, Q8_0; rows_per_warp 1, ksplit 1; see matmul_gemv_stream.cuh)
 };
 
 // A GEMV launch shape. Zeros mean "choose": gemv_config() fills them in.

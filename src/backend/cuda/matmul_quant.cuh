@@ -88,18 +88,22 @@ NT_HD void ld_u32x4(const uint8_t* p, uint32_t v[4]) {
     std::memcpy(v, p, 16);
 #endif
 }
-// 16 activation quants (16-byte aligned, read-only for the kernel's lifetime).
+// 16 activation quants (16-byte aligned, read-only for the kernel's lifetime). kAny: p may
+// point to shared memory (a generic load) rather than only global memory (__ldg).
+template <bool kAny = false>
 NT_HD void ld_x16(const int8_t* p, int v[4]) {
 #ifdef __CUDA_ARCH__
-    const int4 t = __ldg(reinterpret_cast<const int4*>(p));
+    const int4* q = reinterpret_cast<const int4*>(p);
+    const int4 t = kAny ? *q : __ldg(q);
     v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
 #else
     std::memcpy(v, p, 16);
 #endif
 }
+template <bool kAny = false>
 NT_HD float2 ld_xd(const float2* p) {
 #ifdef __CUDA_ARCH__
-    return __ldg(p);
+    return kAny ? *p : __ldg(p);
 #else
     return *p;
 #endif
@@ -203,10 +207,11 @@ struct Quant<GgmlType::Q4_0> {
         w.d = h2f(ld_u16(b));
         ld_u32x4_a2(b + 2, w.q);
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int, X& x) {
-        ld_x16(xq, x.lo);
-        ld_x16(xq + 16, x.hi);
-        x.d = ld_xd(xd);
+        ld_x16<kAny>(xq, x.lo);
+        ld_x16<kAny>(xq + 16, x.hi);
+        x.d = ld_xd<kAny>(xd);
     }
     NT_HD static float dot(const W& w, const X& x) {
         int s = 0;
@@ -238,8 +243,9 @@ struct Quant<GgmlType::Q4_1> {
         w.m = h2f(ld_u16(b + 2));
         for (int i = 0; i < 4; ++i) w.q[i] = ld_u32(b + 4 + 4 * i);
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
-        Quant<GgmlType::Q4_0>::load_x(xq, xd, part, x);
+        Quant<GgmlType::Q4_0>::load_x<kAny>(xq, xd, part, x);
     }
     NT_HD static float dot(const W& w, const X& x) {
         int s = 0;
@@ -277,8 +283,9 @@ struct Quant<GgmlType::Q5_0> {
             w.hi[i] = ((q >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (16 + 4 * i)) & 0xF);
         }
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
-        Quant<GgmlType::Q4_0>::load_x(xq, xd, part, x);
+        Quant<GgmlType::Q4_0>::load_x<kAny>(xq, xd, part, x);
     }
     NT_HD static float dot(const W& w, const X& x) {
         int s = 0;
@@ -320,8 +327,9 @@ struct Quant<GgmlType::Q5_1> {
             w.hi[i] = ((q >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (16 + 4 * i)) & 0xF);
         }
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
-        Quant<GgmlType::Q4_0>::load_x(xq, xd, part, x);
+        Quant<GgmlType::Q4_0>::load_x<kAny>(xq, xd, part, x);
     }
     NT_HD static float dot(const W& w, const X& x) {
         int s = 0;
@@ -361,9 +369,10 @@ struct Quant<GgmlType::Q8_0> {
         w.d = h2f(ld_u16(b));
         ld_u32x4_a2(b + 2 + 16 * part, w.q);
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
-        ld_x16(xq + 16 * part, x.q);
-        x.d = ld_xd(xd).x;
+        ld_x16<kAny>(xq + 16 * part, x.q);
+        x.d = ld_xd<kAny>(xd).x;
     }
     NT_HD static float dot(const W& w, const X& x) {
         int s = 0;
@@ -405,11 +414,12 @@ struct Quant<GgmlType::Q2_K> {
         w.d = h2f(ld_u16(b + 80));
         w.dmin = h2f(ld_u16(b + 82));
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         const int n = part >> 1, s = part & 1;
         for (int j = 0; j < 4; ++j) {
-            ld_x16(xq + 128 * n + 32 * j + 16 * s, x.q[j]);
-            x.d[j] = ld_xd(xd + 4 * n + j).x;
+            ld_x16<kAny>(xq + 128 * n + 32 * j + 16 * s, x.q[j]);
+            x.d[j] = ld_xd<kAny>(xd + 4 * n + j).x;
         }
     }
     NT_HD static float dot(const W& w, const X& x) {
@@ -457,8 +467,9 @@ struct Quant<GgmlType::Q3_K> {
         for (int j = 0; j < 4; ++j) w.sc[j] = scale_q3k_words(8 * n + 2 * j + s, v0, v1, v2);
         w.d = h2f(ld_u16(b + 108));
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
-        Quant<GgmlType::Q2_K>::load_x(xq, xd, part, x);
+        Quant<GgmlType::Q2_K>::load_x<kAny>(xq, xd, part, x);
     }
     NT_HD static float dot(const W& w, const X& x) {
         float acc = 0.f;
@@ -516,13 +527,14 @@ struct Quant<GgmlType::Q4_K> {
         ld_u32x4(b + 16 + 32 * part, w.q);
         ld_u32x4(b + 32 + 32 * part, w.q + 4);
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
-        ld_x16(xq + 64 * part, x.a);
-        ld_x16(xq + 64 * part + 16, x.a + 4);
-        ld_x16(xq + 64 * part + 32, x.b);
-        ld_x16(xq + 64 * part + 48, x.b + 4);
-        x.da = ld_xd(xd + 2 * part);
-        x.db = ld_xd(xd + 2 * part + 1);
+        ld_x16<kAny>(xq + 64 * part, x.a);
+        ld_x16<kAny>(xq + 64 * part + 16, x.a + 4);
+        ld_x16<kAny>(xq + 64 * part + 32, x.b);
+        ld_x16<kAny>(xq + 64 * part + 48, x.b + 4);
+        x.da = ld_xd<kAny>(xd + 2 * part);
+        x.db = ld_xd<kAny>(xd + 2 * part + 1);
     }
     NT_HD static float dot(const W& w, const X& x) {
         int sa = 0, sb = 0;
@@ -570,8 +582,9 @@ struct Quant<GgmlType::Q5_K> {
             w.b[i] = ((q[i] >> 4) & 0x0F0F0F0Fu) | ((hh & 0x02020202u) << 3);
         }
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
-        Quant<GgmlType::Q4_K>::load_x(xq, xd, part, x);
+        Quant<GgmlType::Q4_K>::load_x<kAny>(xq, xd, part, x);
     }
     NT_HD static float dot(const W& w, const X& x) {
         int sa = 0, sb = 0;
@@ -624,8 +637,9 @@ struct Quant<GgmlType::Q6_K> {
         w.sc[3] = int8_t(uint8_t(s1 >> (16 + sh)));
         w.d = h2f(ld_u16(b + 208));
     }
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
-        Quant<GgmlType::Q2_K>::load_x(xq, xd, part, x);
+        Quant<GgmlType::Q2_K>::load_x<kAny>(xq, xd, part, x);
     }
     NT_HD static float dot(const W& w, const X& x) {
         float acc = 0.f;
