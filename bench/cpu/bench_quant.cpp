@@ -12,7 +12,7 @@
 // ggml_vec_dot_* over the rows (ggml's decode path) and ggml_mul_mat (its prompt path, including
 // the activation quantization, which the GEMM column here does not include).
 //
-// usage: bench_quant [--types q4_0,q4_1,...] [--shapes 4096x4096,1536x576] [--cols 64]
+// usage: bench_quant [--types q4_0,q4_1,...] [--shapes 4096x4096,1536x576,576x1536] [--cols 64]
 //                    [--ggml DIR] [--no-check] [--sweep]
 // --sweep prints GFLOP/s (hot weights) for 1..64 activation columns instead: it shows where the
 // kernels switch from the row-direct (GEMV) shape to the transposed tiles.
@@ -263,7 +263,7 @@ Options parse(int argc, char** argv) {
     o.types = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                GgmlType::F16,  GgmlType::BF16, GgmlType::F32};
-    o.shapes = {{4096, 4096}, {1536, 576}};
+    o.shapes = {{4096, 4096}, {1536, 576}, {576, 1536}};
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         auto value = [&]() -> std::string {
@@ -454,8 +454,8 @@ int main(int argc, char** argv) {
                                         ga.data(), 0, 1);
                     });
                     // ggml_mul_mat on one thread: weights [n, rows] x activations [n, cols].
-                    const size_t mem = wbytes + size_t(opt.cols) * size_t(n) * 4 * 3 +
-                                       size_t(rows) * size_t(opt.cols) * 4 + (size_t(64) << 20);
+                    const size_t mem = 2 * wbytes + size_t(opt.cols) * size_t(n) * 4 * 4 +
+                                       size_t(rows) * size_t(opt.cols) * 4 + (size_t(1) << 30);
                     void* ctx = ggml.init({mem, nullptr, false});
                     void* tw = ggml.new_tensor_2d(ctx, int(t), n, rows);
                     void* ta = ggml.new_tensor_2d(ctx, int(GgmlType::F32), n, opt.cols);
