@@ -234,6 +234,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
         sp.repeat_penalty = float(*v);
     }
     if (auto v = get_int(body, "repeat_last_n", -1, INT32_MAX)) sp.repeat_last_n = int(*v);
+    r.cache_prompt = get_bool(body, "cache_prompt").value_or(true);
 
     if (chat) {
         r.logprobs = get_bool(body, "logprobs").value_or(false);

@@ -58,6 +58,7 @@ struct CompletionRequest {
     std::vector<std::string> stop;
     SamplerParams sampling;
     std::vector<std::pair<int32_t, float>> logit_bias;
+    bool cache_prompt = true;  // llama.cpp's extension: reuse a cached prefix
 };
 
 // Parses and checks a request body; throws ApiError (400) naming the field that is wrong.

@@ -263,7 +263,7 @@ void Scheduler::admit_locked() {
         }
         if (best < 0) break;  // FIFO: later jobs wait behind this one
         // At least one prompt token must go through the model to produce logits.
-        const int n_cached = int(std::min(best_common, job->prompt_.size() - 1));
+        const int n_cached = job->params_.cache_prompt ? int(std::min(best_common, job->prompt_.size() - 1)) : 0;
         start_job_locked(job, best, n_cached);
         it = queue_.erase(it);
     }

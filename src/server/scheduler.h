@@ -35,6 +35,9 @@ struct GenerationParams {
     int max_tokens = -1;     // < 0: until end of generation or a full context
     int n_logprobs = -1;     // < 0: none; 0: the sampled token's; k > 0: also the k most likely
     std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits before sampling
+    // Reuse the K/V of a prefix that a free slot already holds. Off: the whole prompt goes
+    // through the model, so the request computes exactly as it would on an idle server.
+    bool cache_prompt = true;
 };
 
 struct TokenLogprob {

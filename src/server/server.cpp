@@ -402,6 +402,7 @@ struct HttpServer::Impl {
         gp.max_tokens = cr.max_tokens;
         gp.n_logprobs = cr.logprobs ? cr.top_logprobs : -1;
         gp.logit_bias = cr.logit_bias;
+        gp.cache_prompt = cr.cache_prompt;
         std::unique_ptr<Sampler> sampler;
         try {
             sampler = std::make_unique<Sampler>(gp.sampling, n_vocab);
