@@ -407,17 +407,32 @@ inline __m128i q3k_scales(const uint8_t* s) {
     return _mm_sub_epi8(_mm_set_epi32(int(w3), int(w2), int(w1), int(w0)), _mm_set1_epi8(32));
 }
 
-// 16 int8 scales -> the 16-bit multipliers of a 32-element group made of sub-blocks 2p, 2p+1
-// (16 elements each): [s[2p] x 8 | s[2p+1] x 8].
-inline __m256i pair_scales(__m128i s8, int p) {
-    const __m128i idx = _mm_set_epi64x(0x0101010101010101 * uint64_t(2 * p + 1),
-                                       0x0101010101010101 * uint64_t(2 * p));
-    return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, idx));
-}
-// 8 uint8 scales (low 8 bytes) -> the 16-bit multiplier of sub-block j of 32 elements, x 16.
-inline __m256i single_scale(__m128i s8, int j) {
-    return _mm256_cvtepu8_epi16(_mm_shuffle_epi8(s8, _mm_set1_epi8(char(j))));
-}
+// The 16-bit multipliers of the maddubs products (16 per 32 elements), built once per block:
+// each 128-bit lane of `lo` holds scales 0..7 (as 16-bit values), of `hi` scales 8..15; an
+// in-lane byte shuffle then picks a sub-block's scale for every product.
+struct ScaleLanes {
+    __m256i lo, hi;
+    explicit ScaleLanes(__m256i s16)  // 16 scales as 16-bit values
+        : lo(_mm256_permute2x128_si256(s16, s16, 0x00)),
+          hi(_mm256_permute2x128_si256(s16, s16, 0x11)) {}
+    // Sub-blocks of 16 elements: [scale 2p x 8 | scale 2p+1 x 8].
+    __m256i pair(int p) const {
+        const int a = (2 * p) % 8, b = (2 * p + 1) % 8;
+        const __m256i ctrl = _mm256_setr_epi8(
+            char(2 * a), char(2 * a + 1), char(2 * a), char(2 * a + 1), char(2 * a),
+            char(2 * a + 1), char(2 * a), char(2 * a + 1), char(2 * a), char(2 * a + 1),
+            char(2 * a), char(2 * a + 1), char(2 * a), char(2 * a + 1), char(2 * a),
+            char(2 * a + 1), char(2 * b), char(2 * b + 1), char(2 * b), char(2 * b + 1),
+            char(2 * b), char(2 * b + 1), char(2 * b), char(2 * b + 1), char(2 * b),
+            char(2 * b + 1), char(2 * b), char(2 * b + 1), char(2 * b), char(2 * b + 1),
+            char(2 * b), char(2 * b + 1));
+        return _mm256_shuffle_epi8(p < 4 ? lo : hi, ctrl);
+    }
+    // Sub-blocks of 32 elements (scales 0..7 only): scale j x 16.
+    __m256i single(int j) const {
+        return _mm256_shuffle_epi8(lo, _mm256_set1_epi16(short((2 * j + 1) << 8 | 2 * j)));
+    }
+};
 
 template <class I, GgmlType T, int G>
 void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res) {
@@ -447,6 +462,7 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
             const float dmin = _cvtsh_ss(blk->dmin);
             const __m128i scm = k4_scales_mins(x + 4);  // scales 0..7, mins 0..7
             const __m128i mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
+            const ScaleLanes scl(_mm256_cvtepu8_epi16(scm));
             for (int g = 0; g < G; ++g) {
                 isum[g] = _mm256_setzero_si256();
                 const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
@@ -468,14 +484,14 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
                     lo = _mm256_or_si256(lo, ymove_bits(hb, 2 * c, 4, 1));
                     hi = _mm256_or_si256(hi, ymove_bits(hb, 2 * c + 1, 4, 1));
                 }
-                madd_q(lo, 64 * c, single_scale(scm, 2 * c));
-                madd_q(hi, 64 * c + 32, single_scale(scm, 2 * c + 1));
+                madd_q(lo, 64 * c, scl.single(2 * c));
+                madd_q(hi, 64 * c + 32, scl.single(2 * c + 1));
             }
         } else if constexpr (T == GgmlType::Q6_K) {
             const auto* blk = reinterpret_cast<const block_q6_K*>(x);
             d = _cvtsh_ss(blk->d);
-            const __m128i s8 = _mm_loadu_si128((const __m128i*)blk->scales);
-            const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+            const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)blk->scales));
+            const ScaleLanes scl(s16);
             for (int g = 0; g < G; ++g) {  // the offset: -32 * sum_j scale_j * bsum_j
                 const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
                 isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(),
@@ -487,21 +503,21 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
                 const __m256i hq = _mm256_loadu_si256((const __m256i*)(blk->qh + 32 * h));
                 const __m256i m4 = bytes_mask(0x0F);
                 madd_q(_mm256_or_si256(_mm256_and_si256(l0, m4), ymove_bits(hq, 0, 4, 2)), 128 * h,
-                       pair_scales(s8, 4 * h));
+                       scl.pair(4 * h));
                 madd_q(_mm256_or_si256(_mm256_and_si256(l1, m4), ymove_bits(hq, 2, 4, 2)),
-                       128 * h + 32, pair_scales(s8, 4 * h + 1));
+                       128 * h + 32, scl.pair(4 * h + 1));
                 madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
                                        ymove_bits(hq, 4, 4, 2)),
-                       128 * h + 64, pair_scales(s8, 4 * h + 2));
+                       128 * h + 64, scl.pair(4 * h + 2));
                 madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                        ymove_bits(hq, 6, 4, 2)),
-                       128 * h + 96, pair_scales(s8, 4 * h + 3));
+                       128 * h + 96, scl.pair(4 * h + 3));
             }
         } else if constexpr (T == GgmlType::Q3_K) {
             const auto* blk = reinterpret_cast<const block_q3_K*>(x);
             d = _cvtsh_ss(blk->d);
-            const __m128i s8 = q3k_scales(blk->scales);
-            const __m256i s16 = _mm256_cvtepi8_epi16(s8);
+            const __m256i s16 = _mm256_cvtepi8_epi16(q3k_scales(blk->scales));
+            const ScaleLanes scl(s16);
             for (int g = 0; g < G; ++g) {  // the offset: -4 * sum_j scale_j * bsum_j
                 const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
                 isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(),
@@ -513,7 +529,7 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
                 for (int sh = 0; sh < 4; ++sh) {  // q + 4 = low two bits + 4 * hmask bit
                     const __m256i v = _mm256_or_si256(ymove_bits(q, 2 * sh, 0, 2),
                                                       ymove_bits(hm, 4 * h + sh, 2, 1));
-                    madd_q(v, 128 * h + 32 * sh, pair_scales(s8, 4 * h + sh));
+                    madd_q(v, 128 * h + 32 * sh, scl.pair(4 * h + sh));
                 }
             }
         } else {  // Q2_K
@@ -521,7 +537,7 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
             d = _cvtsh_ss(blk->d);
             const float dmin = _cvtsh_ss(blk->dmin);
             const __m128i raw = _mm_loadu_si128((const __m128i*)blk->scales);
-            const __m128i s8 = _mm_and_si128(raw, _mm_set1_epi8(0x0F));
+            const ScaleLanes scl(_mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0F))));
             const __m256i m16 =
                 _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
             for (int g = 0; g < G; ++g) {
@@ -533,8 +549,7 @@ void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res)
             for (int h = 0; h < 2; ++h) {
                 const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * h));
                 for (int sh = 0; sh < 4; ++sh)
-                    madd_q(ymove_bits(q, 2 * sh, 0, 2), 128 * h + 32 * sh,
-                           pair_scales(s8, 4 * h + sh));
+                    madd_q(ymove_bits(q, 2 * sh, 0, 2), 128 * h + 32 * sh, scl.pair(4 * h + sh));
             }
         }
         for (int g = 0; g < G; ++g)
