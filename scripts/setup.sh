@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing ntransformer needs on Debian/Ubuntu: the C++ toolchain,
-# GoogleTest, clang (libFuzzer), and the Python packages the tests compare against (gguf-py,
-# llama-cpp-python built from PyPI, sentencepiece, tokenizers, jinja2). Safe to run again.
+# GoogleTest, clang (libFuzzer), cpp-httplib and nlohmann-json (the server), Chromium (the chat
+# page's test), and the Python packages the tests compare against (gguf-py, llama-cpp-python
+# built from PyPI, sentencepiece, tokenizers, jinja2, the openai client). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-pkgs="build-essential cmake libgtest-dev clang libclang-rt-dev python3 python3-pip git ca-certificates"
+pkgs="build-essential cmake libgtest-dev clang libclang-rt-dev python3 python3-pip git ca-certificates libcpp-httplib-dev nlohmann-json3-dev pkg-config chromium"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
