@@ -148,7 +148,7 @@ int main(int argc, char** argv) try {
                     if (n <= 128) {
                         DeviceBuffer<int8_t> xq(size_t(8) * sh.cols);
                         DeviceBuffer<float2> xd(size_t(8) * sh.cols / 32);
-                        const auto cfg = nt::cuda::detail::gemv_config(t, sh.rows, sh.cols, 8, sms);
+                        const auto cfg = nt::cuda::detail::gemv_default(t, sh.rows, sh.cols, 8, sms);
                         const double gl_us = time_stream_us(stream, iters, [&](int) {
                             for (int i0 = 0; i0 < n; i0 += 8) {
                                 const int m = std::min(8, n - i0);

@@ -170,7 +170,7 @@ int main(int argc, char** argv) try {
 
                 std::vector<GemvConfig> variants;
                 const GemvConfig def =
-                    quantized ? nt::cuda::detail::gemv_config(t, sh.rows, sh.cols, n, sms)
+                    quantized ? nt::cuda::detail::gemv_default(t, sh.rows, sh.cols, n, sms)
                               : GemvConfig{};
                 variants.push_back(def);
                 if (quantized && opt.all_variants) {

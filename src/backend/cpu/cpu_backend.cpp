@@ -126,7 +126,7 @@ void CpuBackend::matmul(const WeightView& w, const float* x, int n, float* y) {
     const uint8_t* ap = static_cast<const uint8_t*>(act);
     // Tiles of weight rows x activation rows: each weight block is loaded once per tile and
     // reused across the activation rows, which stay in cache.
-    constexpr int kRowTile = 16;
+    constexpr int kRowTile = 64;  // the quant kernels amortise activation preparation over >= 64 rows
     constexpr int kColTile = 64;
     const int64_t row_tiles = (rows + kRowTile - 1) / kRowTile;
     pool_.parallel_for(row_tiles, 1, [&](int64_t b, int64_t e, int) {
@@ -147,16 +147,12 @@ void CpuBackend::matmul(const WeightView& w, const float* x, int n, float* y) {
 void CpuBackend::rope_rows(float* x, int n_heads) const {
     const int hd = shape_.head_dim;
     const int half = int(rope_inv_freq_.size());
-    const int n_rot = 2 * half;
-    // ggml's order of operations: theta = pos * theta_scale^i by repeated float products,
-    // divided by the frequency factor, times freq_scale; cos/sin in float.
-    const float theta_scale = std::pow(shape_.rope.freq_base, -2.0f / float(n_rot));
-    const std::vector<float>& ff = shape_.rope.freq_factors;
     for (int i = 0; i < batch_.size(); i++) {
-        float theta_base = float(batch_.pos[size_t(i)]);
+        const float p = float(batch_.pos[size_t(i)]);
         for (int j = 0; j < half; j++) {
-            const float theta = shape_.rope.freq_scale * (theta_base / (ff.empty() ? 1.0f : ff[size_t(j)]));
-            theta_base *= theta_scale;
+            // One rounding of pos x frequency (ggml multiplies the angle up step by step, which
+            // drifts by ~1e-3 rad at long positions; the CUDA kernel computes it as here).
+            const float theta = p * rope_inv_freq_[size_t(j)];
             const float c = std::cos(theta), s = std::sin(theta);
             for (int h = 0; h < n_heads; h++) {
                 float* v = x + (int64_t(i) * n_heads + h) * hd + 2 * j;

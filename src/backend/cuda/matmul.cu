@@ -155,7 +155,7 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
             detail::quantize_q8(x, n, cols, mode, xq, xd, stream);
             held = {x, n, cols, int(mode)};
         }
-        const GemvConfig c = detail::gemv_config(w.type, rows, cols, n, ws.sm_count);
+        const GemvConfig c = detail::gemv_default(w.type, rows, cols, n, ws.sm_count);
         detail::gemv_q8(w.type, w.data, rows, cols, xq, xd, n, y, c, stream);
         // An output written over the activations it came from makes them stale.
         const auto* xb = reinterpret_cast<const uint8_t*>(x);
@@ -271,7 +271,8 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
     if (c.nx == 0) c.nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
     // Two weight rows per warp halve the activation reads from L1 where the registers allow it
     // (nx = 8 with two rows would spill).
-    if (c.rows_per_warp == 0) c.rows_per_warp = (c.nx == 2 || c.nx == 4) ? 2 : 1;
+    // Measured on the H200 (docs/BENCHMARKS.md): two rows per warp is faster at nx = 1 too.
+    if (c.rows_per_warp == 0) c.rows_per_warp = c.nx <= 4 ? 2 : 1;
     if (c.ksplit == 0) {
         // More warps per row group when the row groups alone would not give every
         // multiprocessor 16 warps, but never more than there are column chunks to share.
@@ -284,7 +285,16 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
                chunks >= 2 * c.ksplit)
             c.ksplit *= 2;
     }
+    if (!gemv_config_available(t, c)) c.kernel = GemvKernel::Staged;  // e.g. no direct nx=8 build
     return c;
+}
+
+GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count) {
+    GemvConfig want;
+    // Q4_K/Q5_K blocks are 16-byte aligned, and loading them straight into registers beats the
+    // staged copy through shared memory by 25-40% on every 8B shape (bench_gemv --variants all).
+    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) want.kernel = GemvKernel::Direct;
+    return gemv_config(t, rows, cols, n, sm_count, want);
 }
 
 void prepare_gemv_all() {

@@ -63,6 +63,8 @@ struct GemvConfig {
 // The dispatcher's choice for this shape (used when a GemvConfig field is 0).
 GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count,
                        GemvConfig want = {});
+// What matmul() runs: gemv_config with the kernel measured fastest for the type.
+GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count);
 // Whether a (kernel, nx, rows_per_warp) combination is compiled for type t.
 bool gemv_config_available(GgmlType t, const GemvConfig& c);
 
