@@ -35,8 +35,8 @@ static int die(const char* what, nt_status st) {
 /* Renders the conversation with the model's chat template and makes it the session's input.
  * The session keeps its cache across nt_session_reset, so the turns already evaluated are
  * reused and only the new one goes through the model. */
-static nt_status submit_conversation(const nt_model* model, nt_session* session, const nt_chat_message* msgs,
-                                     size_t n) {
+static nt_status submit_conversation(const nt_model* model, nt_session* session,
+                                     const nt_chat_message* msgs, size_t n) {
     size_t len = 0;
     nt_status st = nt_chat_apply_template(model, msgs, n, 1, NULL, 0, &len);
     if (st != NT_ERR_BUFFER_TOO_SMALL) return st;

@@ -42,15 +42,15 @@ extern "C" {
 
 typedef enum nt_status {
     NT_OK = 0,
-    NT_DONE = 1,                   /* not an error: the generation has ended (nt_session_next) */
-    NT_ERR_INVALID_ARGUMENT = -1,  /* a NULL pointer, an option out of range, a wrong call order */
-    NT_ERR_LOAD = -2,              /* the file is missing, malformed or unsupported, or the device is unusable */
+    NT_DONE = 1,                  /* not an error: the generation has ended (nt_session_next) */
+    NT_ERR_INVALID_ARGUMENT = -1, /* a NULL pointer, an option out of range, a wrong call order */
+    NT_ERR_LOAD = -2,             /* bad, missing or unsupported file, or unusable device */
     NT_ERR_OUT_OF_MEMORY = -3,
-    NT_ERR_CONTEXT_FULL = -4,      /* the session's tokens do not fit its context */
-    NT_ERR_BUSY = -5,              /* no free sequence for a new session, or a generation is running */
-    NT_ERR_CANCELLED = -6,         /* nt_session_cancel ended the generation */
-    NT_ERR_BUFFER_TOO_SMALL = -7,  /* the output needs more room; the size needed is returned */
-    NT_ERR_INTERNAL = -8           /* a failure inside the engine (a forward step failed) */
+    NT_ERR_CONTEXT_FULL = -4, /* the session's tokens do not fit its context */
+    NT_ERR_BUSY = -5,         /* no free sequence for a new session, or a generation is running */
+    NT_ERR_CANCELLED = -6,    /* nt_session_cancel ended the generation */
+    NT_ERR_BUFFER_TOO_SMALL = -7, /* the output needs more room; the size needed is returned */
+    NT_ERR_INTERNAL = -8          /* a failure inside the engine (a forward step failed) */
 } nt_status;
 
 typedef enum nt_finish_reason {
@@ -66,12 +66,12 @@ typedef struct nt_model nt_model;
 typedef struct nt_session nt_session;
 
 typedef struct nt_model_options {
-    uint32_t size;       /* sizeof(nt_model_options) */
-    const char* device;  /* "cpu", "cuda" or "auto" (CUDA when a usable GPU is present); NULL: "auto" */
-    int32_t n_ctx;       /* context of each session, in tokens; 0: the model's, capped at 4096 */
-    int32_t n_seq;       /* sessions that can be open at once (sequences sharing the KV cache); >= 1 */
-    int32_t n_threads;   /* CPU threads; 0: all cores */
-    int32_t max_batch;   /* tokens per forward step (prompt chunk size); 0: 512; at least n_seq */
+    uint32_t size;      /* sizeof(nt_model_options) */
+    const char* device; /* "cpu", "cuda" or "auto" (CUDA when a GPU is usable); NULL: "auto" */
+    int32_t n_ctx;      /* context of each session, in tokens; 0: the model's, capped at 4096 */
+    int32_t n_seq;      /* sessions open at once (sequences sharing the KV cache); >= 1 */
+    int32_t n_threads;  /* CPU threads; 0: all cores */
+    int32_t max_batch;  /* tokens per forward step (prompt chunk size); 0: 512; at least n_seq */
     /* Memory budgets for the weights, in bytes; 0: no limit. Weights are resident in the device's
      * memory today, so a budget smaller than the weights fails to load (NT_ERR_OUT_OF_MEMORY)
      * instead of being silently exceeded; the tiered weight store will place layers within them. */
@@ -80,17 +80,17 @@ typedef struct nt_model_options {
 } nt_model_options;
 
 typedef struct nt_sampling_params {
-    uint32_t size;            /* sizeof(nt_sampling_params) */
-    float temperature;        /* <= 0: greedy; default 0.8 */
-    int32_t top_k;            /* 0: off; default 40 */
-    float top_p;              /* 1: off; default 0.95 */
-    float min_p;              /* 0: off; default 0.05 */
-    float repeat_penalty;     /* 1: off (default) */
-    int32_t repeat_last_n;    /* tokens the penalties look at; default 64; -1: all */
-    float frequency_penalty;  /* default 0 */
-    float presence_penalty;   /* default 0 */
-    uint64_t seed;            /* NT_SEED_RANDOM (default): random */
-    int32_t max_tokens;       /* tokens per generation; < 0 (default): until end of generation or full context */
+    uint32_t size;           /* sizeof(nt_sampling_params) */
+    float temperature;       /* <= 0: greedy; default 0.8 */
+    int32_t top_k;           /* 0: off; default 40 */
+    float top_p;             /* 1: off; default 0.95 */
+    float min_p;             /* 0: off; default 0.05 */
+    float repeat_penalty;    /* 1: off (default) */
+    int32_t repeat_last_n;   /* tokens the penalties look at; default 64; -1: all */
+    float frequency_penalty; /* default 0 */
+    float presence_penalty;  /* default 0 */
+    uint64_t seed;           /* NT_SEED_RANDOM (default): random */
+    int32_t max_tokens; /* per generation; < 0 (default): until end of generation or full context */
 } nt_sampling_params;
 
 /* One generated token. */
@@ -101,7 +101,7 @@ typedef struct nt_token {
                          character spans several tokens); NUL-terminated; valid until the next
                          call on the session */
     size_t text_len;
-    float logprob;    /* log-probability of the token under the model (raw logits) */
+    float logprob; /* log-probability of the token under the model (raw logits) */
 } nt_token;
 
 /* Returns 0 to continue, non-zero to stop the generation (NT_FINISH_CALLBACK). */
@@ -109,8 +109,8 @@ typedef int (*nt_token_callback)(const nt_token* token, void* user_data);
 
 typedef struct nt_generation_result {
     nt_finish_reason finish;
-    int32_t n_prompt;     /* input tokens evaluated by this generation */
-    int32_t n_generated;  /* tokens delivered (the end-of-generation token excluded) */
+    int32_t n_prompt;    /* input tokens evaluated by this generation */
+    int32_t n_generated; /* tokens delivered (the end-of-generation token excluded) */
     double prompt_seconds, decode_seconds;
 } nt_generation_result;
 
@@ -160,7 +160,8 @@ NT_API nt_status nt_chat_apply_template(const nt_model* model, const nt_chat_mes
 NT_API void nt_sampling_params_default(nt_sampling_params* params);
 /* A session takes one of the model's n_seq sequences until freed (NT_ERR_BUSY when all are
  * taken). params may be NULL (defaults). */
-NT_API nt_status nt_session_create(nt_model* model, const nt_sampling_params* params, nt_session** out);
+NT_API nt_status nt_session_create(nt_model* model, const nt_sampling_params* params,
+                                   nt_session** out);
 /* Cancels a running generation, waits for it, and returns the sequence. NULL is ignored. */
 NT_API void nt_session_free(nt_session* session);
 /* Applies to the next generation; the penalty window starts afresh with the session's tokens. */
@@ -169,18 +170,22 @@ NT_API nt_status nt_session_set_sampling(nt_session* session, const nt_sampling_
 /* Appends input. The first input of a session gets BOS when the model wants one. Input is
  * evaluated by the next generation; everything submitted and generated stays in the session
  * (later turns continue the conversation). NT_ERR_CONTEXT_FULL when it would not fit. */
-NT_API nt_status nt_session_submit_text(nt_session* session, const char* text, size_t len, int parse_special);
-NT_API nt_status nt_session_submit_tokens(nt_session* session, const int32_t* tokens, size_t n_tokens);
+NT_API nt_status nt_session_submit_text(nt_session* session, const char* text, size_t len,
+                                        int parse_special);
+NT_API nt_status nt_session_submit_tokens(nt_session* session, const int32_t* tokens,
+                                          size_t n_tokens);
 /* Forgets the session's tokens and penalty history. The cache is kept: a new conversation that
- * starts with the same tokens (a chat re-rendered with one more turn) does not evaluate them again. */
+ * starts with the same tokens (a chat re-rendered with one more turn) does not evaluate them again.
+ */
 NT_API nt_status nt_session_reset(nt_session* session);
 NT_API int32_t nt_session_n_tokens(const nt_session* session); /* submitted + generated tokens */
 
 /* Generates with a callback: evaluates the pending input, then calls callback for every token
  * until end of generation, max_tokens, a full context, a non-zero return from the callback, or
- * nt_session_cancel. Returns NT_OK, NT_ERR_CANCELLED (cancelled) or an error. result may be NULL. */
-NT_API nt_status nt_session_generate(nt_session* session, nt_token_callback callback, void* user_data,
-                                     nt_generation_result* result);
+ * nt_session_cancel. Returns NT_OK, NT_ERR_CANCELLED (cancelled) or an error. result may be NULL.
+ */
+NT_API nt_status nt_session_generate(nt_session* session, nt_token_callback callback,
+                                     void* user_data, nt_generation_result* result);
 /* Generates with an iterator: each call returns NT_OK with the next token in *token, then NT_DONE
  * once the generation has ended (or NT_ERR_CANCELLED / an error). The call after NT_DONE starts a
  * new generation that continues the session. */

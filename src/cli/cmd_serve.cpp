@@ -20,7 +20,8 @@ namespace nt::cli {
 #ifndef NT_HAVE_SERVER
 
 int cmd_serve(int, char**) {
-    fail("this build has no server; install libcpp-httplib-dev and nlohmann-json3-dev and rebuild.");
+    fail(
+        "this build has no server; install libcpp-httplib-dev and nlohmann-json3-dev and rebuild.");
 }
 
 #else
@@ -28,23 +29,31 @@ int cmd_serve(int, char**) {
 int cmd_serve(int argc, char** argv) {
     std::vector<Opt> opts = model_opts();
     for (Opt& o : opts)
-        if (o.names == "-c,--ctx-size") o.help = "context of each slot in tokens (0: the model's, capped at 4096)";
-    opts.push_back({"--host", "ADDR", "address to listen on (0.0.0.0: every interface)", "127.0.0.1"});
+        if (o.names == "-c,--ctx-size")
+            o.help = "context of each slot in tokens (0: the model's, capped at 4096)";
+    opts.push_back(
+        {"--host", "ADDR", "address to listen on (0.0.0.0: every interface)", "127.0.0.1"});
     opts.push_back({"--port", "N", "TCP port (0: any free port, printed at start)", "8080"});
-    opts.push_back({"-np,--parallel", "N", "requests decoded together (slots sharing the KV cache)", "4"});
+    opts.push_back(
+        {"-np,--parallel", "N", "requests decoded together (slots sharing the KV cache)", "4"});
     opts.push_back({"--queue", "N", "requests waiting for a slot before new ones get 503", "64"});
-    opts.push_back({"--api-key", "KEY", "require 'Authorization: Bearer KEY' on every route but /health", ""});
+    opts.push_back(
+        {"--api-key", "KEY", "require 'Authorization: Bearer KEY' on every route but /health", ""});
     opts.push_back({"--max-body", "SIZE", "largest request body (e.g. 1M)", "1M"});
-    opts.push_back({"--chat-template", "NAME", "override the file's template: chatml, llama3, llama2, ...", ""});
+    opts.push_back({"--chat-template", "NAME",
+                    "override the file's template: chatml, llama3, llama2, ...", ""});
     opts.push_back({"--alias", "NAME", "model id in /v1/models (default: the file name)", ""});
     opts.push_back({"--http-threads", "N", "connection threads (0: slots + queue + 16)", "0"});
     opts.push_back({"--log-requests", "", "print one line per request to stderr", ""});
     Args a("serve", opts);
     a.set_summary(
-        "OpenAI-compatible server: POST /v1/completions and /v1/chat/completions (stream or not), GET /v1/models, "
-        "/health, /metrics, and a chat page at /. All running requests advance together in one batched step.");
+        "OpenAI-compatible server: POST /v1/completions and /v1/chat/completions (stream or not), "
+        "GET /v1/models, "
+        "/health, /metrics, and a chat page at /. All running requests advance together in one "
+        "batched step.");
     if (!a.parse(argc, argv, 2)) return 0;
-    if (!a.positional().empty()) fail("unexpected argument '%s' for 'serve'.", a.positional()[0].c_str());
+    if (!a.positional().empty())
+        fail("unexpected argument '%s' for 'serve'.", a.positional()[0].c_str());
 
     server::ServerOptions so;
     so.host = a.str("--host", so.host);
@@ -58,7 +67,8 @@ int cmd_serve(int argc, char** argv) {
     if (a.has("--api-key") && so.api_key.empty()) fail("--api-key must not be empty.");
     so.max_body_bytes = a.bytes("--max-body", size_t(1) << 20);
     if (so.max_body_bytes < 1024) fail("--max-body must be at least 1K.");
-    if (a.has("--chat-template")) so.chat_template = parse_chat_template_name(a.str("--chat-template"));
+    if (a.has("--chat-template"))
+        so.chat_template = parse_chat_template_name(a.str("--chat-template"));
     so.model_name = a.str("--alias");
     so.http_threads = a.integer("--http-threads", 0);
     if (so.http_threads < 0) fail("--http-threads must be 0 or more.");
@@ -82,7 +92,8 @@ int cmd_serve(int argc, char** argv) {
     const int port = http.bind();
     std::fprintf(stderr, "serving %s on http://%s:%d (%d slots of %d tokens, %s backend%s)\n",
                  l.model->file->path().c_str(), so.host.c_str(), port, parallel, l.engine->n_ctx(),
-                 l.engine->backend().name().c_str(), so.api_key.empty() ? "" : ", API key required");
+                 l.engine->backend().name().c_str(),
+                 so.api_key.empty() ? "" : ", API key required");
     std::fflush(stderr);
 
     std::thread signals([&] {

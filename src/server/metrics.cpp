@@ -64,17 +64,22 @@ std::string Metrics::render(const SchedulerStats& s) const {
     for (int r = int(FinishReason::Stop); r <= int(FinishReason::Error); r++)
         sample(o, "nt_generations_total", double(s.finished_by_reason[r]),
                strfmt("reason=\"%s\"", finish_reason_name(FinishReason(r))));
-    family(o, "nt_generations_rejected_total", "counter", "Generations refused because the queue was full (503).");
+    family(o, "nt_generations_rejected_total", "counter",
+           "Generations refused because the queue was full (503).");
     sample(o, "nt_generations_rejected_total", double(s.jobs_rejected));
-    family(o, "nt_prompt_tokens_total", "counter", "Prompt tokens evaluated (tokens in), reused prefixes excluded.");
+    family(o, "nt_prompt_tokens_total", "counter",
+           "Prompt tokens evaluated (tokens in), reused prefixes excluded.");
     sample(o, "nt_prompt_tokens_total", double(s.prompt_tokens));
-    family(o, "nt_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV cache was reused from an earlier request.");
+    family(o, "nt_prompt_tokens_cached_total", "counter",
+           "Prompt tokens whose KV cache was reused from an earlier request.");
     sample(o, "nt_prompt_tokens_cached_total", double(s.prompt_tokens_cached));
     family(o, "nt_generated_tokens_total", "counter", "Tokens generated (tokens out).");
     sample(o, "nt_generated_tokens_total", double(s.generated_tokens));
-    family(o, "nt_generated_tokens_per_second", "gauge", "Generated tokens per second over the last 10 s, all requests.");
+    family(o, "nt_generated_tokens_per_second", "gauge",
+           "Generated tokens per second over the last 10 s, all requests.");
     sample(o, "nt_generated_tokens_per_second", s.generated_per_second);
-    family(o, "nt_prompt_tokens_per_second", "gauge", "Prompt tokens evaluated per second over the last 10 s.");
+    family(o, "nt_prompt_tokens_per_second", "gauge",
+           "Prompt tokens evaluated per second over the last 10 s.");
     sample(o, "nt_prompt_tokens_per_second", s.prompt_per_second);
     family(o, "nt_queue_depth", "gauge", "Requests waiting for a slot.");
     sample(o, "nt_queue_depth", double(s.queued));
@@ -84,7 +89,8 @@ std::string Metrics::render(const SchedulerStats& s) const {
     sample(o, "nt_slots_total", double(s.slots));
     family(o, "nt_steps_total", "counter", "Batched forward steps.");
     sample(o, "nt_steps_total", double(s.steps));
-    family(o, "nt_step_tokens_total", "counter", "Tokens evaluated in forward steps (prompt chunks and decode).");
+    family(o, "nt_step_tokens_total", "counter",
+           "Tokens evaluated in forward steps (prompt chunks and decode).");
     sample(o, "nt_step_tokens_total", double(s.step_tokens));
     family(o, "nt_step_seconds_total", "counter", "Time spent in forward steps and sampling.");
     sample(o, "nt_step_seconds_total", s.step_seconds);
@@ -92,7 +98,8 @@ std::string Metrics::render(const SchedulerStats& s) const {
     for (const char* tier : {"vram", "ram", "disk"})
         sample(o, "nt_weight_bytes", facts_.weight_tier == tier ? double(facts_.weight_bytes) : 0.0,
                strfmt("tier=\"%s\"", tier));
-    family(o, "nt_weight_bytes_read_total", "counter", "Weight bytes read by forward steps, by the tier they came from.");
+    family(o, "nt_weight_bytes_read_total", "counter",
+           "Weight bytes read by forward steps, by the tier they came from.");
     for (const char* tier : {"vram", "ram", "disk"})
         sample(o, "nt_weight_bytes_read_total",
                facts_.weight_tier == tier ? double(facts_.weight_bytes) * double(s.steps) : 0.0,

@@ -11,10 +11,12 @@ void bad_request(const std::string& message, const std::string& param, const std
     throw ApiError(400, message, "invalid_request_error", param, code);
 }
 
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
-std::string error_body(int status, const std::string& message, const std::string& type, const std::string& param,
-                       const std::string& code) {
+std::string error_body(int status, const std::string& message, const std::string& type,
+                       const std::string& param, const std::string& code) {
     (void)status;
     json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
     if (!param.empty()) e["param"] = param;
@@ -33,7 +35,8 @@ std::string make_id(const char* prefix) {
 namespace {
 
 [[noreturn]] void wrong_type(const std::string& field, const char* expected, const json& v) {
-    bad_request(strfmt("'%s' must be %s, not %s.", field.c_str(), expected, v.type_name()), field, "invalid_type");
+    bad_request(strfmt("'%s' must be %s, not %s.", field.c_str(), expected, v.type_name()), field,
+                "invalid_type");
 }
 
 const json* field(const json& o, const char* key) {
@@ -48,7 +51,8 @@ std::optional<double> get_number(const json& o, const char* key, double lo, doub
     if (!v->is_number()) wrong_type(key, "a number", *v);
     const double x = v->get<double>();
     if (!std::isfinite(x) || x < lo || x > hi)
-        bad_request(strfmt("'%s' must be between %g and %g, got %g.", key, lo, hi, x), key, "invalid_value");
+        bad_request(strfmt("'%s' must be between %g and %g, got %g.", key, lo, hi, x), key,
+                    "invalid_value");
     return x;
 }
 
@@ -60,15 +64,16 @@ std::optional<int64_t> get_int(const json& o, const char* key, int64_t lo, int64
         if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX))
             bad_request(strfmt("'%s' is too large.", key), key, "invalid_value");
         x = v->get<int64_t>();
-    } else if (v->is_number_float() && std::isfinite(v->get<double>()) && v->get<double>() == std::floor(v->get<double>()) &&
+    } else if (v->is_number_float() && std::isfinite(v->get<double>()) &&
+               v->get<double>() == std::floor(v->get<double>()) &&
                std::fabs(v->get<double>()) < 9.0e15) {
         x = int64_t(v->get<double>());  // 16.0 is an integer too
     } else {
         wrong_type(key, "an integer", *v);
     }
     if (x < lo || x > hi)
-        bad_request(strfmt("'%s' must be between %lld and %lld, got %lld.", key, (long long)lo, (long long)hi,
-                           (long long)x),
+        bad_request(strfmt("'%s' must be between %lld and %lld, got %lld.", key, (long long)lo,
+                           (long long)hi, (long long)x),
                     key, "invalid_value");
     return x;
 }
@@ -93,7 +98,8 @@ std::vector<int32_t> token_array(const json& a, const char* key) {
     for (const json& t : a) {
         if (!t.is_number_integer()) wrong_type(key, "a string or an array of token ids", t);
         const int64_t id = t.get<int64_t>();
-        if (id < 0 || id > INT32_MAX) bad_request(strfmt("token id %lld in '%s' is out of range.", (long long)id, key), key);
+        if (id < 0 || id > INT32_MAX)
+            bad_request(strfmt("token id %lld in '%s' is out of range.", (long long)id, key), key);
         ids.push_back(int32_t(id));
     }
     return ids;
@@ -111,7 +117,9 @@ void parse_prompt(const json& body, CompletionRequest& r) {
     const json& first = (*p)[0];
     if (first.is_string() || first.is_array()) {
         // A list of prompts: one completion per request is supported.
-        if (p->size() != 1) bad_request("only one prompt per request is supported; send one request per prompt.", "prompt");
+        if (p->size() != 1)
+            bad_request("only one prompt per request is supported; send one request per prompt.",
+                        "prompt");
         if (first.is_string()) {
             r.prompt = first.get<std::string>();
         } else {
@@ -135,9 +143,13 @@ std::string message_content(const json& m, size_t i) {
         if (!part.is_object()) wrong_type(key, "an array of content parts", part);
         auto type = part.find("type");
         if (type == part.end() || !type->is_string() || *type != "text")
-            bad_request(strfmt("'%s' holds a part that is not text; only text content is supported.", key.c_str()), key);
+            bad_request(
+                strfmt("'%s' holds a part that is not text; only text content is supported.",
+                       key.c_str()),
+                key);
         auto t = part.find("text");
-        if (t == part.end() || !t->is_string()) wrong_type(key + ".text", "a string", t == part.end() ? json() : *t);
+        if (t == part.end() || !t->is_string())
+            wrong_type(key + ".text", "a string", t == part.end() ? json() : *t);
         text += t->get<std::string>();
     }
     return text;
@@ -154,7 +166,8 @@ void parse_messages(const json& body, CompletionRequest& r) {
         if (!m.is_object()) wrong_type(key, "an object", m);
         auto role = m.find("role");
         if (role == m.end() || !role->is_string())
-            bad_request(strfmt("'%s.role' must be a string.", key.c_str()), key + ".role", "invalid_type");
+            bad_request(strfmt("'%s.role' must be a string.", key.c_str()), key + ".role",
+                        "invalid_type");
         std::string rs = role->get<std::string>();
         if (rs == "developer") rs = "system";  // OpenAI's newer name for the system role
         r.messages.push_back({rs, message_content(m, i)});
@@ -168,9 +181,11 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     try {
         body = json::parse(text);
     } catch (const json::parse_error& e) {
-        bad_request(strfmt("the request body is not valid JSON (%s).", e.what()), "", "invalid_json");
+        bad_request(strfmt("the request body is not valid JSON (%s).", e.what()), "",
+                    "invalid_json");
     }
-    if (!body.is_object()) bad_request(strfmt("the request body must be a JSON object, not %s.", body.type_name()));
+    if (!body.is_object())
+        bad_request(strfmt("the request body must be a JSON object, not %s.", body.type_name()));
 
     CompletionRequest r;
     r.chat = chat;
@@ -182,7 +197,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
 
     if (auto n = get_int(body, "n", 1, 128); n && *n != 1)
         bad_request("only n = 1 is supported; send several requests for several completions.", "n");
-    if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1) bad_request("only best_of = 1 is supported.", "best_of");
+    if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1)
+        bad_request("only best_of = 1 is supported.", "best_of");
     r.stream = get_bool(body, "stream").value_or(false);
     if (const json* so = field(body, "stream_options")) {
         if (!so->is_object()) wrong_type("stream_options", "an object", *so);
@@ -230,7 +246,9 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
         sp.min_p = float(*v);
     }
     if (auto v = get_number(body, "repeat_penalty", 0.0, 100.0)) {
-        if (*v <= 0) bad_request("'repeat_penalty' must be greater than 0.", "repeat_penalty", "invalid_value");
+        if (*v <= 0)
+            bad_request("'repeat_penalty' must be greater than 0.", "repeat_penalty",
+                        "invalid_value");
         sp.repeat_penalty = float(*v);
     }
     if (auto v = get_int(body, "repeat_last_n", -1, INT32_MAX)) sp.repeat_last_n = int(*v);
@@ -239,7 +257,8 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     if (chat) {
         r.logprobs = get_bool(body, "logprobs").value_or(false);
         if (auto k = get_int(body, "top_logprobs", 0, 20)) {
-            if (!r.logprobs && *k > 0) bad_request("'top_logprobs' needs 'logprobs': true.", "top_logprobs");
+            if (!r.logprobs && *k > 0)
+                bad_request("'top_logprobs' needs 'logprobs': true.", "top_logprobs");
             r.top_logprobs = int(*k);
         }
     } else {
@@ -249,21 +268,27 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
         }
         r.echo = get_bool(body, "echo").value_or(false);
         if (r.echo && r.logprobs)
-            bad_request("'echo' with 'logprobs' (prompt log-probabilities) is not supported.", "echo");
-        if (auto s = get_string(body, "suffix"); s && !s->empty()) bad_request("'suffix' is not supported.", "suffix");
+            bad_request("'echo' with 'logprobs' (prompt log-probabilities) is not supported.",
+                        "echo");
+        if (auto s = get_string(body, "suffix"); s && !s->empty())
+            bad_request("'suffix' is not supported.", "suffix");
     }
 
     if (const json* lb = field(body, "logit_bias")) {
-        if (!lb->is_object()) wrong_type("logit_bias", "an object mapping token ids to numbers", *lb);
+        if (!lb->is_object())
+            wrong_type("logit_bias", "an object mapping token ids to numbers", *lb);
         for (const auto& [k, v] : lb->items()) {
             char* end = nullptr;
             const long id = std::strtol(k.c_str(), &end, 10);
             if (k.empty() || *end != '\0' || id < 0 || id > INT32_MAX)
-                bad_request(strfmt("'logit_bias' key '%s' is not a token id.", k.c_str()), "logit_bias");
-            if (!v.is_number()) wrong_type("logit_bias", "an object mapping token ids to numbers", v);
+                bad_request(strfmt("'logit_bias' key '%s' is not a token id.", k.c_str()),
+                            "logit_bias");
+            if (!v.is_number())
+                wrong_type("logit_bias", "an object mapping token ids to numbers", v);
             const double b = v.get<double>();
             if (!std::isfinite(b) || b < -100 || b > 100)
-                bad_request("'logit_bias' values must be between -100 and 100.", "logit_bias", "invalid_value");
+                bad_request("'logit_bias' values must be between -100 and 100.", "logit_bias",
+                            "invalid_value");
             r.logit_bias.emplace_back(int32_t(id), float(b));
         }
     }
@@ -275,7 +300,9 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     if (const json* rf = field(body, "response_format")) {
         if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
         auto t = get_string(*rf, "type");
-        if (t && *t != "text") bad_request("only response_format {\"type\": \"text\"} is supported.", "response_format");
+        if (t && *t != "text")
+            bad_request("only response_format {\"type\": \"text\"} is supported.",
+                        "response_format");
     }
     return r;
 }
@@ -313,7 +340,10 @@ json chat_logprobs(const std::vector<TokenInfo>& toks, bool with_top) {
         if (with_top)
             for (const auto& [piece, lp] : t.top)
                 top.push_back({{"token", piece}, {"logprob", lp}, {"bytes", bytes_of(piece)}});
-        content.push_back({{"token", t.piece}, {"logprob", t.logprob}, {"bytes", bytes_of(t.piece)}, {"top_logprobs", top}});
+        content.push_back({{"token", t.piece},
+                           {"logprob", t.logprob},
+                           {"bytes", bytes_of(t.piece)},
+                           {"top_logprobs", top}});
     }
     return json{{"content", content}};
 }

@@ -2,13 +2,12 @@
 // checked field by field, and the JSON of responses, stream chunks and errors.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/chat_template.h"
 #include "engine/sampler.h"
@@ -19,8 +18,12 @@ using json = nlohmann::json;
 
 // An error the client caused (or overload): the HTTP status and OpenAI's error object.
 struct ApiError : std::runtime_error {
-    ApiError(int status, std::string message, std::string type, std::string param = "", std::string code = "")
-        : std::runtime_error(message), status(status), type(std::move(type)), param(std::move(param)),
+    ApiError(int status, std::string message, std::string type, std::string param = "",
+             std::string code = "")
+        : std::runtime_error(message),
+          status(status),
+          type(std::move(type)),
+          param(std::move(param)),
           code(std::move(code)) {}
     int status;
     std::string type, param, code;
@@ -33,7 +36,9 @@ struct ApiError : std::runtime_error {
 // {"error":{"message","type","param","code"}}, with null for empty param/code.
 std::string error_body(int status, const std::string& message, const std::string& type,
                        const std::string& param = "", const std::string& code = "");
-inline std::string error_body(const ApiError& e) { return error_body(e.status, e.what(), e.type, e.param, e.code); }
+inline std::string error_body(const ApiError& e) {
+    return error_body(e.status, e.what(), e.type, e.param, e.code);
+}
 
 // Serialises without throwing on invalid UTF-8 (token pieces may split characters): such bytes
 // become U+FFFD.

@@ -10,11 +10,16 @@ namespace nt {
 
 const char* finish_reason_name(FinishReason r) {
     switch (r) {
-        case FinishReason::Running: return "running";
-        case FinishReason::Stop: return "stop";
-        case FinishReason::Length: return "length";
-        case FinishReason::Cancelled: return "cancelled";
-        case FinishReason::Error: return "error";
+        case FinishReason::Running:
+            return "running";
+        case FinishReason::Stop:
+            return "stop";
+        case FinishReason::Length:
+            return "length";
+        case FinishReason::Cancelled:
+            return "cancelled";
+        case FinishReason::Error:
+            return "error";
     }
     return "unknown";
 }
@@ -24,7 +29,8 @@ const char* finish_reason_name(FinishReason r) {
 bool Job::take(std::vector<GeneratedToken>& out, std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lk(mu_);
     if (ready_.empty() && finish_ == FinishReason::Running)
-        cv_.wait_for(lk, timeout, [&] { return !ready_.empty() || finish_ != FinishReason::Running; });
+        cv_.wait_for(lk, timeout,
+                     [&] { return !ready_.empty() || finish_ != FinishReason::Running; });
     for (GeneratedToken& t : ready_) out.push_back(std::move(t));
     ready_.clear();
     return finish_ != FinishReason::Running;
@@ -35,7 +41,9 @@ void Job::wait_finished() {
     cv_.wait(lk, [&] { return finish_ != FinishReason::Running; });
 }
 
-void Job::cancel() { cancel_.store(true, std::memory_order_relaxed); }
+void Job::cancel() {
+    cancel_.store(true, std::memory_order_relaxed);
+}
 
 FinishReason Job::finish_reason() const {
     std::lock_guard<std::mutex> lk(mu_);
@@ -60,7 +68,9 @@ int32_t Job::eog_token() const {
 // ---- Scheduler ----
 
 namespace {
-double seconds(std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(std::chrono::steady_clock::duration d) {
+    return std::chrono::duration<double>(d).count();
+}
 
 // log-softmax denominator of a row: max and log(sum(exp(l - max))).
 std::pair<float, double> log_norm(const float* l, int n) {
@@ -76,14 +86,17 @@ Scheduler::Scheduler(Engine& engine, const SchedulerOptions& opt)
     : eng_(engine),
       n_slots_(opt.n_slots),
       n_ctx_(engine.n_ctx()),
-      max_step_(opt.max_step_tokens > 0 ? std::min(opt.max_step_tokens, engine.max_batch()) : engine.max_batch()),
+      max_step_(opt.max_step_tokens > 0 ? std::min(opt.max_step_tokens, engine.max_batch())
+                                        : engine.max_batch()),
       max_queue_(std::max(0, opt.max_queue)) {
     if (n_slots_ < 1) fail("the number of parallel slots must be at least 1.");
     // Every decoding job adds one token per step, so a step must hold one token of each slot.
     if (max_step_ < n_slots_)
-        fail("the batch size (%d tokens) must be at least the number of parallel slots (%d); raise -b or lower "
-             "--parallel.",
-             max_step_, n_slots_);
+        fail(
+            "the batch size (%d tokens) must be at least the number of parallel slots (%d); raise "
+            "-b or lower "
+            "--parallel.",
+            max_step_, n_slots_);
     slots_.resize(size_t(n_slots_));
     totals_.slots = n_slots_;
     started_ = clock::now();
@@ -103,7 +116,8 @@ void Scheduler::validate(const std::vector<int32_t>& prompt, int start_pos) cons
     if (prompt.empty()) fail("the prompt is empty.");
     const int n_vocab = eng_.n_vocab();
     for (int32_t t : prompt)
-        if (t < 0 || t >= n_vocab) fail("token id %d is outside the vocabulary of %d tokens.", t, n_vocab);
+        if (t < 0 || t >= n_vocab)
+            fail("token id %d is outside the vocabulary of %d tokens.", t, n_vocab);
     if (start_pos + int64_t(prompt.size()) > n_ctx_)
         fail("the prompt needs %lld positions but the context holds %d tokens.",
              (long long)(start_pos + int64_t(prompt.size())), n_ctx_);
@@ -121,9 +135,9 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const Genera
     job->stats_.n_prompt = int(job->prompt_.size());
     {
         std::lock_guard<std::mutex> lk(mu_);
-        if (int(queue_.size()) >= max_queue_ && !std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) {
-                return !s.job && !s.reserved;
-            })) {
+        if (int(queue_.size()) >= max_queue_ &&
+            !std::any_of(slots_.begin(), slots_.end(),
+                         [](const Slot& s) { return !s.job && !s.reserved; })) {
             totals_.jobs_rejected++;
             return nullptr;
         }
@@ -178,7 +192,8 @@ std::shared_ptr<Job> Scheduler::submit_pinned(int slot, int start_pos, std::vect
     job->stats_.kv_end = start_pos;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        if (slot < 0 || slot >= n_slots_ || !slots_[size_t(slot)].reserved) fail("slot %d is not reserved.", slot);
+        if (slot < 0 || slot >= n_slots_ || !slots_[size_t(slot)].reserved)
+            fail("slot %d is not reserved.", slot);
         for (const auto& q : queue_)
             if (q->pinned_slot_ == slot) fail("slot %d already has a job.", slot);
         if (slots_[size_t(slot)].job) fail("slot %d already has a job.", slot);
@@ -263,13 +278,15 @@ void Scheduler::admit_locked() {
         }
         if (best < 0) break;  // FIFO: later jobs wait behind this one
         // At least one prompt token must go through the model to produce logits.
-        const int n_cached = job->params_.cache_prompt ? int(std::min(best_common, job->prompt_.size() - 1)) : 0;
+        const int n_cached =
+            job->params_.cache_prompt ? int(std::min(best_common, job->prompt_.size() - 1)) : 0;
         start_job_locked(job, best, n_cached);
         it = queue_.erase(it);
     }
 }
 
-void Scheduler::finish(const std::shared_ptr<Job>& job, FinishReason reason, const std::string& error) {
+void Scheduler::finish(const std::shared_ptr<Job>& job, FinishReason reason,
+                       const std::string& error) {
     const auto now = clock::now();
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -306,7 +323,8 @@ void Scheduler::record_step(double secs, int tokens, int prompt_tokens, int gene
     totals_.generated_tokens += uint64_t(generated);
     const auto now = clock::now();
     window_.push_back({now, prompt_tokens, generated});
-    while (!window_.empty() && seconds(now - window_.front().t) > kRateWindowSeconds) window_.pop_front();
+    while (!window_.empty() && seconds(now - window_.front().t) > kRateWindowSeconds)
+        window_.pop_front();
 }
 
 void Scheduler::run() {
@@ -347,7 +365,9 @@ void Scheduler::run() {
         }
         // Oldest first: prompt chunks go to the jobs that have waited longest.
         std::sort(active.begin(), active.end(),
-                  [](const std::shared_ptr<Job>& a, const std::shared_ptr<Job>& b) { return a->t_start_ < b->t_start_; });
+                  [](const std::shared_ptr<Job>& a, const std::shared_ptr<Job>& b) {
+                      return a->t_start_ < b->t_start_;
+                  });
         // Running jobs that were cancelled free their slot before the step.
         std::erase_if(active, [&](const std::shared_ptr<Job>& j) {
             if (!j->cancelled()) return false;
@@ -381,7 +401,8 @@ void Scheduler::run() {
     }
 }
 
-void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active, const std::vector<std::pair<Job*, int>>& chunks) {
+void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active,
+                     const std::vector<std::pair<Job*, int>>& chunks) {
     const auto t0 = clock::now();
     try {
         eng_.eval(batch_, logits_);
@@ -389,9 +410,10 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active, const std:
         // The step failed as a whole: every job in it ends with the reason; the others go on.
         const std::string msg = std::string("the forward step failed: ") + e.what();
         for (const auto& j : active) {
-            const bool in_batch = j->decoding_ || std::any_of(chunks.begin(), chunks.end(), [&](const auto& c) {
-                                      return c.first == j.get() && c.second > 0;
-                                  });
+            const bool in_batch =
+                j->decoding_ || std::any_of(chunks.begin(), chunks.end(), [&](const auto& c) {
+                    return c.first == j.get() && c.second > 0;
+                });
             if (in_batch) finish(j, FinishReason::Error, msg);
         }
         return;
@@ -400,7 +422,8 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active, const std:
     int n_prompt = 0;
     for (const auto& [j, n] : chunks) {
         std::vector<int32_t>& cached = slots_[size_t(j->slot_)].cached;
-        cached.insert(cached.end(), j->prompt_.begin() + j->n_fed_, j->prompt_.begin() + j->n_fed_ + n);
+        cached.insert(cached.end(), j->prompt_.begin() + j->n_fed_,
+                      j->prompt_.begin() + j->n_fed_ + n);
         j->n_fed_ += n;
         j->pos_ += n;
         n_prompt += n;

@@ -28,12 +28,13 @@ enum class FinishReason {
     Cancelled,  // cancel() was called (client gone, stop string seen, caller asked)
     Error,      // the step failed; error() says why
 };
-const char* finish_reason_name(FinishReason r);  // "running", "stop", "length", "cancelled", "error"
+const char* finish_reason_name(
+    FinishReason r);  // "running", "stop", "length", "cancelled", "error"
 
 struct GenerationParams {
     SamplerParams sampling;
-    int max_tokens = -1;     // < 0: until end of generation or a full context
-    int n_logprobs = -1;     // < 0: none; 0: the sampled token's; k > 0: also the k most likely
+    int max_tokens = -1;  // < 0: until end of generation or a full context
+    int n_logprobs = -1;  // < 0: none; 0: the sampled token's; k > 0: also the k most likely
     std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits before sampling
     // Reuse the K/V of a prefix that a free slot already holds. Off: the whole prompt goes
     // through the model, so the request computes exactly as it would on an idle server.
@@ -54,10 +55,10 @@ struct GeneratedToken {
 };
 
 struct JobStats {
-    int n_prompt = 0;      // prompt tokens of the job
-    int n_cached = 0;      // of those, reused from the slot's cache (not evaluated again)
-    int n_generated = 0;   // tokens delivered (end-of-generation excluded)
-    int kv_end = 0;        // positions of the slot whose KV is valid when the job ended
+    int n_prompt = 0;     // prompt tokens of the job
+    int n_cached = 0;     // of those, reused from the slot's cache (not evaluated again)
+    int n_generated = 0;  // tokens delivered (end-of-generation excluded)
+    int kv_end = 0;       // positions of the slot whose KV is valid when the job ended
     double queue_seconds = 0, prompt_seconds = 0, decode_seconds = 0;
 };
 
@@ -91,8 +92,8 @@ class Job {
     int pinned_slot_ = -1;  // a reserved slot (C API session), or -1: any free slot
     int start_pos_ = 0;     // pinned jobs: position of prompt_[0]
     int slot_ = -1;
-    int n_fed_ = 0;  // prompt tokens whose K/V are in the cache
-    int pos_ = 0;    // next position to write
+    int n_fed_ = 0;      // prompt tokens whose K/V are in the cache
+    int pos_ = 0;        // next position to write
     int32_t last_ = -1;  // sampled, not yet fed
     int n_gen_ = 0;
     bool decoding_ = false;
@@ -176,8 +177,10 @@ class Scheduler {
     void run();
     void admit_locked();
     void start_job_locked(const std::shared_ptr<Job>& job, int slot, int n_cached);
-    void finish(const std::shared_ptr<Job>& job, FinishReason reason, const std::string& error = "");
-    void step(const std::vector<std::shared_ptr<Job>>& active, const std::vector<std::pair<Job*, int>>& chunks);
+    void finish(const std::shared_ptr<Job>& job, FinishReason reason,
+                const std::string& error = "");
+    void step(const std::vector<std::shared_ptr<Job>>& active,
+              const std::vector<std::pair<Job*, int>>& chunks);
     void record_step(double seconds, int tokens, int prompt_tokens, int generated);
 
     Engine& eng_;

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <dirent.h>
+#include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <httplib.h>
 
 #include "core/error.h"
 #include "server/metrics.h"
@@ -63,7 +63,8 @@ class ConnectionWatch {
         if ((peer ? getpeername(fd, sa, &len) : getsockname(fd, sa, &len)) != 0) return false;
         if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return false;
         char h[NI_MAXHOST], s[NI_MAXSERV];
-        if (getnameinfo(sa, len, h, sizeof(h), s, sizeof(s), NI_NUMERICHOST | NI_NUMERICSERV) != 0) return false;
+        if (getnameinfo(sa, len, h, sizeof(h), s, sizeof(s), NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+            return false;
         host = h;
         port = std::atoi(s);
         return true;
@@ -71,13 +72,15 @@ class ConnectionWatch {
     static bool matches(int fd, const httplib::Request& req) {
         std::string host;
         int port = 0;
-        if (!endpoint(fd, true, host, port) || port != req.remote_port || host != req.remote_addr) return false;
+        if (!endpoint(fd, true, host, port) || port != req.remote_port || host != req.remote_addr)
+            return false;
         return endpoint(fd, false, host, port) && port == req.local_port;
     }
     int fd_ = -1;
 };
 
-const char* kRoutes[] = {"/", "/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"};
+const char* kRoutes[] = {"/",          "/health",         "/metrics",
+                         "/v1/models", "/v1/completions", "/v1/chat/completions"};
 
 std::string route_of(const std::string& path) {
     for (const char* r : kRoutes)
@@ -88,13 +91,15 @@ std::string route_of(const std::string& path) {
 
 bool constant_time_equal(const std::string& a, const std::string& b) {
     unsigned diff = unsigned(a.size() ^ b.size());
-    for (size_t i = 0; i < a.size(); i++) diff |= unsigned(uint8_t(a[i]) ^ uint8_t(b[i % std::max<size_t>(1, b.size())]));
+    for (size_t i = 0; i < a.size(); i++)
+        diff |= unsigned(uint8_t(a[i]) ^ uint8_t(b[i % std::max<size_t>(1, b.size())]));
     return diff == 0;
 }
 
 std::string default_model_name(const std::string& path) {
     std::string name = path.substr(path.find_last_of('/') + 1);
-    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0)
+        name.resize(name.size() - 5);
     return name;
 }
 
@@ -118,7 +123,8 @@ class Output {
                 t.id = g.id;
                 t.piece = tok_.token_to_piece(g.id, false);
                 t.logprob = g.logprob;
-                for (const TokenLogprob& a : g.top) t.top.emplace_back(tok_.token_to_piece(a.id, false), a.logprob);
+                for (const TokenLogprob& a : g.top)
+                    t.top.emplace_back(tok_.token_to_piece(a.id, false), a.logprob);
                 t.text_offset = base_ + text_.last_token_offset();
                 pending_.push_back(std::move(t));
             }
@@ -168,7 +174,8 @@ struct HttpServer::Impl {
     time_t created = std::time(nullptr);
     int port = 0;
 
-    Impl(Model& m, Scheduler& s, ServerOptions o) : model(m), sched(s), opt(std::move(o)), tok(*m.tokenizer) {
+    Impl(Model& m, Scheduler& s, ServerOptions o)
+        : model(m), sched(s), opt(std::move(o)), tok(*m.tokenizer) {
         if (opt.model_name.empty()) opt.model_name = default_model_name(model.file->path());
         tmpl = opt.chat_template;
         if (!tmpl) {
@@ -190,8 +197,9 @@ struct HttpServer::Impl {
             f.weight_bytes += v.nbytes;
         });
         const ModelShape& sh = model.hp.shape;
-        f.kv_cache_bytes = uint64_t(sh.n_layer) * 2 * uint64_t(sched.n_slots()) * uint64_t(sched.n_ctx()) *
-                           uint64_t(sh.n_head_kv) * uint64_t(sh.head_dim) * 2;
+        f.kv_cache_bytes = uint64_t(sh.n_layer) * 2 * uint64_t(sched.n_slots()) *
+                           uint64_t(sched.n_ctx()) * uint64_t(sh.n_head_kv) *
+                           uint64_t(sh.head_dim) * 2;
         f.n_ctx = sched.n_ctx();
         f.n_slots = sched.n_slots();
         metrics = std::make_unique<Metrics>(f);
@@ -209,7 +217,8 @@ struct HttpServer::Impl {
         // Every running or queued request holds a connection thread while it waits (streaming or
         // not), and keep-alive connections hold one between requests: size for all of them, with
         // spare threads so /health, /metrics and 503 answers still get through.
-        const int threads = opt.http_threads > 0 ? opt.http_threads : sched.n_slots() + sched.max_queue() + 16;
+        const int threads =
+            opt.http_threads > 0 ? opt.http_threads : sched.n_slots() + sched.max_queue() + 16;
         svr.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
         svr.set_payload_max_length(opt.max_body_bytes);
         svr.set_tcp_nodelay(true);
@@ -218,26 +227,30 @@ struct HttpServer::Impl {
         svr.set_write_timeout(10, 0);
 
         svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-            if (opt.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+            if (opt.api_key.empty() || req.path == "/health")
+                return httplib::Server::HandlerResponse::Unhandled;
             const std::string h = req.get_header_value("Authorization");
             const std::string prefix = "Bearer ";
             if (h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 &&
                 constant_time_equal(h.substr(prefix.size()), opt.api_key))
                 return httplib::Server::HandlerResponse::Unhandled;
-            send_error(res,
-                       ApiError(401,
-                                h.empty() ? "this server needs an API key: send 'Authorization: Bearer KEY'."
-                                          : "the API key is not valid.",
-                                "invalid_request_error", "", "invalid_api_key"),
-                       opt.retry_after_seconds);
+            send_error(
+                res,
+                ApiError(401,
+                         h.empty()
+                             ? "this server needs an API key: send 'Authorization: Bearer KEY'."
+                             : "the API key is not valid.",
+                         "invalid_request_error", "", "invalid_api_key"),
+                opt.retry_after_seconds);
             return httplib::Server::HandlerResponse::Handled;
         });
 
         // Statuses set by cpp-httplib itself (unknown route, body too large, malformed request)
         // get an OpenAI-shaped body too; handlers' own errors already have one.
         using HandlerResponse = httplib::Server::HandlerResponse;
-        svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                          httplib::Response& res) {
+        svr.set_error_handler(httplib::Server::HandlerWithResponse([this](
+                                                                       const httplib::Request& req,
+                                                                       httplib::Response& res) {
             if (!res.body.empty()) return HandlerResponse::Unhandled;
             std::string msg, code;
             switch (res.status) {
@@ -246,36 +259,40 @@ struct HttpServer::Impl {
                     code = "unknown_url";
                     break;
                 case 413:
-                    msg = strfmt("the request body is larger than the limit of %zu bytes.", opt.max_body_bytes);
+                    msg = strfmt("the request body is larger than the limit of %zu bytes.",
+                                 opt.max_body_bytes);
                     code = "request_too_large";
                     break;
                 default:
                     msg = strfmt("the request could not be handled (HTTP %d).", res.status);
                     break;
             }
-            res.set_content(error_body(res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error",
-                                       "", code),
-                            "application/json");
+            res.set_content(
+                error_body(res.status, msg,
+                           res.status >= 500 ? "server_error" : "invalid_request_error", "", code),
+                "application/json");
             return HandlerResponse::Handled;
         }));
 
-        svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-            std::string what = "unknown error";
-            try {
-                std::rethrow_exception(ep);
-            } catch (const std::exception& e) {
-                what = e.what();
-            } catch (...) {
-            }
-            res.status = 500;
-            res.set_content(error_body(500, "internal error: " + what, "server_error"), "application/json");
-        });
+        svr.set_exception_handler(
+            [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+                std::string what = "unknown error";
+                try {
+                    std::rethrow_exception(ep);
+                } catch (const std::exception& e) {
+                    what = e.what();
+                } catch (...) {
+                }
+                res.status = 500;
+                res.set_content(error_body(500, "internal error: " + what, "server_error"),
+                                "application/json");
+            });
 
         svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
             metrics->count_request(route_of(req.path), res.status);
             if (opt.log_requests)
-                std::fprintf(stderr, "%s %s %s -> %d\n", req.remote_addr.c_str(), req.method.c_str(), req.path.c_str(),
-                             res.status);
+                std::fprintf(stderr, "%s %s %s -> %d\n", req.remote_addr.c_str(),
+                             req.method.c_str(), req.path.c_str(), res.status);
         });
 
         svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
@@ -290,16 +307,19 @@ struct HttpServer::Impl {
             res.set_content(dump(j), "application/json");
         });
         svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-            res.set_content(metrics->render(sched.stats()), "text/plain; version=0.0.4; charset=utf-8");
+            res.set_content(metrics->render(sched.stats()),
+                            "text/plain; version=0.0.4; charset=utf-8");
         });
         svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-            res.set_content(dump(json{{"object", "list"}, {"data", json::array({model_json()})}}), "application/json");
+            res.set_content(dump(json{{"object", "list"}, {"data", json::array({model_json()})}}),
+                            "application/json");
         });
         svr.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
             if (req.matches[1] != opt.model_name) {
                 send_error(res,
-                           ApiError(404, strfmt("the model '%s' does not exist; this server has '%s'.",
-                                                req.matches[1].str().c_str(), opt.model_name.c_str()),
+                           ApiError(404,
+                                    strfmt("the model '%s' does not exist; this server has '%s'.",
+                                           req.matches[1].str().c_str(), opt.model_name.c_str()),
                                     "invalid_request_error", "model", "model_not_found"),
                            opt.retry_after_seconds);
                 return;
@@ -332,10 +352,12 @@ struct HttpServer::Impl {
                       {"chat_template", tmpl ? chat_template_name(*tmpl) : "none"}}}};
     }
 
-    json chunk_json(const std::string& id, bool chat, const std::string& text, const std::vector<TokenInfo>& infos,
-                    bool logprobs, bool with_top, const char* finish, bool first) const {
+    json chunk_json(const std::string& id, bool chat, const std::string& text,
+                    const std::vector<TokenInfo>& infos, bool logprobs, bool with_top,
+                    const char* finish, bool first) const {
         json choice = {{"index", 0}, {"finish_reason", finish ? json(finish) : json(nullptr)}};
-        json lp = logprobs && !infos.empty() ? (chat ? chat_logprobs(infos, with_top) : completion_logprobs(infos, with_top))
+        json lp = logprobs && !infos.empty() ? (chat ? chat_logprobs(infos, with_top)
+                                                     : completion_logprobs(infos, with_top))
                                              : json(nullptr);
         choice["logprobs"] = lp;
         if (chat) {
@@ -362,7 +384,8 @@ struct HttpServer::Impl {
         if (chat) {
             if (!tmpl)
                 throw ApiError(400,
-                               "the model's chat template is not one ntransformer knows; start the server with "
+                               "the model's chat template is not one ntransformer knows; start the "
+                               "server with "
                                "--chat-template chatml|llama3|llama2.",
                                "invalid_request_error", "messages");
             std::string text;
@@ -377,7 +400,9 @@ struct HttpServer::Impl {
             prompt = cr.prompt_tokens;
             for (int32_t t : prompt)
                 if (t >= n_vocab)
-                    bad_request(strfmt("token id %d is outside the vocabulary of %d tokens.", t, n_vocab), "prompt");
+                    bad_request(
+                        strfmt("token id %d is outside the vocabulary of %d tokens.", t, n_vocab),
+                        "prompt");
             if (cr.echo) echo_text = tok.decode(prompt);
         } else {
             prompt = tok.encode(cr.prompt, true, true);
@@ -387,15 +412,19 @@ struct HttpServer::Impl {
         const int n_ctx = sched.n_ctx();
         const int64_t need = int64_t(prompt.size()) + std::max(1, cr.max_tokens);
         if (need > n_ctx)
-            throw ApiError(400,
-                           strfmt("this model's context holds %d tokens, but the request needs %lld (%zu in the prompt, "
-                                  "%d to generate); shorten the prompt or lower max_tokens.",
-                                  n_ctx, (long long)need, prompt.size(), std::max(1, cr.max_tokens)),
-                           "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded");
+            throw ApiError(
+                400,
+                strfmt("this model's context holds %d tokens, but the request needs %lld (%zu in "
+                       "the prompt, "
+                       "%d to generate); shorten the prompt or lower max_tokens.",
+                       n_ctx, (long long)need, prompt.size(), std::max(1, cr.max_tokens)),
+                "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded");
         for (const auto& [id, b] : cr.logit_bias)
             if (id >= n_vocab)
-                bad_request(strfmt("'logit_bias' names token %d, outside the vocabulary of %d tokens.", id, n_vocab),
-                            "logit_bias");
+                bad_request(
+                    strfmt("'logit_bias' names token %d, outside the vocabulary of %d tokens.", id,
+                           n_vocab),
+                    "logit_bias");
 
         GenerationParams gp;
         gp.sampling = cr.sampling;
@@ -415,7 +444,8 @@ struct HttpServer::Impl {
         if (!job) {
             const SchedulerStats s = sched.stats();
             throw ApiError(503,
-                           strfmt("the server is busy: all %d slots are in use and %d requests are waiting; retry later.",
+                           strfmt("the server is busy: all %d slots are in use and %d requests are "
+                                  "waiting; retry later.",
                                   s.slots, s.queued),
                            "server_error", "", "server_overloaded");
         }
@@ -433,8 +463,9 @@ struct HttpServer::Impl {
         return r == FinishReason::Length ? "length" : "stop";
     }
 
-    void blocking_response(const httplib::Request& req, httplib::Response& res, const std::shared_ptr<Job>& job,
-                           const std::shared_ptr<Output>& out, const CompletionRequest& cr, const std::string& id,
+    void blocking_response(const httplib::Request& req, httplib::Response& res,
+                           const std::shared_ptr<Job>& job, const std::shared_ptr<Output>& out,
+                           const CompletionRequest& cr, const std::string& id,
                            const std::string& echo_text, int n_prompt) {
         ConnectionWatch watch(req);
         std::vector<GeneratedToken> toks;
@@ -447,7 +478,8 @@ struct HttpServer::Impl {
             text += out->absorb(toks, infos);
             if (out->stopped() || finished) break;
             if (watch.closed()) {
-                // Nobody is listening: free the slot now. 499 (client closed request) shows in metrics.
+                // Nobody is listening: free the slot now. 499 (client closed request) shows in
+                // metrics.
                 job->cancel();
                 res.status = 499;
                 return;
@@ -459,7 +491,9 @@ struct HttpServer::Impl {
         text += out->finish(infos);
         json choice = {{"index", 0}, {"finish_reason", finish_name(fr, out->stopped())}};
         json lp = nullptr;
-        if (cr.logprobs) lp = cr.chat ? chat_logprobs(infos, cr.top_logprobs > 0) : completion_logprobs(infos, cr.top_logprobs > 0);
+        if (cr.logprobs)
+            lp = cr.chat ? chat_logprobs(infos, cr.top_logprobs > 0)
+                         : completion_logprobs(infos, cr.top_logprobs > 0);
         choice["logprobs"] = lp;
         if (cr.chat)
             choice["message"] = {{"role", "assistant"}, {"content", text}};
@@ -483,22 +517,26 @@ struct HttpServer::Impl {
             : job(std::move(j)), out(std::move(o)), watch(req) {}
     };
 
-    void stream_response(const httplib::Request& req, httplib::Response& res, const std::shared_ptr<Job>& job,
-                         const std::shared_ptr<Output>& out, const CompletionRequest& cr, const std::string& id,
+    void stream_response(const httplib::Request& req, httplib::Response& res,
+                         const std::shared_ptr<Job>& job, const std::shared_ptr<Output>& out,
+                         const CompletionRequest& cr, const std::string& id,
                          const std::string& echo_text, int n_prompt) {
         auto st = std::make_shared<StreamState>(job, out, req);
         res.set_header("Cache-Control", "no-cache");
         res.set_header("X-Accel-Buffering", "no");
-        const bool chat = cr.chat, logprobs = cr.logprobs, with_top = cr.top_logprobs > 0, usage = cr.include_usage;
+        const bool chat = cr.chat, logprobs = cr.logprobs, with_top = cr.top_logprobs > 0,
+                   usage = cr.include_usage;
         res.set_chunked_content_provider(
             "text/event-stream",
-            [this, st, chat, logprobs, with_top, usage, id, echo_text, n_prompt](size_t, httplib::DataSink& sink) {
+            [this, st, chat, logprobs, with_top, usage, id, echo_text, n_prompt](
+                size_t, httplib::DataSink& sink) {
                 auto event = [](const json& j) { return "data: " + dump(j) + "\n\n"; };
                 std::string wire;
                 if (!st->started) {
                     st->started = true;
                     if (chat || !echo_text.empty())
-                        wire += event(chunk_json(id, chat, echo_text, {}, false, false, nullptr, chat));
+                        wire +=
+                            event(chunk_json(id, chat, echo_text, {}, false, false, nullptr, chat));
                 }
                 if (st->watch.closed()) {
                     st->job->cancel();
@@ -513,16 +551,21 @@ struct HttpServer::Impl {
                     finished = true;
                 }
                 if (finished) {
-                    const FinishReason fr = st->out->stopped() ? FinishReason::Stop : st->job->finish_reason();
+                    const FinishReason fr =
+                        st->out->stopped() ? FinishReason::Stop : st->job->finish_reason();
                     if (fr == FinishReason::Error) {
                         if (!text.empty() || !infos.empty())
-                            wire += event(chunk_json(id, chat, text, infos, logprobs, with_top, nullptr, false));
-                        wire += event(json::parse(error_body(500, st->job->error(), "server_error")));
+                            wire += event(chunk_json(id, chat, text, infos, logprobs, with_top,
+                                                     nullptr, false));
+                        wire +=
+                            event(json::parse(error_body(500, st->job->error(), "server_error")));
                     } else {
                         text += st->out->finish(infos);
                         if (!text.empty() || !infos.empty())
-                            wire += event(chunk_json(id, chat, text, infos, logprobs, with_top, nullptr, false));
-                        wire += event(chunk_json(id, chat, "", {}, false, false, finish_name(fr, st->out->stopped()), false));
+                            wire += event(chunk_json(id, chat, text, infos, logprobs, with_top,
+                                                     nullptr, false));
+                        wire += event(chunk_json(id, chat, "", {}, false, false,
+                                                 finish_name(fr, st->out->stopped()), false));
                         if (usage) {
                             json u = chunk_json(id, chat, "", {}, false, false, nullptr, false);
                             u["choices"] = json::array();
@@ -532,7 +575,8 @@ struct HttpServer::Impl {
                     }
                     wire += "data: [DONE]\n\n";
                 } else if (!text.empty() || !infos.empty()) {
-                    wire += event(chunk_json(id, chat, text, infos, logprobs, with_top, nullptr, false));
+                    wire += event(
+                        chunk_json(id, chat, text, infos, logprobs, with_top, nullptr, false));
                 }
                 if (!wire.empty() && !sink.write(wire.data(), wire.size())) {
                     st->job->cancel();
@@ -554,19 +598,27 @@ int HttpServer::bind() {
     Impl& s = *impl_;
     if (s.opt.port == 0) {
         s.port = s.svr.bind_to_any_port(s.opt.host);
-        if (s.port < 0) fail("cannot listen on %s (any port): the address is not usable here.", s.opt.host.c_str());
+        if (s.port < 0)
+            fail("cannot listen on %s (any port): the address is not usable here.",
+                 s.opt.host.c_str());
     } else {
         if (!s.svr.bind_to_port(s.opt.host, s.opt.port))
-            fail("cannot listen on %s:%d: the port is in use or the address is not usable here; pick another with "
-                 "--host/--port.",
-                 s.opt.host.c_str(), s.opt.port);
+            fail(
+                "cannot listen on %s:%d: the port is in use or the address is not usable here; "
+                "pick another with "
+                "--host/--port.",
+                s.opt.host.c_str(), s.opt.port);
         s.port = s.opt.port;
     }
     return s.port;
 }
 
-void HttpServer::run() { impl_->svr.listen_after_bind(); }
+void HttpServer::run() {
+    impl_->svr.listen_after_bind();
+}
 
-void HttpServer::stop() { impl_->svr.stop(); }
+void HttpServer::stop() {
+    impl_->svr.stop();
+}
 
 }  // namespace nt::server

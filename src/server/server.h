@@ -14,11 +14,11 @@ namespace nt::server {
 
 struct ServerOptions {
     std::string host = "127.0.0.1";
-    int port = 8080;            // 0: any free port (bind() returns it)
-    std::string api_key;        // non-empty: "Authorization: Bearer KEY" on every route but /health
+    int port = 8080;      // 0: any free port (bind() returns it)
+    std::string api_key;  // non-empty: "Authorization: Bearer KEY" on every route but /health
     size_t max_body_bytes = size_t(1) << 20;
-    int http_threads = 0;       // 0: enough for every slot and queued request, plus spare ones
-    std::string model_name;     // id in /v1/models; default: the file name without .gguf
+    int http_threads = 0;    // 0: enough for every slot and queued request, plus spare ones
+    std::string model_name;  // id in /v1/models; default: the file name without .gguf
     std::optional<ChatTemplateKind> chat_template;  // default: detected from the model file
     int retry_after_seconds = 1;
     bool log_requests = false;  // one line per request on stderr

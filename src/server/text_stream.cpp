@@ -4,7 +4,8 @@
 
 namespace nt {
 
-StopTextStream::StopTextStream(const Tokenizer& tok, std::vector<std::string> stops) : dec_(tok), stops_() {
+StopTextStream::StopTextStream(const Tokenizer& tok, std::vector<std::string> stops)
+    : dec_(tok), stops_() {
     for (std::string& s : stops)
         if (!s.empty()) stops_.push_back(std::move(s));
 }

@@ -43,7 +43,9 @@ class SchedulerTest : public ::testing::Test {
         o.max_batch = max_batch;
         return std::make_unique<Engine>(*model_, std::make_unique<CpuBackend>(0), o);
     }
-    static std::vector<int32_t> tokens(const std::string& text) { return model_->tokenizer->encode(text, true, false); }
+    static std::vector<int32_t> tokens(const std::string& text) {
+        return model_->tokenizer->encode(text, true, false);
+    }
     static SamplerParams greedy() {
         SamplerParams p;
         p.temperature = 0;
@@ -101,16 +103,19 @@ class SchedulerTest : public ::testing::Test {
     // two runs may part at a near-tie; they must never part where the reference was confident,
     // which is what a token from another sequence, a stale cache cell or a wrong position causes.
     static constexpr float kNearTie = 0.5f;
-    static void expect_same_greedy(const Ref& ref, const std::vector<int32_t>& got, const std::string& what) {
+    static void expect_same_greedy(const Ref& ref, const std::vector<int32_t>& got,
+                                   const std::string& what) {
         size_t k = 0;
         while (k < ref.ids.size() && k < got.size() && ref.ids[k] == got[k]) k++;
         if (k == ref.ids.size() && k == got.size()) return;
         ASSERT_LT(k, ref.margin.size()) << what << ": longer than the reference";
-        EXPECT_LT(ref.margin[k], kNearTie) << what << ": differs from the single-sequence run at token " << k
-                                           << ", where the reference's margin was " << ref.margin[k];
+        EXPECT_LT(ref.margin[k], kNearTie)
+            << what << ": differs from the single-sequence run at token " << k
+            << ", where the reference's margin was " << ref.margin[k];
         if (ref.margin[k] < kNearTie)
-            std::printf("note: %s parts from its reference at a near-tie (token %zu, margin %.3f)\n", what.c_str(),
-                        k, ref.margin[k]);
+            std::printf(
+                "note: %s parts from its reference at a near-tie (token %zu, margin %.3f)\n",
+                what.c_str(), k, ref.margin[k]);
     }
 
     static std::vector<int32_t> collect(Job& job, std::vector<GeneratedToken>* full = nullptr) {
@@ -161,7 +166,8 @@ TEST_F(SchedulerTest, ConcurrentGreedyOutputsEqualSingleRuns) {
     for (size_t i = 0; i < jobs.size(); i++) {
         const std::vector<int32_t> got = collect(*jobs[i]);
         expect_same_greedy(refs[i], got, "prompt " + std::to_string(i));
-        EXPECT_EQ(jobs[i]->finish_reason(), got.size() == size_t(n) ? FinishReason::Length : FinishReason::Stop);
+        EXPECT_EQ(jobs[i]->finish_reason(),
+                  got.size() == size_t(n) ? FinishReason::Length : FinishReason::Stop);
     }
     const SchedulerStats st = sched.stats();
     size_t prompt_total = 0;
@@ -195,7 +201,8 @@ TEST_F(SchedulerTest, MoreJobsThanSlotsQueueReuseSlotsAndPrefixes) {
         ASSERT_TRUE(jobs.back());
     }
     // Five jobs through two slots: the later ones waited, then ran in slots other jobs had used.
-    for (size_t i = 0; i < jobs.size(); i++) expect_same_greedy(refs[i], collect(*jobs[i]), "prompt " + std::to_string(i));
+    for (size_t i = 0; i < jobs.size(); i++)
+        expect_same_greedy(refs[i], collect(*jobs[i]), "prompt " + std::to_string(i));
     EXPECT_GT(jobs.back()->stats().queue_seconds, 0.0);
 
     // The last prompt again: its tokens are in a slot's cache (all but the last, which is fed
@@ -334,7 +341,8 @@ TEST_F(SchedulerTest, ReservedSlotContinuesFromItsCache) {
     auto eng = engine(2);
     std::vector<int32_t> full = tokens(kPrompts[1]);
     const Ref ref = reference(*eng, full, 16);
-    const std::vector<int32_t> first(full.begin(), full.begin() + 9), rest(full.begin() + 9, full.end());
+    const std::vector<int32_t> first(full.begin(), full.begin() + 9),
+        rest(full.begin() + 9, full.end());
 
     Scheduler sched(*eng, SchedulerOptions{2, 4, 0});
     const int slot = sched.reserve_slot();
@@ -352,8 +360,8 @@ TEST_F(SchedulerTest, ReservedSlotContinuesFromItsCache) {
     const std::vector<int32_t> got = collect(*b);
     expect_same_greedy(ref, got, "continued slot");
     // Every delivered token but a last one cut by max_tokens went through the model.
-    EXPECT_EQ(b->stats().kv_end,
-              int(full.size()) + int(got.size()) - (b->finish_reason() == FinishReason::Length ? 1 : 0));
+    EXPECT_EQ(b->stats().kv_end, int(full.size()) + int(got.size()) -
+                                     (b->finish_reason() == FinishReason::Length ? 1 : 0));
     // A reserved slot is not handed to unpinned jobs; one free slot remains.
     const int other = sched.reserve_slot();
     EXPECT_GE(other, 0);

@@ -18,7 +18,11 @@ bool valid_utf8(const std::string& s) {
     size_t i = 0;
     while (i < s.size()) {
         const unsigned char c = static_cast<unsigned char>(s[i]);
-        const int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        const int n = c < 0x80         ? 1
+                      : (c >> 5) == 6  ? 2
+                      : (c >> 4) == 14 ? 3
+                      : (c >> 3) == 30 ? 4
+                                       : 0;
         if (n == 0 || i + size_t(n) > s.size()) return false;
         for (int k = 1; k < n; k++)
             if ((static_cast<unsigned char>(s[i + size_t(k)]) >> 6) != 2) return false;
@@ -69,12 +73,15 @@ GgufFile* TextStreamTest::file_ = nullptr;
 Tokenizer* TextStreamTest::tok_ = nullptr;
 
 TEST_F(TextStreamTest, WithoutStopsItIsTheDecodedText) {
-    const std::string text = "Hello, world! Numbers 12345, symbols #&*, and accents: café, naïve, Ελληνικά, 日本語 🦙.";
+    const std::string text =
+        "Hello, world! Numbers 12345, symbols #&*, and accents: café, naïve, Ελληνικά, 日本語 "
+        "🦙.";
     StopTextStream s(*tok_, {});
     const auto pieces = run(s, text);
     EXPECT_EQ(join(pieces), tok_->decode(tok_->encode(text, false, false)));
     EXPECT_EQ(join(pieces), text);
-    for (const std::string& p : pieces) EXPECT_TRUE(valid_utf8(p)) << "a piece splits a character: " << p;
+    for (const std::string& p : pieces)
+        EXPECT_TRUE(valid_utf8(p)) << "a piece splits a character: " << p;
     EXPECT_FALSE(s.stopped());
     EXPECT_EQ(s.released(), text.size());
 }
@@ -113,8 +120,11 @@ TEST_F(TextStreamTest, MultiByteStopsAndOffsets) {
         out += s.push(ids[i]);
         // The token's text begins where the decoded text of the tokens before it ends, when
         // that is whole characters (inside one, the held bytes are not text yet).
-        const std::string before = tok_->decode(std::vector<int32_t>(ids.begin(), ids.begin() + int64_t(i)));
-        if (!s.stopped() && valid_utf8(before)) EXPECT_EQ(s.last_token_offset(), before.size());
+        const std::string before =
+            tok_->decode(std::vector<int32_t>(ids.begin(), ids.begin() + int64_t(i)));
+        if (!s.stopped() && valid_utf8(before)) {
+            EXPECT_EQ(s.last_token_offset(), before.size());
+        }
     }
     out += s.finish();
     EXPECT_EQ(out, "café ");
