@@ -22,8 +22,8 @@ NEAR_TIE = 0.5  # nats between the two most likely tokens
 class Server:
     """ntransformer serve on 127.0.0.1 and a free port; stops (and checks the exit) on close()."""
 
-    def __init__(self, cli, model, *args, api_key=None, ctx=1024):
-        cmd = [cli, "serve", "-m", model, "--port", "0", "--device", "cpu", "-c", str(ctx), *args]
+    def __init__(self, cli, model, *args, api_key=None, ctx=1024, device="cpu"):
+        cmd = [cli, "serve", "-m", model, "--port", "0", "--device", device, "-c", str(ctx), *args]
         if api_key:
             cmd += ["--api-key", api_key]
         self.api_key = api_key
