@@ -180,7 +180,7 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     json body;
     try {
         body = json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // syntax, invalid UTF-8, numbers out of range
         bad_request(strfmt("the request body is not valid JSON (%s).", e.what()), "",
                     "invalid_json");
     }
@@ -238,7 +238,10 @@ CompletionRequest parse_completion_request(const std::string& text, bool chat) {
     }
     if (auto v = get_number(body, "presence_penalty", -2.0, 2.0)) sp.presence_penalty = float(*v);
     if (auto v = get_number(body, "frequency_penalty", -2.0, 2.0)) sp.frequency_penalty = float(*v);
-    if (auto v = get_int(body, "seed", INT64_MIN, INT64_MAX)) sp.seed = uint64_t(*v);
+    if (const json* v = field(body, "seed")) {  // any 64-bit integer, signed or not
+        if (!v->is_number_integer()) wrong_type("seed", "an integer", *v);
+        sp.seed = v->is_number_unsigned() ? v->get<uint64_t>() : uint64_t(v->get<int64_t>());
+    }
     // llama.cpp's extensions.
     if (auto v = get_int(body, "top_k", 0, INT32_MAX)) sp.top_k = int(*v);
     if (auto v = get_number(body, "min_p", 0.0, 1.0)) {

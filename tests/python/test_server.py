@@ -339,6 +339,8 @@ def test_malformed_json(server):
     assert_error(status, json.loads(data), 400, code="invalid_json")
     status, _, data = server.request("POST", "/v1/completions", "[" * 30000 + "]" * 30000)
     assert_error(status, json.loads(data), 400)
+    status, _, data = server.request("POST", "/v1/completions", '{"prompt": "x", "max_tokens": 1e400}')
+    assert_error(status, json.loads(data), 400, code="invalid_json")
     assert server.alive()
 
 
