@@ -295,6 +295,12 @@ void Scheduler::finish(const std::shared_ptr<Job>& job, FinishReason reason,
             if (s.job == job) s.job.reset();
             // After a failed step the cache contents are unknown.
             if (reason == FinishReason::Error) s.cached.clear();
+            // A request whose client left frees its cells at once (a session's cancel only
+            // stops its generation: the session keeps its context).
+            if (reason == FinishReason::Cancelled && job->pinned_slot_ < 0) {
+                s.cached.clear();
+                eng_.backend().kv_truncate(job->slot_, 0);
+            }
         }
         totals_.jobs_finished++;
         totals_.finished_by_reason[int(reason)]++;

@@ -70,8 +70,8 @@ class Job {
     bool take(std::vector<GeneratedToken>& out, std::chrono::milliseconds timeout);
     // Blocks until the job has finished (tokens stay available to take()).
     void wait_finished();
-    // Asks the scheduler to stop this job; its slot is freed at the next step. Idempotent,
-    // callable from any thread.
+    // Asks the scheduler to stop this job; its slot (and, for an unpinned job, its KV cells) is
+    // freed before the next step. Idempotent, callable from any thread.
     void cancel();
     bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
 

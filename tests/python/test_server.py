@@ -10,9 +10,8 @@ import subprocess
 import threading
 import time
 
+import openai
 import pytest
-
-openai = pytest.importorskip("openai")
 
 from server_helpers import Server, assert_same_greedy, assert_same_greedy_text, chat_margins
 

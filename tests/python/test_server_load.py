@@ -12,8 +12,6 @@ import time
 
 import pytest
 
-openai = pytest.importorskip("openai")
-
 from server_helpers import Server
 
 CLIENTS = 32

@@ -11,8 +11,7 @@ import urllib.request
 
 import pytest
 
-pytest.importorskip("openai")
-websockets_sync = pytest.importorskip("websockets.sync.client")
+import websockets.sync.client as websockets_sync  # requirements-test.txt
 
 from server_helpers import Server
 

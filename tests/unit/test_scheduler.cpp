@@ -255,6 +255,7 @@ TEST_F(SchedulerTest, QueueLimitRejectsAndCancelFreesTheSlot) {
     std::vector<GeneratedToken> gb;
     while (gb.empty()) ASSERT_FALSE(b->take(gb, std::chrono::milliseconds(2000)));
     EXPECT_EQ(sched.stats().queued, 0);
+    EXPECT_EQ(b->stats().n_cached, 0);  // a's cells were dropped with it, not offered as a prefix
 
     // A queued job that is cancelled leaves the queue without running.
     auto c = sched.submit(p, forever, greedy_sampler(p));
