@@ -41,10 +41,6 @@ void Job::wait_finished() {
     cv_.wait(lk, [&] { return finish_ != FinishReason::Running; });
 }
 
-void Job::cancel() {
-    cancel_.store(true, std::memory_order_relaxed);
-}
-
 FinishReason Job::finish_reason() const {
     std::lock_guard<std::mutex> lk(mu_);
     return finish_;
@@ -341,13 +337,13 @@ void Scheduler::run() {
             std::unique_lock<std::mutex> lk(mu_);
             for (;;) {
                 if (stop_) break;
-                // Cancelled jobs leave the queue at once (they never held a slot).
+                // Jobs ended while queued leave the queue at once (they never held a slot).
                 for (auto it = queue_.begin(); it != queue_.end();) {
-                    if ((*it)->cancelled()) {
+                    if ((*it)->end_requested()) {
                         std::shared_ptr<Job> j = *it;
                         it = queue_.erase(it);
                         lk.unlock();
-                        finish(j, FinishReason::Cancelled);
+                        finish(j, FinishReason(j->end_.load()));
                         lk.lock();
                     } else {
                         ++it;
@@ -374,10 +370,10 @@ void Scheduler::run() {
                   [](const std::shared_ptr<Job>& a, const std::shared_ptr<Job>& b) {
                       return a->t_start_ < b->t_start_;
                   });
-        // Running jobs that were cancelled free their slot before the step.
+        // Running jobs that were cancelled or stopped free their slot before the step.
         std::erase_if(active, [&](const std::shared_ptr<Job>& j) {
-            if (!j->cancelled()) return false;
-            finish(j, FinishReason::Cancelled);
+            if (!j->end_requested()) return false;
+            finish(j, FinishReason(j->end_.load()));
             return true;
         });
         if (active.empty()) continue;

@@ -70,10 +70,14 @@ class Job {
     bool take(std::vector<GeneratedToken>& out, std::chrono::milliseconds timeout);
     // Blocks until the job has finished (tokens stay available to take()).
     void wait_finished();
-    // Asks the scheduler to stop this job; its slot (and, for an unpinned job, its KV cells) is
-    // freed before the next step. Idempotent, callable from any thread.
-    void cancel();
-    bool cancelled() const { return cancel_.load(std::memory_order_relaxed); }
+    // Asks the scheduler to end this job before its next step, as Cancelled: its slot (and, for
+    // an unpinned job, its KV cells) is freed. Callable from any thread; the first of cancel()
+    // and stop() decides the reason.
+    void cancel() { request_end(FinishReason::Cancelled); }
+    // Ends the job as finished by a stop condition its consumer detected (a stop string): like
+    // cancel(), but the reason is Stop and the slot keeps its cache for later prompts.
+    void stop() { request_end(FinishReason::Stop); }
+    bool end_requested() const { return end_.load(std::memory_order_relaxed) != 0; }
 
     FinishReason finish_reason() const;
     std::string error() const;
@@ -99,7 +103,11 @@ class Job {
     bool decoding_ = false;
     clock::time_point t_submit_, t_start_, t_first_;
 
-    std::atomic<bool> cancel_{false};
+    void request_end(FinishReason r) {
+        int none = 0;
+        end_.compare_exchange_strong(none, int(r), std::memory_order_relaxed);
+    }
+    std::atomic<int> end_{0};  // 0, or the FinishReason cancel()/stop() asked for
 
     // Shared with the consumer.
     mutable std::mutex mu_;

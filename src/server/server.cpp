@@ -485,7 +485,7 @@ struct HttpServer::Impl {
                 return;
             }
         }
-        if (out->stopped()) job->cancel();
+        if (out->stopped()) job->stop();
         const FinishReason fr = finished ? job->finish_reason() : FinishReason::Stop;
         if (fr == FinishReason::Error) throw ApiError(500, job->error(), "server_error");
         text += out->finish(infos);
@@ -547,7 +547,7 @@ struct HttpServer::Impl {
                 bool finished = st->job->take(toks, std::chrono::milliseconds(200));
                 std::string text = st->out->absorb(toks, infos);
                 if (st->out->stopped()) {
-                    st->job->cancel();  // a stop string ended it: do not wait for the scheduler
+                    st->job->stop();  // a stop string ended it: do not wait for the scheduler
                     finished = true;
                 }
                 if (finished) {

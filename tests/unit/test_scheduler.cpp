@@ -269,6 +269,41 @@ TEST_F(SchedulerTest, QueueLimitRejectsAndCancelFreesTheSlot) {
     EXPECT_EQ(sched.stats().active, 0);
 }
 
+TEST_F(SchedulerTest, StopKeepsTheCacheAndCancelDropsIt) {
+    auto eng = engine(1);
+    Scheduler sched(*eng, SchedulerOptions{1, 4, 0});
+    const std::vector<int32_t> p = tokens(kPrompts[1]);
+    GenerationParams gp;
+    gp.sampling = greedy();
+    gp.logit_bias = no_eog();
+    auto run_until = [&](std::shared_ptr<Job> job, size_t n) {
+        std::vector<GeneratedToken> got;
+        while (got.size() < n) EXPECT_FALSE(job->take(got, std::chrono::milliseconds(2000)));
+    };
+    // Ended by its consumer's stop condition: reason Stop, the slot keeps prompt and answer.
+    auto a = sched.submit(p, gp, greedy_sampler(p));
+    run_until(a, 3);
+    a->stop();
+    a->cancel();  // too late: the first request decides
+    a->wait_finished();
+    EXPECT_EQ(a->finish_reason(), FinishReason::Stop);
+    auto b = sched.submit(p, gp, greedy_sampler(p));
+    run_until(b, 1);
+    EXPECT_EQ(b->stats().n_cached, int(p.size()) - 1);
+    // Cancelled (its client left): the cells go with it.
+    b->cancel();
+    b->wait_finished();
+    EXPECT_EQ(b->finish_reason(), FinishReason::Cancelled);
+    auto c = sched.submit(p, gp, greedy_sampler(p));
+    run_until(c, 1);
+    EXPECT_EQ(c->stats().n_cached, 0);
+    c->cancel();
+    c->wait_finished();
+    const SchedulerStats st = sched.stats();
+    EXPECT_EQ(st.finished_by_reason[int(FinishReason::Stop)], 1u);
+    EXPECT_EQ(st.finished_by_reason[int(FinishReason::Cancelled)], 2u);
+}
+
 TEST_F(SchedulerTest, LimitsMaxTokensAndContext) {
     auto eng = engine(2, 64);
     Scheduler sched(*eng, SchedulerOptions{2, 4, 0});
