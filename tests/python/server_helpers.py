@@ -2,11 +2,13 @@
 share.
 
 Greedy outputs are compared "up to near-ties": the CPU kernels are not batch-invariant (a
-1-column GEMV and a multi-column tile round differently, ~1e-6 relative, and SmolLM2's outlier
-activations amplify that to ~0.1-0.2 in the logits), so two greedy runs of the same prompt in
-different batches may part where the two most likely tokens were within NEAR_TIE of each other.
-They must never part where the model was confident: that is what a token from another request,
-a stale cache cell or a wrong position produces.
+1-column GEMV and a multi-column tile round differently, ~1e-6 relative; the F16 KV cache turns
+that into whole-ulp differences and SmolLM2's outlier activations amplify them), so the same
+prompt decoded alone or among other requests gets logits up to ~0.6 apart and top-2 margins up
+to ~0.7 nats apart (measured over 16 chat prompts x 64 tokens). Two greedy runs may therefore
+part where the two most likely tokens were within NEAR_TIE of each other; they must never part
+where the model was confident, which is what a token from another request, a stale cache cell or
+a wrong position produces.
 """
 import http.client
 import json
@@ -16,7 +18,7 @@ import subprocess
 import threading
 import time
 
-NEAR_TIE = 0.5  # nats between the two most likely tokens
+NEAR_TIE = 1.0  # nats between the two most likely tokens
 
 
 class Server:

@@ -99,10 +99,11 @@ class SchedulerTest : public ::testing::Test {
 
     // Greedy outputs of a job must equal its single-sequence reference. The CPU kernels are not
     // batch-invariant (a 1-column GEMV and a multi-column tile round differently, ~1e-6
-    // relative, and SmolLM2's outlier activations amplify that to ~0.1-0.2 in the logits), so
+    // relative; the F16 KV cache turns that into whole ulps and SmolLM2's outlier activations
+    // amplify it: top-2 margins move by up to ~0.7 nats between a lone and a batched run), so
     // two runs may part at a near-tie; they must never part where the reference was confident,
     // which is what a token from another sequence, a stale cache cell or a wrong position causes.
-    static constexpr float kNearTie = 0.5f;
+    static constexpr float kNearTie = 1.0f;
     static void expect_same_greedy(const Ref& ref, const std::vector<int32_t>& got,
                                    const std::string& what) {
         size_t k = 0;
