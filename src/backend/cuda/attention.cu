@@ -327,6 +327,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
             const float sum = warp_sum(e0 + e1);
             ps[g * TP + lane] = e0;
             ps[g * TP + lane + 32] = e1;
+            // Every lane has read ms[g] before the reductions above; the explicit warp barrier
+            // makes that ordering visible to racecheck too.
+            __syncwarp();
             if (lane == 0) {
                 const float c = exp2f(m_old - m_new);
                 cs[g] = c;
