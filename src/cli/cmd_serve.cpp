@@ -4,10 +4,12 @@
 #include "core/error.h"
 
 #ifdef NT_HAVE_SERVER
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include "engine/chat_template.h"
@@ -82,6 +84,11 @@ int cmd_serve(int argc, char** argv) {
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a dead server
+    // Connection threads allocate small JSON and text buffers; glibc gives threads their own
+    // arenas (up to 8 per core), whose heaps then grow for a minute or more under load. Two
+    // arenas keep the server's memory flat at no measurable cost (32-client load test: flat at
+    // 460 MiB instead of climbing from 420 to 513 MiB). MALLOC_ARENA_MAX still overrides it.
+    if (!std::getenv("MALLOC_ARENA_MAX")) mallopt(M_ARENA_MAX, 2);
 
     Loaded l = load_model(a, parallel);
     SchedulerOptions sched_opt;
