@@ -105,30 +105,40 @@ def test_smollm2_batched_equals_unbatched(smollm2):
 
 @pytest.mark.parametrize("prompt", PROMPTS[:3])
 def test_smollm2_greedy_continuation_matches(smollm2, cli, prompt):
-    """32 greedy tokens: ours equal llama.cpp's, except where llama.cpp's own choice is a near-tie.
+    """32 greedy tokens: identical to llama.cpp's, or identical up to a near-tie.
 
-    Two engines that sum in different orders can only agree on argmax where it is not a tie, so
-    the continuation is checked step by step along llama.cpp's greedy path: at every step our
-    argmax must be llama.cpp's token, or that token must be within 0.05 x logit std of our best.
-    That is a third of the noise between llama.cpp's own batched and token-by-token paths on this
-    model (0.15 x std); measured gaps where the engines part are 0.014-0.033 x std, while a real
-    bug moves logits by several x std. Where no such tie occurs the texts must be identical.
+    Two engines that sum in different orders can only agree on argmax where it is not a tie.
+    So the texts must be identical, except that they may part at a step where llama.cpp itself
+    rates our token within 0.05 x logit std of its own choice, given the same prefix. That is a
+    third of the noise between llama.cpp's own batched and token-by-token paths on this model
+    (0.15 x std); a real bug moves logits by several x std and parts the texts at a clear choice.
     """
-    ref_model = llama_cpp.Llama(model_path=smollm2, n_ctx=512, n_threads=2, verbose=False, seed=0)
-    ref_text = greedy_ref(ref_model, prompt, 32)
+    ref_model = llama_cpp.Llama(model_path=smollm2, n_ctx=512, n_threads=2, verbose=False, seed=0, logits_all=True)
+    ref_text = greedy_ref(ref_model, prompt, 32).rstrip("\n")
+    our_text = greedy_ours(cli, smollm2, prompt, 32)
+    if our_text == ref_text:
+        return
     prompt_ids = ref_model.tokenize(prompt.encode(), add_bos=True, special=True)
     ref_ids = ref_model.tokenize(ref_text.encode(), add_bos=False, special=True)
-    seq = prompt_ids + ref_ids
-    ours = our_logits(smollm2, [seq], ref_model.n_vocab())[0]
-    ties = 0
-    for step, tok in enumerate(ref_ids):
-        lg = ours[len(prompt_ids) - 1 + step]
-        gap = float(lg.max() - lg[tok])
-        if gap > 0:
-            assert gap <= 0.05 * float(lg.std()), f"step {step}: llama.cpp chose {tok}, ours prefers {int(lg.argmax())} by {gap:.4f}"
-            ties += 1
-    if ties == 0:
-        assert greedy_ours(cli, smollm2, prompt, 32) == ref_text.rstrip("\n")
+    our_ids = ref_model.tokenize(our_text.encode(), add_bos=False, special=True)
+    k = next(i for i in range(min(len(ref_ids), len(our_ids)) + 1)
+             if i == len(ref_ids) or i == len(our_ids) or ref_ids[i] != our_ids[i])
+    assert k < len(ref_ids) and k < len(our_ids), f"one text is a prefix of the other:\n{our_text!r}\n{ref_text!r}"
+    ref_model.reset()
+    ref_model.eval(prompt_ids + ref_ids[:k])
+    lg = np.array(ref_model.scores[len(prompt_ids) + k - 1])
+    gap = float(lg[ref_ids[k]] - lg[our_ids[k]])
+    assert gap <= 0.05 * float(lg.std()), (
+        f"texts part at token {k} where llama.cpp prefers its token by {gap:.3f} (std {lg.std():.3f}):\n"
+        f"ours: {our_text!r}\nref:  {ref_text!r}")
+
+
+# max |diff| / logit std allowed per weight type. Float weights agree to rounding; 32-element
+# quants differ by activation rounding (llama.cpp converts attention inputs to F16); K-quant
+# models are flatter (small logit std), so the same absolute noise is a larger fraction. Position
+# 0 is bit-identical for every quantized type (see test_synthetic_first_position_exact).
+TOLERANCE = {"f32": 0.002, "f16": 0.005, "bf16": 0.02, "q4_0": 0.05, "q4_1": 0.05, "q5_0": 0.05, "q5_1": 0.05,
+             "q8_0": 0.05, "q2_K": 0.3, "q3_K": 0.25, "q4_K": 0.25, "q5_K": 0.25, "q6_K": 0.25}
 
 
 @pytest.fixture(scope="module")
