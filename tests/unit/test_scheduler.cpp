@@ -238,14 +238,18 @@ TEST_F(SchedulerTest, QueueLimitRejectsAndCancelFreesTheSlot) {
     forever.max_tokens = -1;  // until the context is full
     forever.logit_bias = no_eog();
     auto a = sched.submit(p, forever, greedy_sampler(p));
+    ASSERT_TRUE(a);
+    // Wait until a holds the slot (its first token is out); before that a is still queued and
+    // the queue limit below would count it.
+    std::vector<GeneratedToken> got;
+    while (got.empty()) ASSERT_FALSE(a->take(got, std::chrono::milliseconds(2000)));
     auto b = sched.submit(p, forever, greedy_sampler(p));
-    ASSERT_TRUE(a && b);
+    ASSERT_TRUE(b);
     EXPECT_EQ(sched.submit(p, forever, greedy_sampler(p)), nullptr);  // slot busy, queue full
     EXPECT_EQ(sched.stats().jobs_rejected, 1u);
     EXPECT_EQ(sched.stats().queued, 1);
 
     // Let a produce a few tokens, then cancel it: b takes the slot at once.
-    std::vector<GeneratedToken> got;
     while (got.size() < 3) ASSERT_FALSE(a->take(got, std::chrono::milliseconds(2000)));
     const auto t0 = std::chrono::steady_clock::now();
     a->cancel();
