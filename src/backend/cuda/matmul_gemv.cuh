@@ -172,7 +172,15 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
                 for (int v = lane; v < nv; v += 32) {
                     const uint8_t* g = a0 + 16 * v;
                     const int avail = wend - g < 16 ? int(wend - g) : 16;
-                    cp_async16(dst + r * S::kStageBytes + 16 * v, g, avail);
+                    uint8_t* d = dst + r * S::kStageBytes + 16 * v;
+                    if (avail == 16) {
+                        cp_async16(d, g, 16);
+                    } else {
+                        // The matrix's last vector: copy what exists and zero the rest, so no
+                        // instruction addresses bytes past the end (cp.async with a short
+                        // src-size still names a 16-byte source).
+                        for (int b = 0; b < 16; ++b) d[b] = b < avail ? g[b] : 0;
+                    }
                 }
             }
         }
