@@ -94,16 +94,15 @@ std::string Metrics::render(const SchedulerStats& s) const {
     sample(o, "nt_step_tokens_total", double(s.step_tokens));
     family(o, "nt_step_seconds_total", "counter", "Time spent in forward steps and sampling.");
     sample(o, "nt_step_seconds_total", s.step_seconds);
+    static const char* const kTiers[3] = {"vram", "ram", "disk"};
     family(o, "nt_weight_bytes", "gauge", "Model weight bytes held in each memory tier.");
-    for (const char* tier : {"vram", "ram", "disk"})
-        sample(o, "nt_weight_bytes", facts_.weight_tier == tier ? double(facts_.weight_bytes) : 0.0,
-               strfmt("tier=\"%s\"", tier));
+    for (int t = 0; t < 3; t++)
+        sample(o, "nt_weight_bytes", double(facts_.tier_bytes[t]), strfmt("tier=\"%s\"", kTiers[t]));
     family(o, "nt_weight_bytes_read_total", "counter",
            "Weight bytes read by forward steps, by the tier they came from.");
-    for (const char* tier : {"vram", "ram", "disk"})
-        sample(o, "nt_weight_bytes_read_total",
-               facts_.weight_tier == tier ? double(facts_.weight_bytes) * double(s.steps) : 0.0,
-               strfmt("tier=\"%s\"", tier));
+    for (int t = 0; t < 3; t++)
+        sample(o, "nt_weight_bytes_read_total", double(facts_.step_bytes[t]) * double(s.steps),
+               strfmt("tier=\"%s\"", kTiers[t]));
     family(o, "nt_kv_cache_bytes", "gauge", "Bytes of the KV cache (all slots).");
     sample(o, "nt_kv_cache_bytes", double(facts_.kv_cache_bytes));
     family(o, "nt_context_tokens", "gauge", "Context size of each slot, in tokens.");

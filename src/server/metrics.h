@@ -13,8 +13,11 @@ namespace nt::server {
 // What does not change while the server runs.
 struct ModelFacts {
     std::string model_name;
-    std::string weight_tier;  // where the weights live: "vram", "ram" or "disk"
-    uint64_t weight_bytes = 0;
+    // Weight bytes held in each tier (vram, ram, disk) and read from each by one forward step.
+    // Resident models read everything from where it lives; with streaming, pinned-RAM and disk
+    // layers are copied once per step whatever the batch (the tier planner's figures).
+    uint64_t tier_bytes[3] = {0, 0, 0};
+    uint64_t step_bytes[3] = {0, 0, 0};
     uint64_t kv_cache_bytes = 0;
     int n_ctx = 0, n_slots = 0;
 };

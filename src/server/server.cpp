@@ -189,13 +189,28 @@ struct HttpServer::Impl {
         ModelFacts f;
         f.model_name = opt.model_name;
         const std::string backend = sched.engine().backend().name();
-        f.weight_tier = backend.rfind("cuda", 0) == 0 ? "vram" : "ram";
+        uint64_t total = 0;
         std::vector<const void*> seen;
         for_each_weight(model.weights, [&](WeightView& v) {
             if (std::find(seen.begin(), seen.end(), v.data) != seen.end()) return;
             seen.push_back(v.data);
-            f.weight_bytes += v.nbytes;
+            total += v.nbytes;
         });
+        const MemoryReport& mem = sched.engine().memory();
+        if (mem.planned && mem.plan.streams()) {
+            // Streamed layers live in pinned RAM or on disk and cross PCIe once per step; the
+            // rest (resident layers, embeddings, output) is in VRAM.
+            const mem::TierPlan& p = mem.plan;
+            f.tier_bytes[1] = p.bytes[1];
+            f.tier_bytes[2] = p.bytes[2];
+            f.tier_bytes[0] = total > p.bytes[1] + p.bytes[2] ? total - p.bytes[1] - p.bytes[2] : 0;
+            f.step_bytes[0] = f.tier_bytes[0];
+            f.step_bytes[2] = p.disk_per_step;
+            f.step_bytes[1] = p.h2d_per_step > p.disk_per_step ? p.h2d_per_step - p.disk_per_step : 0;
+        } else {
+            const int t = backend.rfind("cuda", 0) == 0 ? 0 : 1;
+            f.tier_bytes[t] = f.step_bytes[t] = total;
+        }
         const ModelShape& sh = model.hp.shape;
         f.kv_cache_bytes = uint64_t(sh.n_layer) * 2 * uint64_t(sched.n_slots()) *
                            uint64_t(sched.n_ctx()) * uint64_t(sh.n_head_kv) *
