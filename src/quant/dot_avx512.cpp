@@ -4,7 +4,9 @@
 
 // GCC 12's AVX-512 intrinsics initialise their "undefined" operands from themselves and trip
 // -W(maybe-)uninitialized when inlined (a false positive; GCC bug 105593).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 

@@ -685,8 +685,14 @@ TEST(GgufSpeed, LargeVocabularyParsesInMilliseconds) {
     std::vector<float> scores;
     std::vector<int32_t> types;
     for (int k = 0; k < n; k++) {
-        tokens.push_back("tok" + std::to_string(k));
-        merges.push_back("m" + std::to_string(k) + " x");
+        // Built by appending: prefix + std::to_string(k) trips gcc 12's -Wrestrict (a false
+        // positive in basic_string's insert).
+        std::string tok = "tok", merge = "m";
+        tok += std::to_string(k);
+        merge += std::to_string(k);
+        merge += " x";
+        tokens.push_back(tok);
+        merges.push_back(merge);
         scores.push_back(float(-k));
         types.push_back(1);
     }
@@ -829,7 +835,10 @@ std::vector<std::string> our_dump(const GgufFile& f) {
     }
     for (const GgufTensorInfo& t : f.tensors()) {
         std::string ne;
-        for (int64_t x : t.ne) ne += (ne.empty() ? "" : ",") + std::to_string(x);
+        for (int64_t x : t.ne) {  // appended in two steps: "," + string trips gcc 12's -Wrestrict
+            if (!ne.empty()) ne += ',';
+            ne += std::to_string(x);
+        }
         lines.push_back(strfmt("tensor %s type=%u ne=%s offset=%llu nbytes=%zu crc32=%08x",
                                t.name.c_str(), uint32_t(t.type), ne.c_str(),
                                (unsigned long long)(f.data_offset() + t.offset), t.nbytes,
