@@ -1,5 +1,4 @@
 // perplexity: llama.cpp's method, so the numbers compare directly with llama-perplexity.
-#include <algorithm>
 #include <cstdio>
 
 #include "cli/common.h"
@@ -21,17 +20,10 @@ int cmd_perplexity(int argc, char** argv) {
     if (n_ctx < 8) fail("-c must be at least 8 for perplexity.");
     const int max_chunks = a.integer("--chunks", -1);
 
-    auto model = Model::load(require_model_path(a));
-    std::vector<int32_t> tokens = model->tokenizer->encode(text, true, false);
+    // The engine clamps its step to the context, so chunks of -c tokens go in ceil(c / -b) steps.
+    Loaded l = load_model(a, 1, n_ctx);
+    std::vector<int32_t> tokens = l.model->tokenizer->encode(text, true, false);
     if (max_chunks > 0 && int64_t(tokens.size()) > int64_t(max_chunks) * n_ctx) tokens.resize(size_t(max_chunks) * size_t(n_ctx));
-    EngineOptions opt;
-    opt.n_ctx = n_ctx;
-    opt.max_batch = std::min(a.integer("--batch-size", 512), n_ctx);
-    if (opt.max_batch < 1) fail("--batch-size must be at least 1.");
-    const int threads = a.integer("--threads", 0);
-    Loaded l;
-    l.model = std::move(model);
-    l.engine = std::make_unique<Engine>(*l.model, make_backend_for(a, threads), opt);
     std::fprintf(stderr, "perplexity: %zu tokens, %zu chunks of %d\n", tokens.size(), tokens.size() / size_t(n_ctx), n_ctx);
     PerplexityResult r = perplexity(*l.engine, tokens, n_ctx, [](int i, double ppl) {
         std::printf("[%d]%.4f,", i + 1, ppl);

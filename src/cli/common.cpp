@@ -18,15 +18,11 @@ std::string require_model_path(const Args& a) {
     return a.str("--model");
 }
 
-std::unique_ptr<Backend> make_backend_for(const Args& a, int threads) {
-    return make_backend(a.str("--device", "auto"), threads);
-}
-
-Loaded load_model(const Args& a, int n_seq) {
+Loaded load_model(const Args& a, int n_seq, int n_ctx) {
     Loaded l;
     l.model = Model::load(require_model_path(a));
     EngineOptions opt;
-    opt.n_ctx = a.integer("--ctx-size", 0);
+    opt.n_ctx = n_ctx >= 0 ? n_ctx : a.integer("--ctx-size", 0);
     if (opt.n_ctx < 0) fail("--ctx-size must be 0 or more.");
     opt.max_batch = a.integer("--batch-size", 512);
     if (opt.max_batch < 1) fail("--batch-size must be at least 1.");

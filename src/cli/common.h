@@ -14,9 +14,9 @@ struct Loaded {
 };
 
 // Loads -m with the engine options from the shared flags; `logits_all` sizes for perplexity.
-Loaded load_model(const Args& a, int n_seq = 1);
+// n_ctx >= 0 overrides -c (perplexity sizes the context from its own default).
+Loaded load_model(const Args& a, int n_seq = 1, int n_ctx = -1);
 std::string require_model_path(const Args& a);
-std::unique_ptr<Backend> make_backend_for(const Args& a, int threads);
 
 // Tiered memory: the budgets and streaming flags of model_opts(); the streaming pipeline's
 // report over a stats window (empty when nothing streams); the Chrome trace when --trace asks.

@@ -189,13 +189,8 @@ struct HttpServer::Impl {
         ModelFacts f;
         f.model_name = opt.model_name;
         const std::string backend = sched.engine().backend().name();
-        uint64_t total = 0;
-        std::vector<const void*> seen;
-        for_each_weight(model.weights, [&](WeightView& v) {
-            if (std::find(seen.begin(), seen.end(), v.data) != seen.end()) return;
-            seen.push_back(v.data);
-            total += v.nbytes;
-        });
+        uint64_t total = 0;  // for_each_weight visits tied embeddings once
+        for_each_weight(model.weights, [&](WeightView& v) { total += v.nbytes; });
         const MemoryReport& mem = sched.engine().memory();
         if (mem.planned && mem.plan.streams()) {
             // Streamed layers live in pinned RAM or on disk and cross PCIe once per step; the

@@ -88,15 +88,20 @@ void CpuBackend::embed(const WeightView& tok_embd, float* x) {
 
 void CpuBackend::rmsnorm(const float* x, const WeightView& w, int n, int dim, float* out) {
     qact_src_ = nullptr;  // only back-to-back matmuls share a quantized input
-    std::vector<float> wf(static_cast<size_t>(dim));
-    dequantize_row(w.type, w.data, wf.data(), dim);
+    // Norm weights are F32 in every file we know; other types are expanded into scratch.
+    const float* wf = static_cast<const float*>(w.data);
+    if (w.type != GgmlType::F32) {
+        norm_scratch_.resize(size_t(dim));
+        dequantize_row(w.type, w.data, norm_scratch_.data(), dim);
+        wf = norm_scratch_.data();
+    }
     for (int i = 0; i < n; i++) {
         const float* xr = x + int64_t(i) * dim;
         float* o = out + int64_t(i) * dim;
         double sum = 0;  // ggml accumulates the mean square in double
         for (int j = 0; j < dim; j++) sum += double(xr[j]) * double(xr[j]);
         const float scale = 1.0f / std::sqrt(float(sum / dim) + shape_.norm_eps);
-        for (int j = 0; j < dim; j++) o[j] = xr[j] * scale * wf[size_t(j)];
+        for (int j = 0; j < dim; j++) o[j] = xr[j] * scale * wf[j];
     }
 }
 

@@ -49,6 +49,7 @@ private:
     std::vector<float> rope_inv_freq_;  // per pair: freq_scale * base^(-2i/n_rot) / factor_i
     // Activations quantized for the current matmul input; reused while the same input feeds
     // several matrices (q/k/v, gate/up).
+    std::vector<float> norm_scratch_;  // a non-F32 norm weight, expanded
     std::vector<uint8_t> qact_;
     const float* qact_src_ = nullptr;
     GgmlType qact_type_ = GgmlType::F32;
