@@ -206,8 +206,8 @@ PerplexityResult perplexity(Engine& eng, const std::vector<int32_t>& tokens, int
     for (int c = 0; c < n_chunks; c++) {
         const int start = c * n_ctx;
         // Positions restart at 0 for every chunk, and the first token becomes BOS when the
-        // model adds one, as llama.cpp's perplexity tool does.
-        std::vector<float> all(size_t(n_ctx) * size_t(n_vocab));
+        // model adds one, as llama.cpp's perplexity tool does. Logits at positions
+        // first .. n_ctx-2 are scored as they arrive: position j predicts token j+1.
         for (int i = 0; i < n_ctx; i += eng.max_batch()) {
             b.clear();
             const int end = std::min(n_ctx, i + eng.max_batch());
@@ -217,26 +217,17 @@ PerplexityResult perplexity(Engine& eng, const std::vector<int32_t>& tokens, int
                 b.add(t, j, 0, j >= first && j < n_ctx - 1);
             }
             eng.eval(b, logits);
-            // Copy back the rows that were flagged, in order.
-            int k = 0;
-            for (int j = i; j < end; j++)
-                if (j >= first && j < n_ctx - 1) {
-                    std::copy(logits.begin() + int64_t(k) * n_vocab, logits.begin() + int64_t(k + 1) * n_vocab,
-                              all.begin() + int64_t(j) * n_vocab);
-                    k++;
-                }
-        }
-        for (int j = first + 1; j < n_ctx; j++) {
-            // logits at position j-1 predict token j (positions first .. n_ctx-2)
-            const float* lg = all.data() + int64_t(j - 1) * n_vocab;
-            float mx = lg[0];
-            for (int v = 1; v < n_vocab; v++) mx = std::max(mx, lg[v]);
-            double sum = 0;
-            for (int v = 0; v < n_vocab; v++) sum += std::exp(double(lg[v] - mx));
-            const double lp = double(lg[tokens[size_t(start + j)]] - mx) - std::log(sum);
-            nll -= lp;
-            nll2 += lp * lp;
-            count++;
+            const float* lg = logits.data();
+            for (int j = std::max(i, first); j < std::min(end, n_ctx - 1); j++, lg += n_vocab) {
+                float mx = lg[0];
+                for (int v = 1; v < n_vocab; v++) mx = std::max(mx, lg[v]);
+                double sum = 0;
+                for (int v = 0; v < n_vocab; v++) sum += std::exp(double(lg[v] - mx));
+                const double lp = double(lg[tokens[size_t(start + j + 1)]] - mx) - std::log(sum);
+                nll -= lp;
+                nll2 += lp * lp;
+                count++;
+            }
         }
         r.n_chunks = c + 1;
         if (on_chunk) on_chunk(c, std::exp(nll / count));
