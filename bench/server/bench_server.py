@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
 """Aggregate generation throughput of `ntransformer serve` at several numbers of concurrent clients.
 
-Each client (the official openai client, one thread each) sends /v1/completions requests back to
-back: a short prompt, max_tokens tokens with end-of-generation banned, so every request decodes
-exactly max_tokens. Throughput is the server's own count (nt_generated_tokens_total) over the
-measuring window, after a warm-up; the average batch is step tokens per forward step.
+Each client (the official openai client, one thread each) streams /v1/completions requests back to
+back: a short prompt, max_tokens tokens with the model's end-of-generation tokens banned. Throughput
+is the server's own count (nt_generated_tokens_total) over the measuring window, after a warm-up;
+the average batch is step tokens per forward step. When a window closes, the clients drop their
+streams (the server cancels those requests) and the next level starts on an idle server, so a
+level costs warm-up + window + about one step.
 
   bench/server/bench_server.py -m models/SmolLM2-135M-Instruct.Q4_1.gguf --clients 1,8,32
+  bench/server/bench_server.py -m 70b.gguf --device cuda --seconds 45 --max-tokens 32 \\
+      --json out.json -- --vram-budget 24G --ram-budget 48G
+
+Arguments after `--` go to `ntransformer serve` as they are.
 """
 import argparse
 import json
 import os
 import pathlib
 import platform
+import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -24,6 +32,8 @@ from server_helpers import Server  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The history of the bicycle", "A recipe for bread:", "Dear diary, today",
            "The ocean is", "In the year 2100,", "My favourite book is", "The mountain village"]
+# End-of-generation tokens that a vocabulary may have besides the ids in its metadata.
+EOG_TEXTS = ["<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "</s>"]
 
 
 def cpu_name():
@@ -36,21 +46,55 @@ def cpu_name():
     return platform.processor()
 
 
+def gpu_names():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+
+
+def model_facts(cli, model):
+    """(general.name, end-of-generation token ids): the ids from the metadata (eos/eot/eom) and any
+    of EOG_TEXTS that the tokenizer reads as one special token."""
+    info = subprocess.run([cli, "info", "-m", model], capture_output=True, text=True, check=True).stdout
+    name = re.search(r"^\s*general\.name\s+(.*)$", info, re.M)
+    ids = {int(m) for m in re.findall(r"^\s*tokenizer\.ggml\.eo[stm]_token_id\s+(\d+)\s*$", info, re.M)}
+    for text in EOG_TEXTS:
+        tok = subprocess.run([cli, "tokenize", "-m", model, "-p", text, "--ids", "--no-bos"], capture_output=True,
+                             text=True, check=True)
+        got = json.loads(tok.stdout)
+        if len(got) == 1:
+            ids.add(got[0])
+    return (name.group(1).strip().strip('"') if name else pathlib.Path(model).name), sorted(ids)
+
+
 def measure(server, model_id, eog_bias, clients, seconds, warmup, max_tokens):
     stop = threading.Event()
-    latencies, errors, lock = [], [], threading.Lock()
+    done, errors, lock = [], [], threading.Lock()  # done: (seconds, first-token seconds, tokens)
 
     def loop(i):
         client = server.client()
         k = i
         while not stop.is_set():
             t0 = time.time()
+            first, tokens, finished = None, 0, False
             try:
-                r = client.completions.create(model=model_id, prompt=PROMPTS[k % len(PROMPTS)], max_tokens=max_tokens,
-                                              temperature=0.8, logit_bias=eog_bias)
-                assert r.usage.completion_tokens == max_tokens
-                with lock:
-                    latencies.append(time.time() - t0)
+                stream = client.completions.create(model=model_id, prompt=PROMPTS[k % len(PROMPTS)],
+                                                   max_tokens=max_tokens, temperature=0.8, logit_bias=eog_bias,
+                                                   stream=True, stream_options={"include_usage": True})
+                with stream:  # leaving early closes the connection: the server cancels the request
+                    for chunk in stream:
+                        if first is None and chunk.choices and chunk.choices[0].text:
+                            first = time.time() - t0
+                        if chunk.usage:
+                            tokens, finished = chunk.usage.completion_tokens, True
+                        if stop.is_set():
+                            break
+                if finished:
+                    with lock:
+                        done.append((time.time() - t0, first or 0.0, tokens))
             except Exception as e:  # reported, and the run fails
                 with lock:
                     errors.append(repr(e))
@@ -68,60 +112,107 @@ def measure(server, model_id, eog_bias, clients, seconds, warmup, max_tokens):
         t.join()
     if errors:
         raise SystemExit(f"{len(errors)} failed requests, e.g. {errors[0]}")
+    idle_s = server.wait_idle(timeout=120)
     dt = t1 - t0
     gen = m1["nt_generated_tokens_total"] - m0["nt_generated_tokens_total"]
     steps = m1["nt_steps_total"] - m0["nt_steps_total"]
     step_tokens = m1["nt_step_tokens_total"] - m0["nt_step_tokens_total"]
     step_secs = m1["nt_step_seconds_total"] - m0["nt_step_seconds_total"]
-    lat = sorted(latencies)
+    full = [d for d in done if d[2] == max_tokens]
+    lat = sorted(d[0] for d in full)
+    ttft = sorted(d[1] for d in full)
     return {
         "clients": clients,
+        "window_s": round(dt, 2),
+        "generated_tokens": int(gen),
         "tok_s": gen / dt,
         "per_client_tok_s": gen / dt / clients,
+        "steps": int(steps),
         "avg_batch": step_tokens / steps if steps else 0,
         "step_ms": 1000 * step_secs / steps if steps else 0,
         "busy": step_secs / dt,
-        "p50_s": lat[len(lat) // 2] if lat else 0,
-        "requests": len(lat),
+        "p50_s": lat[len(lat) // 2] if lat else None,
+        "p50_first_token_s": ttft[len(ttft) // 2] if ttft else None,
+        "requests_done": len(full),
+        "requests_short": len(done) - len(full),  # ended at an end-of-generation token not banned
+        "drain_s": round(idle_s, 2),
     }
 
 
+def fmt_s(v):
+    return "—" if v is None else f"{v:.2f}"
+
+
 def main():
+    argv = sys.argv[1:]
+    serve_extra = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, serve_extra = argv[:at], argv[at + 1:]
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=str(ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--build", default=os.environ.get("NT_BUILD_DIR", str(ROOT / "build")))
+    ap.add_argument("--build", default=os.environ.get("NT_BUILD_DIR", str(ROOT / "build")),
+                    help="build folder holding ntransformer (default: $NT_BUILD_DIR, else build/)")
     ap.add_argument("--clients", default="1,8,32")
     ap.add_argument("--parallel", type=int, default=0, help="server slots (default: the largest client count)")
-    ap.add_argument("--seconds", type=float, default=30)
-    ap.add_argument("--warmup", type=float, default=5)
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--seconds", type=float, default=30, help="measuring window per level")
+    ap.add_argument("--warmup", type=float, default=5, help="seconds of load before each window")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
+    ap.add_argument("--ctx", type=int, default=512, help="context per slot")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
-    args = ap.parse_args()
+    ap.add_argument("--start-timeout", type=float, default=900,
+                    help="seconds the server may take to load the model (a streamed 70B pins and plans first)")
+    ap.add_argument("--json", help="also write the results, the commands and the machine to this file")
+    args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
     parallel = args.parallel or max(levels)
     cli = str(pathlib.Path(args.build) / "ntransformer")
-    tok = subprocess.run([cli, "tokenize", "-m", args.model, "-p", "<|im_end|><|endoftext|>", "--ids"],
-                         capture_output=True, text=True, check=True)
-    eog_bias = {str(t): -100 for t in json.loads(tok.stdout)}
-    server = Server(cli, args.model, "--parallel", str(parallel), "--queue", str(2 * max(levels)), ctx=args.ctx,
-                    device=args.device)
+    if not os.access(cli, os.X_OK):
+        raise SystemExit(f"{cli} is not an executable; build it, or point --build (or NT_BUILD_DIR) at its folder.")
+    model_name, eog_ids = model_facts(cli, args.model)
+    eog_bias = {str(t): -100 for t in eog_ids}
+    serve_args = ["--parallel", str(parallel), "--queue", str(2 * max(levels)), *serve_extra]
+    serve_cmd = (f"ntransformer serve -m {pathlib.Path(args.model).name} --device {args.device} -c {args.ctx} "
+                 + shlex.join(serve_args))
+    t_start = time.time()
+    server = Server(cli, args.model, *serve_args, ctx=args.ctx, device=args.device, start_timeout=args.start_timeout,
+                    stop_timeout=120)
+    load_s = time.time() - t_start
+    results = []
     try:
         model_id = server.client().models.list().data[0].id
         load = os.getloadavg()
-        print(f"# {cpu_name()}, {os.cpu_count()} threads; load average {load[0]:.1f} before the run")
-        print(f"# ntransformer serve -m {pathlib.Path(args.model).name} --device {args.device} --parallel {parallel} "
-              f"-c {args.ctx}; "
-              f"{args.max_tokens} tokens per request, {args.seconds:.0f} s per level after {args.warmup:.0f} s warm-up")
+        gpus = gpu_names() if args.device != "cpu" else []
+        print(f"# {shlex.join(['bench/server/bench_server.py', *sys.argv[1:]])}")
+        print(f"# {cpu_name()}, {os.cpu_count()} threads" + (f"; GPU {', '.join(gpus)}" if gpus else "")
+              + f"; load average {load[0]:.1f} before the run")
+        print(f"# {model_name}: {serve_cmd}; ready in {load_s:.0f} s")
+        for line in server.log:
+            print(f"#   serve: {line.rstrip()}")
+        print(f"# {args.max_tokens} tokens per request (end-of-generation ids {eog_ids} banned), "
+              f"{args.seconds:g} s per level after {args.warmup:g} s warm-up")
         print("| clients | aggregate tok/s | tok/s per client | avg batch (tokens/step) | step ms | engine busy | "
-              "p50 request s |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+              "p50 request s | p50 first token s |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
         for n in levels:
             r = measure(server, model_id, eog_bias, n, args.seconds, args.warmup, args.max_tokens)
-            print(f"| {n} | {r['tok_s']:.1f} | {r['per_client_tok_s']:.1f} | {r['avg_batch']:.1f} | "
-                  f"{r['step_ms']:.1f} | {100 * r['busy']:.0f}% | {r['p50_s']:.2f} |", flush=True)
-        print(f"# load average {os.getloadavg()[0]:.1f} after the run")
+            results.append(r)
+            print(f"| {n} | {r['tok_s']:.1f} | {r['per_client_tok_s']:.2f} | {r['avg_batch']:.1f} | "
+                  f"{r['step_ms']:.1f} | {100 * r['busy']:.0f}% | {fmt_s(r['p50_s'])} | "
+                  f"{fmt_s(r['p50_first_token_s'])} |", flush=True)
+        print(f"# load average {os.getloadavg()[0]:.1f} after the run; "
+              + "; ".join(f"{r['clients']} clients: {r['requests_done']} requests completed "
+                          f"({r['requests_short']} ended early), idle {r['drain_s']} s after" for r in results))
     finally:
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps({
+                "command": shlex.join(["bench/server/bench_server.py", *sys.argv[1:]]),
+                "serve": serve_cmd, "model": model_name, "model_file": args.model, "load_s": round(load_s, 1),
+                "cpu": cpu_name(), "threads": os.cpu_count(), "gpus": gpu_names() if args.device != "cpu" else [],
+                "max_tokens": args.max_tokens, "seconds": args.seconds, "warmup": args.warmup,
+                "eog_ids": eog_ids, "serve_log": server.log, "results": results,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            }, indent=1) + "\n")
         server.close()
 
 

@@ -24,14 +24,15 @@ NEAR_TIE = 1.0  # nats between the two most likely tokens
 class Server:
     """ntransformer serve on 127.0.0.1 and a free port; stops (and checks the exit) on close()."""
 
-    def __init__(self, cli, model, *args, api_key=None, ctx=1024, device="cpu"):
+    def __init__(self, cli, model, *args, api_key=None, ctx=1024, device="cpu", start_timeout=60, stop_timeout=20):
         cmd = [cli, "serve", "-m", model, "--port", "0", "--device", device, "-c", str(ctx), *args]
         if api_key:
             cmd += ["--api-key", api_key]
         self.api_key = api_key
         self.log = []
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 60
+        self.stop_timeout = stop_timeout
+        deadline = time.time() + start_timeout
         self.port = None
         while time.time() < deadline:
             line = self.proc.stderr.readline()
@@ -122,11 +123,11 @@ class Server:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=self.stop_timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-                raise AssertionError("the server did not stop on SIGTERM")
+                raise AssertionError(f"the server did not stop within {self.stop_timeout} s of SIGTERM")
         self._drain.join(timeout=5)
         assert self.proc.returncode == 0, f"server exit code {self.proc.returncode}:\n" + "".join(self.log[-20:])
 
