@@ -33,7 +33,7 @@ run() {
 # wheel is a zip file, so plain unzipping installs it too).
 python_deps() {
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-    python3 -c "import openai" 2>/dev/null && return 0
+    python3 -c "import openai; openai.OpenAI" 2>/dev/null && return 0  # a 1.x client or later
     mkdir -p "$site"
     python3 -m pip install -q --no-index --no-deps --target "$site" "$whl"/*.whl 2>/dev/null ||
         for w in "$whl"/*.whl; do python3 -m zipfile -e "$w" "$site" || return 1; done
