@@ -80,6 +80,7 @@ std::string describe(const GemvConfig& c) {
     std::snprintf(b, sizeof b, "%s nx%d rw%d k%d",
                   c.kernel == GemvKernel::Direct   ? "direct"
                   : c.kernel == GemvKernel::Stream ? "stream"
+                  : c.kernel == GemvKernel::Pipe   ? "pipe"
                   : c.persistent                   ? "staged-p"
                                                    : "staged",
                   c.nx, c.rows_per_warp, c.ksplit);
@@ -174,7 +175,8 @@ int main(int argc, char** argv) try {
                               : GemvConfig{};
                 variants.push_back(def);
                 if (quantized && opt.all_variants) {
-                    for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream})
+                    for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream,
+                                      GemvKernel::Pipe})
                         for (int rw : {1, 2})
                             for (int ks : {1, 2, 4})
                                 for (bool pers : {true, false}) {

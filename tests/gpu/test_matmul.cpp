@@ -387,7 +387,8 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                          stream);
                 const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
                 int tried = 0;
-                for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream})
+                for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream,
+                                  GemvKernel::Pipe})
                     for (int rw : {1, 2})
                         for (int ks : {1, 2, 4})
                             for (bool pers : {true, false}) {
@@ -404,6 +405,7 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                         << nt::type_name(t)
                                         << (kern == GemvKernel::Direct   ? " direct"
                                             : kern == GemvKernel::Stream ? " stream"
+                                            : kern == GemvKernel::Pipe   ? " pipe"
                                                                          : " staged")
                                         << (pers ? "-p" : "") << " nx" << nx << " rw" << rw << " k"
                                         << ks << " " << rows << "x" << cols << " n=" << n << " row "
@@ -411,6 +413,28 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                         << ", want " << ref[o];
                             }
                 EXPECT_GE(tried, nx == 8 ? 6 : 12) << nt::type_name(t) << " nx" << nx;
+
+                // SwiGLU pair: the first half of the rows as gate, the second half as up.
+                if (ncu::detail::gemv_pair_available(t)) {
+                    const int64_t half = rows / 2;
+                    const uint8_t* up = dw.p + size_t(half) * nt::row_bytes(t, cols);
+                    ck(cudaMemsetAsync(dy.p, 0xFF, dy.n * sizeof(float), stream));
+                    ncu::detail::gemv_pair(t, dw.p, up, half, cols, xq.p, xd.p, n, dy.p, stream);
+                    ck(cudaStreamSynchronize(stream));
+                    const std::vector<float> y = dy.get();
+                    for (int i = 0; i < n; ++i)
+                        for (int64_t r = 0; r < half; ++r) {
+                            const double g = ref[size_t(i) * rows + r];
+                            const double u = ref[size_t(i) * rows + half + r];
+                            const double sg = g / (1 + std::exp(-g));
+                            const double tol = 1e-4 * (mag[size_t(i) * rows + r] * std::fabs(u) +
+                                                       std::fabs(sg) * mag[size_t(i) * rows + half + r]) +
+                                               1e-6;
+                            ASSERT_LE(std::fabs(y[size_t(i) * half + r] - sg * u), tol)
+                                << nt::type_name(t) << " pair " << rows << "x" << cols << " n=" << n
+                                << " row " << r << " batch " << i;
+                        }
+                }
             }
         }
     }

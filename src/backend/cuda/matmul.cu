@@ -1,5 +1,7 @@
 // matmul(): picks GEMV or dequantize + cuBLAS GEMM, lays out the workspace, checks arguments.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul.cuh"
@@ -258,6 +260,10 @@ bool gemv_config_available(GgmlType t, const GemvConfig& c) {
                            t == GgmlType::Q8_0;
         return typed && c.rows_per_warp == 1 && c.ksplit == 1;
     }
+    if (c.kernel == GemvKernel::Pipe) {
+        // pipe_compiled<T>(); one row per warp at a time, no column split
+        return gemv_pair_available(t) && c.rows_per_warp == 1 && c.ksplit == 1;
+    }
     if (c.kernel == GemvKernel::Direct) {
         const bool aligned = t == GgmlType::Q4_K || t == GgmlType::Q5_K;  // direct_compiled<T>()
         return aligned && direct_pair_compiled(c.nx, c.rows_per_warp);
@@ -290,11 +296,51 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
 }
 
 GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count) {
+    // NT_GEMV_KERNEL=staged|direct|stream|pipe forces a kernel where the type has it (A/B
+    // measurements of whole models; bench_gemv compares kernels one matrix at a time).
+    static const int forced = [] {
+        const char* e = std::getenv("NT_GEMV_KERNEL");
+        if (!e) return -1;
+        const std::string v = e;
+        return v == "staged" ? int(GemvKernel::Staged)
+               : v == "direct" ? int(GemvKernel::Direct)
+               : v == "stream" ? int(GemvKernel::Stream)
+               : v == "pipe"   ? int(GemvKernel::Pipe)
+                               : -1;
+    }();
+    if (forced >= 0) {
+        GemvConfig want;
+        want.kernel = GemvKernel(forced);
+        if (want.kernel == GemvKernel::Pipe || want.kernel == GemvKernel::Stream)
+            want.rows_per_warp = 1, want.ksplit = 1;
+        const GemvConfig c = gemv_config(t, rows, cols, n, sm_count, want);
+        if (c.kernel == want.kernel) return c;
+    }
     GemvConfig want;
     // Q4_K/Q5_K blocks are 16-byte aligned, and loading them straight into registers beats the
     // staged copy through shared memory by 25-40% on every 8B shape (bench_gemv --variants all).
     if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) want.kernel = GemvKernel::Direct;
     return gemv_config(t, rows, cols, n, sm_count, want);
+}
+
+bool gemv_pair_available(GgmlType t) {
+    return t == GgmlType::Q4_K || t == GgmlType::Q6_K || t == GgmlType::Q8_0;
+}
+
+void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
+               const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t s) {
+    const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
+    if (n < 1 || n > 8) nt::fail("gemv pair: batch %d is not in 1..8.", n);
+    switch (t) {
+        case GgmlType::Q4_K:
+            return launch_gemv_pair<GgmlType::Q4_K>(w, w2, rows, cols, xq, xd, n, y, nx, s);
+        case GgmlType::Q6_K:
+            return launch_gemv_pair<GgmlType::Q6_K>(w, w2, rows, cols, xq, xd, n, y, nx, s);
+        case GgmlType::Q8_0:
+            return launch_gemv_pair<GgmlType::Q8_0>(w, w2, rows, cols, xq, xd, n, y, nx, s);
+        default:
+            nt::fail("gemv pair: no kernel for %s.", type_name(t));
+    }
 }
 
 void prepare_gemv_all() {
@@ -317,6 +363,7 @@ void gemv_q8(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t
         nt::fail("gemv: no %s kernel for %s with nx=%d rows_per_warp=%d ksplit=%d.",
                  c.kernel == GemvKernel::Direct   ? "direct"
                  : c.kernel == GemvKernel::Stream ? "stream"
+                 : c.kernel == GemvKernel::Pipe   ? "pipe"
                                                   : "staged",
                  type_name(t), c.nx, c.rows_per_warp, c.ksplit);
     switch (t) {

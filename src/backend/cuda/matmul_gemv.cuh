@@ -20,12 +20,13 @@
 // Direct kernel (blocks that are 16-byte aligned: Q4_K, Q5_K): 16-byte loads straight into
 // registers, kDirectUnroll units in flight per warp.
 //
-// Stream kernel: matmul_gemv_stream.cuh.
+// Stream kernel: matmul_gemv_stream.cuh. Pipe kernel: matmul_gemv_pipe.cuh.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/matmul_gemv_pipe.cuh"
 #include "backend/cuda/matmul_gemv_stream.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
@@ -385,6 +386,10 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
         if (c.kernel == GemvKernel::Stream)
             return launch_stream_nx<T>(w, rows, cols, xq, xd, n, y, c.nx, stream);
     }
+    if constexpr (pipe_compiled<T>()) {
+        if (c.kernel == GemvKernel::Pipe)
+            return launch_pipe_nx<T>(w, nullptr, rows, cols, xq, xd, n, y, c.nx, stream);
+    }
 #define NT_GEMV_CASE(NX, RW)                                                                    \
     if (c.nx == NX && c.rows_per_warp == RW) {                                                  \
         if constexpr (direct_compiled<T>() && direct_pair_compiled(NX, RW)) {                   \
@@ -415,6 +420,28 @@ void prepare_gemv_q8() {
     staged_resident_ctas<T, 4, 2>();
     staged_resident_ctas<T, 8, 1>();
     if constexpr (stream_compiled<T>()) prepare_stream<T>();
+    if constexpr (pipe_compiled<T>()) prepare_pipe<T>();
+}
+
+// SwiGLU pair: y = silu(w x) * (w2 x) in one pipe launch (pipe_compiled<T>() types only).
+template <GgmlType T>
+void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
+                      const int8_t* xq, const float2* xd, int n, float* y, int nx,
+                      cudaStream_t stream) {
+    if constexpr (pipe_compiled<T>())
+        return launch_pipe_nx<T>(w, w2, rows, cols, xq, xd, n, y, nx, stream);
+    nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
 }
 
 }  // namespace nt::cuda::detail
+
+// Explicit instantiation of one type's GEMV entry points (in the matmul_gemv_*.cu files, which
+// split the types so that the build runs in parallel).
+#define NT_GEMV_INSTANTIATE(T)                                                                  \
+    template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*,     \
+                                              const float2*, int, float*, const GemvConfig&,    \
+                                              cudaStream_t);                                    \
+    template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t,     \
+                                                const int8_t*, const float2*, int, float*, int, \
+                                                cudaStream_t);                                  \
+    template void prepare_gemv_q8<GgmlType::T>();

@@ -3,13 +3,7 @@
 
 namespace nt::cuda::detail {
 
-#define NT_INSTANTIATE(T)                                                                    \
-    template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*,  \
-                                              const float2*, int, float*, const GemvConfig&, \
-                                              cudaStream_t);                                 \
-    template void prepare_gemv_q8<GgmlType::T>();
-NT_INSTANTIATE(Q2_K)
-NT_INSTANTIATE(Q3_K)
-#undef NT_INSTANTIATE
+NT_GEMV_INSTANTIATE(Q2_K)
+NT_GEMV_INSTANTIATE(Q3_K)
 
 }  // namespace nt::cuda::detail

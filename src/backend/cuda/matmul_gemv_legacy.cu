@@ -4,16 +4,10 @@
 
 namespace nt::cuda::detail {
 
-#define NT_INSTANTIATE(T)                                                                    \
-    template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*,  \
-                                              const float2*, int, float*, const GemvConfig&, \
-                                              cudaStream_t);                                 \
-    template void prepare_gemv_q8<GgmlType::T>();
-NT_INSTANTIATE(Q4_0)
-NT_INSTANTIATE(Q4_1)
-NT_INSTANTIATE(Q5_0)
-NT_INSTANTIATE(Q5_1)
-NT_INSTANTIATE(Q8_0)
-#undef NT_INSTANTIATE
+NT_GEMV_INSTANTIATE(Q4_0)
+NT_GEMV_INSTANTIATE(Q4_1)
+NT_GEMV_INSTANTIATE(Q5_0)
+NT_GEMV_INSTANTIATE(Q5_1)
+NT_GEMV_INSTANTIATE(Q8_0)
 
 }  // namespace nt::cuda::detail

@@ -48,6 +48,9 @@ enum class GemvKernel : int {
     Stream = 2,  // GPU-filling grid of warps that each take whole rows, weights loaded several
                  // 16-byte vectors per lane ahead, activations in shared memory (Q4_K, Q5_K,
                  // Q6_K, Q8_0; rows_per_warp 1, ksplit 1; see matmul_gemv_stream.cuh)
+    Pipe = 3,    // GPU-filling grid of warps over contiguous row ranges, several units of raw
+                 // weight registers in flight per warp (Q4_K, Q6_K, Q8_0; rows_per_warp 1,
+                 // ksplit 1; see matmul_gemv_pipe.cuh)
 };
 
 // A GEMV launch shape. Zeros mean "choose": gemv_config() fills them in.
@@ -81,10 +84,19 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
 // One-time host-side setup of every GEMV kernel of type T (shared-memory limits, occupancy).
 template <GgmlType T>
 void prepare_gemv_q8();
+// SwiGLU pair: y = silu(w x) * (w2 x), both rows x cols of type T, in one launch (types with
+// the pipe kernel only: gemv_pair_available).
+template <GgmlType T>
+void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
+                      const int8_t* xq, const float2* xd, int n, float* y, int nx,
+                      cudaStream_t stream);
 #define NT_GEMV_EXTERN(T)                                                                          \
     extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
                                                      const float2*, int, float*,                   \
                                                      const GemvConfig&, cudaStream_t);             \
+    extern template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t, \
+                                                       const int8_t*, const float2*, int, float*,  \
+                                                       int, cudaStream_t);                         \
     extern template void prepare_gemv_q8<GgmlType::T>();
 NT_GEMV_EXTERN(Q4_0)
 NT_GEMV_EXTERN(Q4_1)
@@ -100,6 +112,12 @@ NT_GEMV_EXTERN(Q6_K)
 
 // prepare_gemv_q8 for every quantized type (matmul_init calls it).
 void prepare_gemv_all();
+
+// Whether gemv_pair has a kernel for weights of type t.
+bool gemv_pair_available(GgmlType t);
+// y = silu(w x) * (w2 x) for n <= 8 activation rows (quantize_q8 output), nx as GemvConfig.
+void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
+               const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t stream);
 
 // The same for F32, F16 and BF16 weights with float activations (any cols).
 void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,

@@ -79,6 +79,31 @@ NT_HD void ld_u32x4_a2(const uint8_t* p, uint32_t v[4]) {
     std::memcpy(v, p, 16);
 #endif
 }
+// The same split in two: the five aligned words (pure loads, so a pipelined kernel can issue
+// them long before it needs them) and the funnel shifts that make the four words of them.
+struct A2x4 {
+    uint32_t w[5];
+    uint32_t sh;  // bit offset: 0 or 16
+};
+NT_HD void ld_a2x4_raw(const uint8_t* p, A2x4& r) {
+#ifdef __CUDA_ARCH__
+    const uint32_t* w =
+        reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+    r.sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
+    for (int i = 0; i < 5; ++i) r.w[i] = w[i];
+#else
+    std::memcpy(r.w, p, 16);
+    r.w[4] = 0;
+    r.sh = 0;
+#endif
+}
+NT_HD void a2x4_words(const A2x4& r, uint32_t v[4]) {
+#ifdef __CUDA_ARCH__
+    for (int i = 0; i < 4; ++i) v[i] = __funnelshift_r(r.w[i], r.w[i + 1], r.sh);
+#else
+    for (int i = 0; i < 4; ++i) v[i] = r.w[i];
+#endif
+}
 // Four consecutive 32-bit words from a 16-byte aligned address.
 NT_HD void ld_u32x4(const uint8_t* p, uint32_t v[4]) {
 #ifdef __CUDA_ARCH__
@@ -365,9 +390,23 @@ struct Quant<GgmlType::Q8_0> {
         int q[4];
         float d;
     };
+    // Raw: the lane's bytes as loaded (load_raw issues only loads; decode does the rest).
+    struct Raw {
+        A2x4 q;
+        uint32_t d;
+    };
+    NT_HD static void load_raw(const uint8_t* b, int part, Raw& r) {
+        r.d = ld_u16(b);
+        ld_a2x4_raw(b + 2 + 16 * part, r.q);
+    }
+    NT_HD static void decode(const Raw& r, int /*part*/, W& w) {
+        w.d = h2f(r.d);
+        a2x4_words(r.q, w.q);
+    }
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
-        w.d = h2f(ld_u16(b));
-        ld_u32x4_a2(b + 2 + 16 * part, w.q);
+        Raw r;
+        load_raw(b, part, r);
+        decode(r, part, w);
     }
     template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
@@ -512,9 +551,24 @@ struct Quant<GgmlType::Q4_K> {
         int a[8], b[8];
         float2 da, db;
     };
+    struct Raw {
+        uint32_t h[4], q[8];
+    };
+    NT_HD static void load_raw(const uint8_t* b, int part, Raw& r) {
+        ld_u32x4(b, r.h);
+        ld_u32x4(b + 16 + 32 * part, r.q);
+        ld_u32x4(b + 32 + 32 * part, r.q + 4);
+    }
+    NT_HD static void decode(const Raw& r, int part, W& w) {
+        scales_from_header(r.h, part, w);
+        for (int i = 0; i < 8; ++i) w.q[i] = r.q[i];
+    }
     NT_HD static void load_scales(const uint8_t* b, int c, W& w) {
         uint32_t hdr[4];
         ld_u32x4(b, hdr);
+        scales_from_header(hdr, c, w);
+    }
+    NT_HD static void scales_from_header(const uint32_t (&hdr)[4], int c, W& w) {
         int sc1, m1, sc2, m2;
         scale_min_k4_words(2 * c, hdr[1], hdr[2], hdr[3], sc1, m1);
         scale_min_k4_words(2 * c + 1, hdr[1], hdr[2], hdr[3], sc2, m2);
@@ -523,9 +577,9 @@ struct Quant<GgmlType::Q4_K> {
         w.m1 = dmin * float(m1), w.m2 = dmin * float(m2);
     }
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
-        load_scales(b, part, w);
-        ld_u32x4(b + 16 + 32 * part, w.q);
-        ld_u32x4(b + 32 + 32 * part, w.q + 4);
+        Raw r;
+        load_raw(b, part, r);
+        decode(r, part, w);
     }
     template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
@@ -624,18 +678,49 @@ struct Quant<GgmlType::Q6_K> {
         float d;
     };
     using X = Quant<GgmlType::Q2_K>::X;
-    NT_HD static void load_w(const uint8_t* b, int part, W& w) {
+    // Raw: the lane's bytes as loaded. Every span the lane reads starts at an even offset
+    // with the same value mod 4, so one shift serves them all.
+    struct Raw {
+        A2x4 la, lb, h;
+        uint32_t s[3], d;
+    };
+    NT_HD static void load_raw(const uint8_t* b, int part, Raw& r) {
         const int n = part >> 1, hf = part & 1;
-        ld_u32x4_a2(b + 64 * n + 16 * hf, w.la);
-        ld_u32x4_a2(b + 64 * n + 32 + 16 * hf, w.lb);
-        ld_u32x4_a2(b + 128 + 32 * n + 16 * hf, w.h);
-        const uint32_t s0 = ld_u32_a2(b + 192 + 8 * n), s1 = ld_u32_a2(b + 196 + 8 * n);
+        ld_a2x4_raw(b + 64 * n + 16 * hf, r.la);
+        ld_a2x4_raw(b + 64 * n + 32 + 16 * hf, r.lb);
+        ld_a2x4_raw(b + 128 + 32 * n + 16 * hf, r.h);
+#ifdef __CUDA_ARCH__
+        const uint32_t* sw = reinterpret_cast<const uint32_t*>(
+            reinterpret_cast<uintptr_t>(b + 192 + 8 * n) & ~uintptr_t(3));
+        r.s[0] = sw[0], r.s[1] = sw[1], r.s[2] = sw[2];
+#else
+        std::memcpy(r.s, b + 192 + 8 * n, 8);
+        r.s[2] = 0;
+#endif
+        r.d = ld_u16(b + 208);
+    }
+    NT_HD static void decode(const Raw& r, int part, W& w) {
+        const int hf = part & 1;
+        a2x4_words(r.la, w.la);
+        a2x4_words(r.lb, w.lb);
+        a2x4_words(r.h, w.h);
+#ifdef __CUDA_ARCH__
+        const uint32_t s0 = __funnelshift_r(r.s[0], r.s[1], r.la.sh);
+        const uint32_t s1 = __funnelshift_r(r.s[1], r.s[2], r.la.sh);
+#else
+        const uint32_t s0 = r.s[0], s1 = r.s[1];
+#endif
         const int sh = 8 * hf;
         w.sc[0] = int8_t(uint8_t(s0 >> sh));
         w.sc[1] = int8_t(uint8_t(s0 >> (16 + sh)));
         w.sc[2] = int8_t(uint8_t(s1 >> sh));
         w.sc[3] = int8_t(uint8_t(s1 >> (16 + sh)));
-        w.d = h2f(ld_u16(b + 208));
+        w.d = h2f(r.d);
+    }
+    NT_HD static void load_w(const uint8_t* b, int part, W& w) {
+        Raw r;
+        load_raw(b, part, r);
+        decode(r, part, w);
     }
     template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {

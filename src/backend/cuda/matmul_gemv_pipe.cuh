@@ -1,0 +1,207 @@
+// "Pipe" GEMV kernel for quantized weights and int8 activations (internal; included by
+// matmul_gemv.cuh, instantiated with it in matmul_gemv_*.cu). Built to keep HBM busy:
+//
+//  - The grid holds as many 4-warp CTAs as fit on the GPU at once (or fewer for small
+//    matrices); warp g of W takes a contiguous, balanced range of rows. No CTA barrier at all.
+//  - A warp walks its rows unit by unit (a unit = 32 / kLanesPerBlock consecutive blocks of one
+//    row, kLanesPerBlock lanes to a block) and keeps kDepth units in flight: a ring of
+//    registers holds each lane's raw bytes (Quant<T>::Raw: loads only, no arithmetic, so the
+//    loads issue at once), the unit kDepth ahead is fetched as soon as a slot is decoded.
+//    The loads of the next rows thus run under the arithmetic and the reductions of this one.
+//  - Activations come from global memory through L1 (they are small and read by every warp).
+//  - kPair: SwiGLU. The warp takes row r of `w` and row r of `w2` as virtual rows 2r and 2r+1
+//    and writes silu(w.x) * (w2.x) for row r: gate and up projections in one pass, one launch.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/matmul_kernels.cuh"
+#include "backend/cuda/matmul_quant.cuh"
+#include "core/error.h"
+
+namespace nt::cuda::detail {
+
+constexpr int kPipeWarps = 4;
+constexpr int kPipeThreads = kPipeWarps * 32;
+
+// The types the pipe kernel is compiled for (their Quant<T> has Raw / load_raw / decode).
+template <GgmlType T>
+constexpr bool pipe_compiled() {
+    return T == GgmlType::Q4_K || T == GgmlType::Q6_K || T == GgmlType::Q8_0;
+}
+
+// Units in flight per warp and the register cap (CTAs per multiprocessor) for each type and
+// activation count: deep enough to cover HBM latency, shallow enough not to spill.
+template <GgmlType T, int NX>
+struct PipeShape {
+    static constexpr int kDepth = T == GgmlType::Q8_0 ? 6 : NX >= 4 ? 2 : T == GgmlType::Q6_K ? 3 : 4;
+    static constexpr int kMinBlocks = NX >= 4 ? 3 : 4;
+};
+
+// silu(g) * u rounded as the CPU backend's SwiGLU (and elementwise.cu's kernel) rounds it.
+__device__ __forceinline__ float pipe_silu_mul(float g, float u) {
+    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.f, __expf(-g))), u);
+}
+
+template <GgmlType T, int NX, bool kPair>
+__global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX>::kMinBlocks))
+    gemv_q8_pipe(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2, int64_t rows,
+                 int nb, const int8_t* __restrict__ xq, const float2* __restrict__ xd,
+                 int64_t cols, int n, float* __restrict__ y) {
+    using Q = Quant<T>;
+    constexpr int kLPB = Q::kLanesPerBlock;
+    constexpr int kBPU = 32 / kLPB;
+    constexpr int kBB = Q::kBlockBytes;
+    constexpr int D = PipeShape<T, NX>::kDepth;
+
+    const int lane = threadIdx.x & 31;
+    const int part = lane % kLPB, sub = lane / kLPB;
+    const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + (threadIdx.x >> 5);
+    const int64_t nw = int64_t(gridDim.x) * kPipeWarps;
+    // Output rows [r0, r1) of this warp; with kPair each is two virtual rows.
+    const int64_t r0 = rows * gw / nw, r1 = rows * (gw + 1) / nw;
+    constexpr int kV = kPair ? 2 : 1;
+    const int upr = (nb + kBPU - 1) / kBPU;  // units per row
+    const int64_t total = (r1 - r0) * kV * upr;
+    const size_t row_bytes = size_t(nb) * kBB;
+
+    // Unit index -> weight address of this lane's block (virtual row vr = i / upr).
+    // A lane whose block lies past the row's end (last unit of a short row) loads nothing.
+    typename Q::Raw ring[D];
+    int64_t f_vr = 0;  // fetch cursor: virtual row (relative to r0 * kV) and unit
+    int f_u = 0;
+    auto fetch = [&](typename Q::Raw& r) {
+        if (f_vr < (r1 - r0) * kV) {
+            const int kb = f_u * kBPU + sub;
+            if (kb < nb) {
+                const int64_t vr = r0 * kV + f_vr;
+                const uint8_t* base = kPair && (vr & 1) ? w2 : w;
+                Q::load_raw(base + size_t(kPair ? vr >> 1 : vr) * row_bytes + size_t(kb) * kBB,
+                            part, r);
+            }
+            if (++f_u == upr) f_u = 0, ++f_vr;
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < D; ++s) fetch(ring[s]);
+
+    const int64_t xd_stride = cols / 32;
+    float acc[NX];
+#pragma unroll
+    for (int k = 0; k < NX; ++k) acc[k] = 0.f;
+    float gate[NX];  // kPair: the finished gate row
+    int64_t c_vr = 0;
+    int c_u = 0;
+    for (int64_t i0 = 0; i0 < total; i0 += D) {
+#pragma unroll
+        for (int s = 0; s < D; ++s) {
+            if (i0 + s < total) {  // uniform across the warp
+                const int kb = c_u * kBPU + sub;
+                if (kb < nb) {
+                    typename Q::W wr;
+                    Q::decode(ring[s], part, wr);
+#pragma unroll
+                    for (int k = 0; k < NX; ++k) {
+                        const int64_t xr = k < n ? k : n - 1;
+                        typename Q::X xv;
+                        Q::load_x(xq + xr * cols + int64_t(kb) * Q::kBlockElems,
+                                  xd + xr * xd_stride + int64_t(kb) * (Q::kBlockElems / 32), part,
+                                  xv);
+                        acc[k] += Q::dot(wr, xv);
+                    }
+                }
+                fetch(ring[s]);  // this slot is decoded: refill it kDepth units ahead
+                if (++c_u == upr) {  // a virtual row is done
+                    c_u = 0;
+                    const int64_t vr = r0 * kV + c_vr;
+                    ++c_vr;
+#pragma unroll
+                    for (int k = 0; k < NX; ++k) {
+                        float v = acc[k];
+#pragma unroll
+                        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+                        acc[k] = 0.f;
+                        if constexpr (kPair) {
+                            if ((vr & 1) == 0) {
+                                gate[k] = v;
+                                continue;
+                            }
+                            v = pipe_silu_mul(gate[k], v);
+                        }
+                        if (lane == 0 && k < n) y[int64_t(k) * rows + (kPair ? vr >> 1 : vr)] = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// CTAs of one instantiation that fit on the GPU at once (host-side, computed once).
+template <GgmlType T, int NX, bool kPair>
+int pipe_resident_ctas() {
+    static const int resident = [] {
+        int dev = 0, sms = 0, per_sm = 0;
+        NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
+        NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+                      "device attribute");
+        NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &per_sm, gemv_q8_pipe<T, NX, kPair>, kPipeThreads, 0),
+                      "gemv pipe occupancy");
+        if (per_sm < 1) nt::fail("gemv: the pipe kernel for %s does not fit on this GPU.", type_name(T));
+        return per_sm * sms;
+    }();
+    return resident;
+}
+
+// w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`.
+template <GgmlType T, int NX>
+void launch_pipe(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
+                 const float2* xd, int n, float* y, cudaStream_t stream) {
+    const auto* a = static_cast<const uint8_t*>(w);
+    const auto* b = static_cast<const uint8_t*>(w2);
+    const int nb = int(cols / Quant<T>::kBlockElems);
+    // One warp per output row at most; a whole GPU's worth of CTAs at most.
+    const int64_t want = (rows + kPipeWarps - 1) / kPipeWarps;
+    if (b) {
+        const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, true>());
+        gemv_q8_pipe<T, NX, true><<<unsigned(grid), kPipeThreads, 0, stream>>>(a, b, rows, nb, xq, xd,
+                                                                           cols, n, y);
+    } else {
+        const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, false>());
+        gemv_q8_pipe<T, NX, false><<<unsigned(grid), kPipeThreads, 0, stream>>>(a, a, rows, nb, xq,
+                                                                            xd, cols, n, y);
+    }
+    NT_CUDA_CHECK(cudaGetLastError(), "gemv (pipe)");
+}
+
+template <GgmlType T>
+void launch_pipe_nx(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
+                    const float2* xd, int n, float* y, int nx, cudaStream_t stream) {
+    switch (nx) {
+        case 1:
+            return launch_pipe<T, 1>(w, w2, rows, cols, xq, xd, n, y, stream);
+        case 2:
+            return launch_pipe<T, 2>(w, w2, rows, cols, xq, xd, n, y, stream);
+        case 4:
+            return launch_pipe<T, 4>(w, w2, rows, cols, xq, xd, n, y, stream);
+        case 8:
+            return launch_pipe<T, 8>(w, w2, rows, cols, xq, xd, n, y, stream);
+        default:
+            nt::fail("gemv: no pipe kernel for nx=%d.", nx);
+    }
+}
+
+template <GgmlType T>
+void prepare_pipe() {
+    pipe_resident_ctas<T, 1, false>();
+    pipe_resident_ctas<T, 2, false>();
+    pipe_resident_ctas<T, 4, false>();
+    pipe_resident_ctas<T, 8, false>();
+    pipe_resident_ctas<T, 1, true>();
+    pipe_resident_ctas<T, 2, true>();
+    pipe_resident_ctas<T, 4, true>();
+    pipe_resident_ctas<T, 8, true>();
+}
+
+}  // namespace nt::cuda::detail
