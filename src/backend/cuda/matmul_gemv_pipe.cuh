@@ -8,12 +8,18 @@
 //    registers holds each lane's raw bytes (Quant<T>::Raw: loads only, no arithmetic, so the
 //    loads issue at once), the unit kDepth ahead is fetched as soon as a slot is decoded.
 //    The loads of the next rows thus run under the arithmetic and the reductions of this one.
-//  - Activations come from global memory through L1 (they are small and read by every warp).
+//  - Activations come from global memory through L1 (they are small and read by every warp),
+//    unit by unit; or, for one activation row and rows of at most kMaxXUnits units (8B's
+//    4096 columns in Q4_K/Q6_K), once per warp into registers (kXU units): the slot of the ring
+//    then always holds the same unit of a row, so each slot meets the same registers. The
+//    activation loads cost as much as the weights' otherwise (256 bytes per 144-byte Q4_K
+//    block; measured on the H200: 55% of HBM with them, 72% without, on 128256 x 4096).
 //  - kPair: SwiGLU. The warp takes row r of `w` and row r of `w2` as virtual rows 2r and 2r+1
 //    and writes silu(w.x) * (w2.x) for row r: gate and up projections in one pass, one launch.
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
@@ -33,19 +39,29 @@ constexpr bool pipe_compiled() {
 
 // Units in flight per warp and the register cap (CTAs per multiprocessor) for each type and
 // activation count: deep enough to cover HBM latency, shallow enough not to spill.
-template <GgmlType T, int NX>
+template <GgmlType T, int NX, int kXU = 0>
 struct PipeShape {
-    static constexpr int kDepth = T == GgmlType::Q8_0 ? 6 : NX >= 4 ? 2 : T == GgmlType::Q6_K ? 3 : 4;
+    static constexpr int kDepth = kXU > 0       ? 4
+                                  : T == GgmlType::Q8_0 ? 6
+                                  : NX >= 4             ? 2
+                                  : T == GgmlType::Q6_K ? 3
+                                                        : 4;
     static constexpr int kMinBlocks = NX >= 4 ? 3 : 4;
 };
+// Activation units held in registers at most, and the types that do it.
+constexpr int kMaxXUnits = 2;
+template <GgmlType T>
+constexpr bool pipe_x_in_registers() {
+    return T == GgmlType::Q4_K || T == GgmlType::Q6_K;
+}
 
 // silu(g) * u rounded as the CPU backend's SwiGLU (and elementwise.cu's kernel) rounds it.
 __device__ __forceinline__ float pipe_silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.f, __expf(-g))), u);
 }
 
-template <GgmlType T, int NX, bool kPair>
-__global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX>::kMinBlocks))
+template <GgmlType T, int NX, bool kPair, int kXU>
+__global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBlocks))
     gemv_q8_pipe(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2, int64_t rows,
                  int nb, const int8_t* __restrict__ xq, const float2* __restrict__ xd,
                  int64_t cols, int n, float* __restrict__ y) {
@@ -53,7 +69,9 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX>::kMinBlocks))
     constexpr int kLPB = Q::kLanesPerBlock;
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
-    constexpr int D = PipeShape<T, NX>::kDepth;
+    constexpr int D = PipeShape<T, NX, kXU>::kDepth;
+    static_assert(kXU == 0 || (NX == 1 && D % (kXU > 0 ? kXU : 1) == 0),
+                  "slot s must hold unit s % kXU");
 
     const int lane = threadIdx.x & 31;
     const int part = lane % kLPB, sub = lane / kLPB;
@@ -87,6 +105,17 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX>::kMinBlocks))
     for (int s = 0; s < D; ++s) fetch(ring[s]);
 
     const int64_t xd_stride = cols / 32;
+    // kXU: this lane's activations for every unit of a row (upr == kXU), loaded once.
+    typename Q::X xr[kXU > 0 ? kXU : 1];
+    if constexpr (kXU > 0) {
+#pragma unroll
+        for (int u = 0; u < kXU; ++u) {
+            const int kb = u * kBPU + sub;
+            if (kb < nb)
+                Q::load_x(xq + int64_t(kb) * Q::kBlockElems,
+                          xd + int64_t(kb) * (Q::kBlockElems / 32), part, xr[u]);
+        }
+    }
     float acc[NX];
 #pragma unroll
     for (int k = 0; k < NX; ++k) acc[k] = 0.f;
@@ -101,14 +130,18 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX>::kMinBlocks))
                 if (kb < nb) {
                     typename Q::W wr;
                     Q::decode(ring[s], part, wr);
+                    if constexpr (kXU > 0) {
+                        acc[0] += Q::dot(wr, xr[s % kXU]);
+                    } else {
 #pragma unroll
-                    for (int k = 0; k < NX; ++k) {
-                        const int64_t xr = k < n ? k : n - 1;
-                        typename Q::X xv;
-                        Q::load_x(xq + xr * cols + int64_t(kb) * Q::kBlockElems,
-                                  xd + xr * xd_stride + int64_t(kb) * (Q::kBlockElems / 32), part,
-                                  xv);
-                        acc[k] += Q::dot(wr, xv);
+                        for (int k = 0; k < NX; ++k) {
+                            const int64_t row_x = k < n ? k : n - 1;
+                            typename Q::X xv;
+                            Q::load_x(xq + row_x * cols + int64_t(kb) * Q::kBlockElems,
+                                      xd + row_x * xd_stride + int64_t(kb) * (Q::kBlockElems / 32),
+                                      part, xv);
+                            acc[k] += Q::dot(wr, xv);
+                        }
                     }
                 }
                 fetch(ring[s]);  // this slot is decoded: refill it kDepth units ahead
@@ -138,7 +171,7 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX>::kMinBlocks))
 }
 
 // CTAs of one instantiation that fit on the GPU at once (host-side, computed once).
-template <GgmlType T, int NX, bool kPair>
+template <GgmlType T, int NX, bool kPair, int kXU>
 int pipe_resident_ctas() {
     static const int resident = [] {
         int dev = 0, sms = 0, per_sm = 0;
@@ -146,62 +179,82 @@ int pipe_resident_ctas() {
         NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
                       "device attribute");
         NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                          &per_sm, gemv_q8_pipe<T, NX, kPair>, kPipeThreads, 0),
+                          &per_sm, gemv_q8_pipe<T, NX, kPair, kXU>, kPipeThreads, 0),
                       "gemv pipe occupancy");
-        if (per_sm < 1) nt::fail("gemv: the pipe kernel for %s does not fit on this GPU.", type_name(T));
+        if (per_sm < 1)
+            nt::fail("gemv: the pipe kernel for %s does not fit on this GPU.", type_name(T));
         return per_sm * sms;
     }();
     return resident;
 }
 
-// w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`.
-template <GgmlType T, int NX>
-void launch_pipe(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
-                 const float2* xd, int n, float* y, cudaStream_t stream) {
-    const auto* a = static_cast<const uint8_t*>(w);
-    const auto* b = static_cast<const uint8_t*>(w2);
-    const int nb = int(cols / Quant<T>::kBlockElems);
+template <GgmlType T, int NX, bool kPair, int kXU>
+void launch_pipe_k(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols,
+                   const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t stream) {
     // One warp per output row at most; a whole GPU's worth of CTAs at most.
     const int64_t want = (rows + kPipeWarps - 1) / kPipeWarps;
-    if (b) {
-        const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, true>());
-        gemv_q8_pipe<T, NX, true><<<unsigned(grid), kPipeThreads, 0, stream>>>(a, b, rows, nb, xq, xd,
-                                                                           cols, n, y);
-    } else {
-        const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, false>());
-        gemv_q8_pipe<T, NX, false><<<unsigned(grid), kPipeThreads, 0, stream>>>(a, a, rows, nb, xq,
-                                                                            xd, cols, n, y);
-    }
+    const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, kPair, kXU>());
+    gemv_q8_pipe<T, NX, kPair, kXU><<<unsigned(grid), kPipeThreads, 0, stream>>>(
+        w, w2, rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y);
     NT_CUDA_CHECK(cudaGetLastError(), "gemv (pipe)");
+}
+
+// w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`.
+template <GgmlType T, int NX, bool kPair>
+void launch_pipe(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols,
+                 const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t stream) {
+    constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
+    const int64_t upr = (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
+    if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
+        static_assert(kMaxXUnits == 2, "instantiations below");
+        if (upr == 1) return launch_pipe_k<T, 1, kPair, 1>(w, w2, rows, cols, xq, xd, n, y, stream);
+        if (upr == 2) return launch_pipe_k<T, 1, kPair, 2>(w, w2, rows, cols, xq, xd, n, y, stream);
+    }
+    launch_pipe_k<T, NX, kPair, 0>(w, w2, rows, cols, xq, xd, n, y, stream);
 }
 
 template <GgmlType T>
 void launch_pipe_nx(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
                     const float2* xd, int n, float* y, int nx, cudaStream_t stream) {
+    const auto* a = static_cast<const uint8_t*>(w);
+    const auto* b = static_cast<const uint8_t*>(w2);
+    auto go = [&](auto nx_tag) {
+        constexpr int NX = decltype(nx_tag)::value;
+        if (b) return launch_pipe<T, NX, true>(a, b, rows, cols, xq, xd, n, y, stream);
+        launch_pipe<T, NX, false>(a, a, rows, cols, xq, xd, n, y, stream);
+    };
     switch (nx) {
         case 1:
-            return launch_pipe<T, 1>(w, w2, rows, cols, xq, xd, n, y, stream);
+            return go(std::integral_constant<int, 1>{});
         case 2:
-            return launch_pipe<T, 2>(w, w2, rows, cols, xq, xd, n, y, stream);
+            return go(std::integral_constant<int, 2>{});
         case 4:
-            return launch_pipe<T, 4>(w, w2, rows, cols, xq, xd, n, y, stream);
+            return go(std::integral_constant<int, 4>{});
         case 8:
-            return launch_pipe<T, 8>(w, w2, rows, cols, xq, xd, n, y, stream);
+            return go(std::integral_constant<int, 8>{});
         default:
             nt::fail("gemv: no pipe kernel for nx=%d.", nx);
     }
 }
 
+// Occupancy queries up front (never first inside a graph capture).
 template <GgmlType T>
 void prepare_pipe() {
-    pipe_resident_ctas<T, 1, false>();
-    pipe_resident_ctas<T, 2, false>();
-    pipe_resident_ctas<T, 4, false>();
-    pipe_resident_ctas<T, 8, false>();
-    pipe_resident_ctas<T, 1, true>();
-    pipe_resident_ctas<T, 2, true>();
-    pipe_resident_ctas<T, 4, true>();
-    pipe_resident_ctas<T, 8, true>();
+    auto each = [](auto nx_tag) {
+        constexpr int NX = decltype(nx_tag)::value;
+        pipe_resident_ctas<T, NX, false, 0>();
+        pipe_resident_ctas<T, NX, true, 0>();
+        if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
+            pipe_resident_ctas<T, 1, false, 1>();
+            pipe_resident_ctas<T, 1, true, 1>();
+            pipe_resident_ctas<T, 1, false, 2>();
+            pipe_resident_ctas<T, 1, true, 2>();
+        }
+    };
+    each(std::integral_constant<int, 1>{});
+    each(std::integral_constant<int, 2>{});
+    each(std::integral_constant<int, 4>{});
+    each(std::integral_constant<int, 8>{});
 }
 
 }  // namespace nt::cuda::detail
