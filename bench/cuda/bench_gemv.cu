@@ -4,6 +4,7 @@
 //
 //   bench_gemv [--types q4_K,q6_K,...|all] [--shapes 8b|70b|small|all|ROWSxCOLS,...]
 //              [--n 1,2,4,8] [--variants default|all] [--hbm 4455] [--reps 10] [--check-rows 48]
+//              [--pdl]
 //
 // One line per (type, shape, n, variant):
 //   gemv_us / GB/s / %hbm: the GEMV kernel alone (activations already quantized), weight bytes
@@ -15,6 +16,8 @@
 //   sum|w*x| over the checked rows, against the CPU backend's nt::vec_dot on the CPU's own
 //   quantized activations (the GPU quantizes them identically); ok / FAIL against the
 //   tolerance.
+// --pdl: every GEMV as a programmatic dependent launch, so that in the timed back-to-back
+// sequence each one's weight loads start under the previous one's tail (as in decode).
 // A '*' marks the dispatcher's default variant. Exit status 1 if any check fails.
 #include <cstdio>
 #include <string>
@@ -35,6 +38,7 @@ struct Options {
     std::vector<std::string> shapes = {"all"};
     std::vector<int> ns = {1, 2, 4, 8};
     bool all_variants = false;
+    bool pdl = false;
     double hbm = 4455;
     int reps = 10;
     int check_rows = 48;
@@ -61,6 +65,8 @@ Options parse(int argc, char** argv) {
             for (auto& s : split(val())) o.ns.push_back(std::atoi(s.c_str()));
         } else if (a == "--variants")
             o.all_variants = val() == "all";
+        else if (a == "--pdl")
+            o.pdl = true;
         else if (a == "--hbm")
             o.hbm = std::atof(val().c_str());
         else if (a == "--reps")
@@ -194,7 +200,8 @@ int main(int argc, char** argv) try {
                     nt::cuda::detail::quantize_q8(dx.p, n, sh.cols, nt::cuda::detail::act_quant(t),
                                                   xq.p, xd.p, stream);
 
-                for (const GemvConfig& c : variants) {
+                for (GemvConfig c : variants) {
+                    c.pdl = opt.pdl;
                     double us = 0, err = 0;
                     std::string name = quantized ? describe(c) : "float";
                     if (quantized) {

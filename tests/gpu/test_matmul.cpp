@@ -419,7 +419,7 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                     const int64_t half = rows / 2;
                     const uint8_t* up = dw.p + size_t(half) * nt::row_bytes(t, cols);
                     ck(cudaMemsetAsync(dy.p, 0xFF, dy.n * sizeof(float), stream));
-                    ncu::detail::gemv_pair(t, dw.p, up, half, cols, xq.p, xd.p, n, dy.p, stream);
+                    ncu::detail::gemv_pair(t, dw.p, up, half, cols, xq.p, xd.p, n, dy.p, false, stream);
                     ck(cudaStreamSynchronize(stream));
                     const std::vector<float> y = dy.get();
                     for (int i = 0; i < n; ++i)

@@ -224,6 +224,8 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     attn_scratch_ = reinterpret_cast<float*>(take(attn_bytes));
     void* mm_buf = take(mm_bytes);
     cuda::matmul_init(*mm_, mm_buf, mm_bytes, stream_);
+    pdl_supported_ = mm_->pdl;
+    mm_->pdl = pdl_supported_ && pdl_allowed_;
     cuda::attn_init();
 
     NT_CUDA_CHECK(cudaMallocHost(&h_step_, step_bytes_), "cudaMallocHost");
@@ -440,6 +442,12 @@ void CudaBackend::set_graphs(bool on) {
     flush();
     graphs_on_ = on;
     if (!on) drop_graphs();
+}
+
+void CudaBackend::set_pdl(bool on) {
+    flush();
+    pdl_allowed_ = on;
+    if (mm_) mm_->pdl = on && pdl_supported_;
 }
 
 // ---- ops -----------------------------------------------------------------------------------

@@ -68,6 +68,9 @@ class CudaBackend : public Backend {
 
     void set_graphs(bool on);
     bool graphs() const { return graphs_on_; }
+    // Programmatic dependent launches for the GEMVs (on by default where the GPU has them).
+    // Off for streamed layers, whose weights an earlier copy in the stream order writes.
+    void set_pdl(bool on);
     struct GraphStats {
         int captures = 0;   // graphs recorded
         int replays = 0;    // steps served by a recorded graph
@@ -149,6 +152,8 @@ class CudaBackend : public Backend {
     void* h_upload_[2] = {nullptr, nullptr};
     cudaEvent_t upload_done_[2] = {nullptr, nullptr};
 
+    bool pdl_allowed_ = true;
+    bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;

@@ -116,6 +116,11 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
     NT_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev),
                   "cudaDeviceGetAttribute");
+    int major = 0;
+    NT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                  "cudaDeviceGetAttribute");
+    const char* pdl_env = std::getenv("NT_PDL");
+    ws.pdl = major >= 9 && !(pdl_env && std::string(pdl_env) == "0");
     NT_CUDA_CHECK(cublasCreate(&ws.cublas), "cublasCreate");
     NT_CUDA_CHECK(cublasSetStream(ws.cublas, stream), "cublasSetStream");
     detail::prepare_gemv_all();
@@ -157,7 +162,8 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
             detail::quantize_q8(x, n, cols, mode, xq, xd, stream);
             held = {x, n, cols, int(mode)};
         }
-        const GemvConfig c = detail::gemv_default(w.type, rows, cols, n, ws.sm_count);
+        GemvConfig c = detail::gemv_default(w.type, rows, cols, n, ws.sm_count);
+        c.pdl = ws.pdl;
         detail::gemv_q8(w.type, w.data, rows, cols, xq, xd, n, y, c, stream);
         // An output written over the activations it came from makes them stale.
         const auto* xb = reinterpret_cast<const uint8_t*>(x);
@@ -328,16 +334,16 @@ bool gemv_pair_available(GgmlType t) {
 }
 
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
-               const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t s) {
+               const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t s) {
     const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
     if (n < 1 || n > 8) nt::fail("gemv pair: batch %d is not in 1..8.", n);
     switch (t) {
         case GgmlType::Q4_K:
-            return launch_gemv_pair<GgmlType::Q4_K>(w, w2, rows, cols, xq, xd, n, y, nx, s);
+            return launch_gemv_pair<GgmlType::Q4_K>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s);
         case GgmlType::Q6_K:
-            return launch_gemv_pair<GgmlType::Q6_K>(w, w2, rows, cols, xq, xd, n, y, nx, s);
+            return launch_gemv_pair<GgmlType::Q6_K>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s);
         case GgmlType::Q8_0:
-            return launch_gemv_pair<GgmlType::Q8_0>(w, w2, rows, cols, xq, xd, n, y, nx, s);
+            return launch_gemv_pair<GgmlType::Q8_0>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s);
         default:
             nt::fail("gemv pair: no kernel for %s.", type_name(t));
     }

@@ -42,6 +42,10 @@ struct MatmulWorkspace {
     cublasHandle_t cublas = nullptr;
     int sm_count = 0;    // multiprocessors of the current device (launch shapes)
     ActivationKey held;  // host-side record of what the last GEMV quantized into buf
+    // GEMVs as programmatic dependent launches (their weight loads overlap the end of the
+    // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
+    // whose weights are written by earlier work in the stream (streamed layers) turn it off.
+    bool pdl = false;
 };
 
 // Bytes of workspace that let matmul() run on any weight with at most max_cols columns and

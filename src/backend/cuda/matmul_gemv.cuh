@@ -30,6 +30,7 @@
 #include "backend/cuda/matmul_gemv_stream.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace nt::cuda::detail {
 
@@ -188,8 +189,10 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
         cp_async_commit();
     };
 
+    pdl_trigger();
 #pragma unroll
     for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
+    pdl_wait();  // weights only above
 
     const int part = lane % kLPB;
     const int64_t xd_stride = cols / 32;
@@ -272,6 +275,8 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
     const int part = lane % kLPB;
     const int64_t xd_stride = cols / 32;
     const int nunits = (nb + kBPU - 1) / kBPU;
+    pdl_trigger();
+    pdl_wait();
     for (int u0 = kpart; u0 < nunits; u0 += kDirectUnroll * ksplit) {
         typename Q::W wr[kDirectUnroll][RW];
 #pragma unroll
@@ -336,7 +341,7 @@ int staged_resident_ctas() {
 
 template <GgmlType T, int NX, int RW>
 void launch_staged(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
-                   int n, float* y, int ksplit, bool persistent, cudaStream_t stream) {
+                   int n, float* y, int ksplit, bool persistent, bool pdl, cudaStream_t stream) {
     constexpr size_t smem = staged_smem_bytes<T, NX, RW>();
     const int resident = staged_resident_ctas<T, NX, RW>();
     const int64_t rows_per_cta = int64_t(kGemvWarps / ksplit) * RW;
@@ -347,21 +352,19 @@ void launch_staged(const void* w, int64_t rows, int64_t cols, const int8_t* xq, 
             (tiles + resident - 1) / resident;  // balanced: every CTA gets per_cta or one less
         grid = (tiles + per_cta - 1) / per_cta;
     }
-    gemv_q8_staged<T, NX, RW><<<unsigned(grid), kGemvThreads, smem, stream>>>(
-        static_cast<const uint8_t*>(w), rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y,
-        ksplit);
-    NT_CUDA_CHECK(cudaGetLastError(), "gemv (staged)");
+    launch_kernel(pdl, gemv_q8_staged<T, NX, RW>, dim3(unsigned(grid)), dim3(kGemvThreads), smem,
+                  stream, "gemv (staged)", static_cast<const uint8_t*>(w), rows,
+                  int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y, ksplit);
 }
 
 template <GgmlType T, int NX, int RW>
 void launch_direct(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
-                   int n, float* y, int ksplit, cudaStream_t stream) {
+                   int n, float* y, int ksplit, bool pdl, cudaStream_t stream) {
     const int64_t rows_per_cta = int64_t(kGemvWarps / ksplit) * RW;
     const dim3 grid(unsigned((rows + rows_per_cta - 1) / rows_per_cta));
-    gemv_q8_direct<T, NX, RW><<<grid, kGemvThreads, 0, stream>>>(
-        static_cast<const uint8_t*>(w), rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y,
-        ksplit);
-    NT_CUDA_CHECK(cudaGetLastError(), "gemv (direct)");
+    launch_kernel(pdl, gemv_q8_direct<T, NX, RW>, grid, dim3(kGemvThreads), 0, stream,
+                  "gemv (direct)", static_cast<const uint8_t*>(w), rows,
+                  int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y, ksplit);
 }
 
 // The (nx, rows_per_warp) pairs compiled for every quantized type (the others spill registers
@@ -388,16 +391,17 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
     }
     if constexpr (pipe_compiled<T>()) {
         if (c.kernel == GemvKernel::Pipe)
-            return launch_pipe_nx<T>(w, nullptr, rows, cols, xq, xd, n, y, c.nx, stream);
+            return launch_pipe_nx<T>(w, nullptr, rows, cols, xq, xd, n, y, c.nx, c.pdl, stream);
     }
 #define NT_GEMV_CASE(NX, RW)                                                                    \
     if (c.nx == NX && c.rows_per_warp == RW) {                                                  \
         if constexpr (direct_compiled<T>() && direct_pair_compiled(NX, RW)) {                   \
             if (c.kernel == GemvKernel::Direct)                                                 \
-                return launch_direct<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, stream); \
+                return launch_direct<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, c.pdl,   \
+                                                stream);                                        \
         }                                                                                       \
         return launch_staged<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, c.persistent,    \
-                                        stream);                                                \
+                                        c.pdl, stream);                                         \
     }
     NT_GEMV_CASE(1, 1)
     NT_GEMV_CASE(1, 2)
@@ -426,10 +430,10 @@ void prepare_gemv_q8() {
 // SwiGLU pair: y = silu(w x) * (w2 x) in one pipe launch (pipe_compiled<T>() types only).
 template <GgmlType T>
 void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
-                      const int8_t* xq, const float2* xd, int n, float* y, int nx,
+                      const int8_t* xq, const float2* xd, int n, float* y, int nx, bool pdl,
                       cudaStream_t stream) {
     if constexpr (pipe_compiled<T>())
-        return launch_pipe_nx<T>(w, w2, rows, cols, xq, xd, n, y, nx, stream);
+        return launch_pipe_nx<T>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, stream);
     nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
 }
 
@@ -443,5 +447,5 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
                                               cudaStream_t);                                    \
     template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t,     \
                                                 const int8_t*, const float2*, int, float*, int, \
-                                                cudaStream_t);                                  \
+                                                bool, cudaStream_t);                            \
     template void prepare_gemv_q8<GgmlType::T>();

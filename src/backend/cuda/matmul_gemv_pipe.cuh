@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "core/error.h"
 
 namespace nt::cuda::detail {
@@ -101,8 +102,10 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
             if (++f_u == upr) f_u = 0, ++f_vr;
         }
     };
+    pdl_trigger();
 #pragma unroll
     for (int s = 0; s < D; ++s) fetch(ring[s]);
+    pdl_wait();  // weights only above: the activations and y belong to earlier kernels
 
     const int64_t xd_stride = cols / 32;
     // kXU: this lane's activations for every unit of a row (upr == kXU), loaded once.
@@ -190,38 +193,42 @@ int pipe_resident_ctas() {
 
 template <GgmlType T, int NX, bool kPair, int kXU>
 void launch_pipe_k(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols,
-                   const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t stream) {
+                   const int8_t* xq, const float2* xd, int n, float* y, bool pdl,
+                   cudaStream_t stream) {
     // One warp per output row at most; a whole GPU's worth of CTAs at most.
     const int64_t want = (rows + kPipeWarps - 1) / kPipeWarps;
     const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, kPair, kXU>());
-    gemv_q8_pipe<T, NX, kPair, kXU><<<unsigned(grid), kPipeThreads, 0, stream>>>(
-        w, w2, rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y);
-    NT_CUDA_CHECK(cudaGetLastError(), "gemv (pipe)");
+    launch_kernel(pdl, gemv_q8_pipe<T, NX, kPair, kXU>, dim3(unsigned(grid)), dim3(kPipeThreads), 0,
+                  stream, "gemv (pipe)", w, w2, rows, int(cols / Quant<T>::kBlockElems), xq, xd,
+                  cols, n, y);
 }
 
 // w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`.
 template <GgmlType T, int NX, bool kPair>
 void launch_pipe(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols,
-                 const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t stream) {
+                 const int8_t* xq, const float2* xd, int n, float* y, bool pdl,
+                 cudaStream_t stream) {
     constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
     const int64_t upr = (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
     if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
         static_assert(kMaxXUnits == 2, "instantiations below");
-        if (upr == 1) return launch_pipe_k<T, 1, kPair, 1>(w, w2, rows, cols, xq, xd, n, y, stream);
-        if (upr == 2) return launch_pipe_k<T, 1, kPair, 2>(w, w2, rows, cols, xq, xd, n, y, stream);
+        if (upr == 1)
+            return launch_pipe_k<T, 1, kPair, 1>(w, w2, rows, cols, xq, xd, n, y, pdl, stream);
+        if (upr == 2)
+            return launch_pipe_k<T, 1, kPair, 2>(w, w2, rows, cols, xq, xd, n, y, pdl, stream);
     }
-    launch_pipe_k<T, NX, kPair, 0>(w, w2, rows, cols, xq, xd, n, y, stream);
+    launch_pipe_k<T, NX, kPair, 0>(w, w2, rows, cols, xq, xd, n, y, pdl, stream);
 }
 
 template <GgmlType T>
 void launch_pipe_nx(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
-                    const float2* xd, int n, float* y, int nx, cudaStream_t stream) {
+                    const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream) {
     const auto* a = static_cast<const uint8_t*>(w);
     const auto* b = static_cast<const uint8_t*>(w2);
     auto go = [&](auto nx_tag) {
         constexpr int NX = decltype(nx_tag)::value;
-        if (b) return launch_pipe<T, NX, true>(a, b, rows, cols, xq, xd, n, y, stream);
-        launch_pipe<T, NX, false>(a, a, rows, cols, xq, xd, n, y, stream);
+        if (b) return launch_pipe<T, NX, true>(a, b, rows, cols, xq, xd, n, y, pdl, stream);
+        launch_pipe<T, NX, false>(a, a, rows, cols, xq, xd, n, y, pdl, stream);
     };
     switch (nx) {
         case 1:

@@ -61,6 +61,9 @@ struct GemvConfig {
     int ksplit = 0;  // warps of the 4-warp CTA that share rows, splitting the columns: 1, 2, 4
     bool persistent = true;  // Staged only: a GPU-filling grid whose CTAs loop over row tiles
                              // (false: one CTA per tile)
+    bool pdl = false;  // programmatic dependent launch (pdl.cuh): weight loads start while the
+                       // kernel before is finishing; only where no earlier work in the stream
+                       // writes the weights (not with streamed layers)
 };
 
 // The dispatcher's choice for this shape (used when a GemvConfig field is 0).
@@ -88,7 +91,7 @@ void prepare_gemv_q8();
 // the pipe kernel only: gemv_pair_available).
 template <GgmlType T>
 void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
-                      const int8_t* xq, const float2* xd, int n, float* y, int nx,
+                      const int8_t* xq, const float2* xd, int n, float* y, int nx, bool pdl,
                       cudaStream_t stream);
 #define NT_GEMV_EXTERN(T)                                                                          \
     extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
@@ -96,7 +99,7 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
                                                      const GemvConfig&, cudaStream_t);             \
     extern template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t, \
                                                        const int8_t*, const float2*, int, float*,  \
-                                                       int, cudaStream_t);                         \
+                                                       int, bool, cudaStream_t);                   \
     extern template void prepare_gemv_q8<GgmlType::T>();
 NT_GEMV_EXTERN(Q4_0)
 NT_GEMV_EXTERN(Q4_1)
@@ -117,7 +120,8 @@ void prepare_gemv_all();
 bool gemv_pair_available(GgmlType t);
 // y = silu(w x) * (w2 x) for n <= 8 activation rows (quantize_q8 output), nx as GemvConfig.
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
-               const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t stream);
+               const int8_t* xq, const float2* xd, int n, float* y, bool pdl,
+               cudaStream_t stream);
 
 // The same for F32, F16 and BF16 weights with float activations (any cols).
 void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,

@@ -118,6 +118,7 @@ public:
     void begin_streaming() override {
         // Weight addresses (slots) and cross-stream waits change between steps: no graphs.
         be_.set_graphs(false);
+        be_.set_pdl(false);
     }
 
     int mark(Lane lane) override {

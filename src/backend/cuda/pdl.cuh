@@ -1,0 +1,46 @@
+// Programmatic dependent launch (compute capability 9.0+). A kernel launched with it may start
+// while the kernel before it in the stream is still finishing: it can set up and load what no
+// earlier kernel writes (weights) and must call pdl_wait() before it touches anything an
+// earlier kernel writes or reads (activations, outputs). A kernel that calls pdl_trigger()
+// lets the next one launch as soon as all of its CTAs have started. In a stream capture the
+// dependency becomes a programmatic graph edge. Without the attribute (or below sm_90) both
+// calls do nothing and launches are ordinary.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backend/cuda/cuda_check.cuh"
+
+namespace nt::cuda {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when
+// `pdl`; `what` names the kernel in the error.
+template <typename... Params, typename... Args>
+void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, const char* what, Args&&... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = pdl ? attr : nullptr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    NT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
+
+}  // namespace nt::cuda
