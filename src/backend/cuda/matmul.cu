@@ -326,6 +326,15 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
     // Q4_K/Q5_K blocks are 16-byte aligned, and loading them straight into registers beats the
     // staged copy through shared memory by 25-40% on every 8B shape (bench_gemv --variants all).
     if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) want.kernel = GemvKernel::Direct;
+    // Q4_K with one activation row: the pipe kernel beats direct on every 8B shape (with PDL,
+    // bench_gemv --pdl: 4096x4096 5.35 vs 6.08 us, 14336x4096 13.2 vs 16.5, 128256x4096
+    // 100.5 vs 116.0); Q6_K stays staged (pipe 8.8 vs 7.6 us on 4096x4096), and at two or more
+    // rows the staged/direct kernels win.
+    if (t == GgmlType::Q4_K && n == 1) {
+        want.kernel = GemvKernel::Pipe;
+        want.rows_per_warp = 1;
+        want.ksplit = 1;
+    }
     return gemv_config(t, rows, cols, n, sm_count, want);
 }
 
