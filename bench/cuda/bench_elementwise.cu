@@ -1,6 +1,7 @@
 // The small kernels of a Llama layer on their own: embedding lookup (per weight type), RMSNorm,
-// rope, SwiGLU, residual add, logit-row gather. Each is checked against a CPU reference on
-// random data, then timed; bytes read + written per call against the measured HBM read
+// rope (both versions), residual add + RMSNorm + activation quantization (three kernels against
+// the fused one), SwiGLU, residual add, logit-row gather. Each is checked against a CPU reference
+// on random data, then timed; bytes read + written per call against the measured HBM read
 // bandwidth. At batch 1 they are launch-bound (a few microseconds whatever the bytes): that is
 // what CUDA graphs are for.
 //
@@ -20,6 +21,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/device_info.h"
+#include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
 #include "core/error.h"
 #include "core/f16.h"
@@ -141,7 +143,7 @@ void bench(const Opts& o) {
     const int qd = o.heads * o.hd, kd = o.kv_heads * o.hd;
     std::printf("%-22s %5s | %10s %8s %8s %7s | %s\n", "op", "rows", "bytes", "us", "GB/s",
                 "of HBM", "max rel err");
-    for (int rows : {1, 512}) {
+    for (int rows : {1, 8, 512}) {
         std::mt19937 rng(1);
         std::vector<int32_t> tokens(static_cast<size_t>(rows));
         for (int32_t& t : tokens) t = int32_t(rng() % uint32_t(vocab));
@@ -199,9 +201,7 @@ void bench(const Opts& o) {
             float* dk = dev_copy(k);
             int32_t* dpos = dev_copy(pos);
             float* dinv = dev_copy(inv);
-            rope(dq, dk, dpos, rows, o.heads, o.kv_heads, o.hd, o.hd, dinv, nullptr);
-            std::vector<float> got = host_copy(dq, q.size()), gk = host_copy(dk, k.size());
-            got.insert(got.end(), gk.begin(), gk.end());
+            std::vector<float> got;  // version 1's result
             auto ref = [&](std::vector<float>& x, int nh) {
                 for (int i = 0; i < rows; i++)
                     for (int h = 0; h < nh; h++)
@@ -213,16 +213,89 @@ void bench(const Opts& o) {
                             v[1] = a * s + b * c;
                         }
             };
+            const std::vector<float> q0 = q, k0 = k;
             ref(q, o.heads);
             ref(k, o.kv_heads);
             q.insert(q.end(), k.begin(), k.end());
-            report(
-                "rope q+k", rows, double(rows) * (qd + kd) * 8, max_rel_error(got, q), 1e-4,
-                [&] { rope(dq, dk, dpos, rows, o.heads, o.kv_heads, o.hd, o.hd, dinv, nullptr); });
+            // Version 1: a block per row looping over the pairs; 2: a thread per pair (default).
+            for (int version : {1, 2}) {
+                NT_CUDA_CHECK(cudaMemcpy(dq, q0.data(), q0.size() * 4, cudaMemcpyHostToDevice),
+                              "cudaMemcpy");
+                NT_CUDA_CHECK(cudaMemcpy(dk, k0.data(), k0.size() * 4, cudaMemcpyHostToDevice),
+                              "cudaMemcpy");
+                rope(dq, dk, dpos, rows, o.heads, o.kv_heads, o.hd, o.hd, dinv, nullptr, version);
+                std::vector<float> gv = host_copy(dq, q0.size()), gkv = host_copy(dk, k0.size());
+                gv.insert(gv.end(), gkv.begin(), gkv.end());
+                if (version == 1)
+                    got = gv;
+                else if (std::memcmp(got.data(), gv.data(), got.size() * 4) != 0)
+                    std::printf("rope v2 differs from v1  <-- WRONG\n");
+                report("rope q+k v" + std::to_string(version), rows, double(rows) * (qd + kd) * 8,
+                       max_rel_error(gv, q), 1e-4, [&] {
+                           rope(dq, dk, dpos, rows, o.heads, o.kv_heads, o.hd, o.hd, dinv, nullptr,
+                                version);
+                       });
+            }
             cudaFree(dq);
             cudaFree(dk);
             cudaFree(dpos);
             cudaFree(dinv);
+        }
+
+        {  // residual add + rmsnorm (+ Q8_K activations for a K-quant GEMV): separate, fused
+            const size_t m = size_t(rows) * o.embd;
+            const std::vector<float> x = random_floats(m, 10, -3.f, 3.f), y = random_floats(m, 11),
+                                     wv = random_floats(size_t(o.embd), 12);
+            float* dxr = dev_copy(x);
+            float* dy = dev_copy(y);
+            float* dw = dev_copy(wv);
+            int8_t* xq = nullptr;
+            float2* xd = nullptr;
+            NT_CUDA_CHECK(cudaMalloc(&xq, m), "cudaMalloc");
+            NT_CUDA_CHECK(cudaMalloc(&xd, m / 32 * sizeof(float2)), "cudaMalloc");
+            const WeightView w{GgmlType::F32, o.embd, 1, dw, wv.size() * 4};
+            std::vector<float> want(m), xs = x;
+            for (int i = 0; i < rows; i++) {
+                float* xr = &xs[size_t(i) * o.embd];
+                double ss = 0;
+                for (int j = 0; j < o.embd; j++) {
+                    xr[j] += y[size_t(i) * o.embd + j];
+                    ss += double(xr[j]) * xr[j];
+                }
+                const float sc = 1.f / std::sqrt(float(ss / o.embd) + 1e-5f);
+                for (int j = 0; j < o.embd; j++)
+                    want[size_t(i) * o.embd + j] = xr[j] * sc * wv[size_t(j)];
+            }
+            ActivationSlot slot;
+            slot.xq = xq;
+            slot.xd = xd;
+            slot.mode = detail::ActQuant::Q8_K;
+            // x, y, w read; x, out written; int8 + scales written.
+            const double bytes = double(m) * 16 + o.embd * 4.0 + double(m) * 1.25;
+            auto reset = [&] {
+                NT_CUDA_CHECK(cudaMemcpy(dxr, x.data(), m * 4, cudaMemcpyHostToDevice),
+                              "cudaMemcpy");
+            };
+            reset();
+            add(dxr, dy, int64_t(m), nullptr);
+            rmsnorm(dxr, w, rows, o.embd, 1e-5f, dx, nullptr);
+            detail::quantize_q8(dx, rows, o.embd, detail::ActQuant::Q8_K, xq, xd, nullptr);
+            report("add+norm+q8k 3 kernels", rows, bytes, max_rel_error(host_copy(dx, m), want),
+                   1e-5, [&] {
+                       add(dxr, dy, int64_t(m), nullptr);
+                       rmsnorm(dxr, w, rows, o.embd, 1e-5f, dx, nullptr);
+                       detail::quantize_q8(dx, rows, o.embd, detail::ActQuant::Q8_K, xq, xd,
+                                           nullptr);
+                   });
+            reset();
+            add_rmsnorm(dxr, dy, w, rows, o.embd, 1e-5f, dx, &slot, nullptr);
+            report("add+norm+q8k fused", rows, bytes, max_rel_error(host_copy(dx, m), want), 1e-5,
+                   [&] { add_rmsnorm(dxr, dy, w, rows, o.embd, 1e-5f, dx, &slot, nullptr); });
+            cudaFree(dxr);
+            cudaFree(dy);
+            cudaFree(dw);
+            cudaFree(xq);
+            cudaFree(xd);
         }
 
         {  // swiglu and add

@@ -85,6 +85,15 @@ public:
     virtual void embed(const WeightView& tok_embd, float* x) = 0;
     // out[i] = x[i] / rms(x[i]) * w, for n rows of width `dim`.
     virtual void rmsnorm(const float* x, const WeightView& w, int n, int dim, float* out) = 0;
+    // The residual add and the norm after it: x += y (skipped when y is null), then
+    // rmsnorm(x, w, n, dim, out). `next` is the type of the weight the next matmul on `out`
+    // multiplies: a hint that lets a backend prepare out for it (the CUDA backend quantizes
+    // out in the same kernel). out may be x or y.
+    virtual void add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim,
+                             float* out, GgmlType /*next*/) {
+        if (y) add(x, y, int64_t(n) * dim);
+        rmsnorm(x, w, n, dim, out);
+    }
     // y[i][r] = sum_c W[r][c] * x[i][c] for n rows of x. Small n is a GEMV, large n a GEMM.
     virtual void matmul(const WeightView& w, const float* x, int n, float* y) = 0;
     // Rotary embedding in place on q [B][n_head][head_dim] and k [B][n_head_kv][head_dim],

@@ -11,30 +11,39 @@ void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& 
 
     be.begin_step(batch);
     be.embed(w.tok_embd, a.x);
+    // Each residual add is done by the norm that follows it (add_rmsnorm: x += y, then the norm
+    // of x); `residual` is the block output still to be added to x.
+    const float* residual = nullptr;
     for (int l = 0; l < s.n_layer; l++) {
         const LayerWeights& L = layers.acquire(l);
         // attention block
-        be.rmsnorm(a.x, L.attn_norm, B, s.n_embd, a.xn);
+        be.add_rmsnorm(a.x, residual, L.attn_norm, B, s.n_embd, a.xn, L.wq.type);
         be.matmul(L.wq, a.xn, B, a.q);
         be.matmul(L.wk, a.xn, B, a.k);
         be.matmul(L.wv, a.xn, B, a.v);
         be.rope(a.q, a.k);
         be.attention(l, a.q, a.k, a.v, a.att);
         be.matmul(L.wo, a.att, B, a.xn);
-        be.add(a.x, a.xn, B * d);
-        // feed-forward block (SwiGLU)
-        be.rmsnorm(a.x, L.ffn_norm, B, s.n_embd, a.xn);
+        // feed-forward block (SwiGLU), after x += attention output
+        be.add_rmsnorm(a.x, a.xn, L.ffn_norm, B, s.n_embd, a.xn, L.w1.type);
         be.matmul(L.w1, a.xn, B, a.gate);
         be.matmul(L.w3, a.xn, B, a.up);
         be.swiglu(a.gate, a.up, int64_t(B) * s.n_ff, a.gate);
         be.matmul(L.w2, a.gate, B, a.xn);
-        be.add(a.x, a.xn, B * d);
+        residual = a.xn;
         layers.release(l);
     }
-    // Only the rows whose logits are wanted go through the final norm and the vocabulary.
+    // Only the rows whose logits are wanted go through the final norm and the vocabulary. When
+    // every row wants them (decode), the gather would copy x as it is: the last add folds into
+    // the norm instead.
     const int n_out = batch.n_logits();
-    be.gather_logit_rows(a.x, s.n_embd, a.xn);
-    be.rmsnorm(a.xn, w.output_norm, n_out, s.n_embd, a.gate);
+    if (n_out == B) {
+        be.add_rmsnorm(a.x, residual, w.output_norm, B, s.n_embd, a.gate, w.output.type);
+    } else {
+        if (residual) be.add(a.x, residual, B * d);
+        be.gather_logit_rows(a.x, s.n_embd, a.xn);
+        be.add_rmsnorm(a.xn, nullptr, w.output_norm, n_out, s.n_embd, a.gate, w.output.type);
+    }
     be.matmul(w.output, a.gate, n_out, a.logits);
     be.end_step();
 }

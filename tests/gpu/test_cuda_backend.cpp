@@ -1,6 +1,7 @@
 // CudaBackend against the CPU backend (the reference), op by op on random data, then whole
 // layers through the real forward pass; long contexts against a double-precision host
 // reference (the CPU backend would take minutes there). Every test skips without a usable GPU.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_info.h"
+#include "backend/cuda/matmul_kernels.cuh"
+#include "backend/cuda/ops.cuh"
 #include "core/error.h"
 #include "core/f16.h"
 #include "model/llama.h"
@@ -292,7 +295,7 @@ struct RopeCase {
 TEST(CudaBackend, Rope) {
     NT_REQUIRE_GPU();
     const RopeCase cases[] = {
-        {64, 4, 1, 64, 1.f, false},
+        {64, 4, 1, 64, 1.f, false},  // one KV head
         {128, 8, 2, 128, 1.f, false},
         {128, 4, 1, 128, 0.25f, true},
         {64, 6, 3, 32, 1.f, false},  // partial rotation: dims 32..63 pass through
@@ -304,27 +307,309 @@ TEST(CudaBackend, Rope) {
         s.rope.freq_scale = c.freq_scale;
         if (c.factors) s.rope.freq_factors = random_floats(size_t(c.n_rot / 2), 5, 1.f, 8.f);
         const int n_ctx = 8192;
-        Pair p(s, 64, 2, n_ctx);
-        Batch b;
-        std::mt19937 rng(3);
-        for (int i = 0; i < 50; i++)
-            b.add(1, int32_t(rng() % uint32_t(n_ctx)), int32_t(i % 2), false);
-        b.pos[0] = 0;
-        b.pos[1] = n_ctx - 1;
-        const size_t nq = size_t(b.size()) * size_t(s.n_head) * size_t(s.head_dim);
-        const size_t nk = size_t(b.size()) * size_t(s.n_head_kv) * size_t(s.head_dim);
-        p.set(&Activations::q, random_floats(nq, 21));
-        p.set(&Activations::k, random_floats(nk, 22));
-        p.begin(b);
-        p.cpu.rope(p.cpu.acts().q, p.cpu.acts().k);
-        p.gpu.rope(p.gpu.acts().q, p.gpu.acts().k);
-        const std::string what =
-            "rope hd " + std::to_string(c.head_dim) + " n_rot " + std::to_string(c.n_rot);
-        expect_close(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), 1e-6f, 1e-6f,
-                     what + " q");
-        expect_close(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), 1e-6f, 1e-6f,
-                     what + " k");
+        Pair p(s, 600, 2, n_ctx);
+        // Decode-sized steps (captured as graphs) and prompt-sized ones.
+        for (int n : {1, 3, 8, 50, 600}) {
+            Batch b;
+            std::mt19937 rng(3 + uint32_t(n));
+            for (int i = 0; i < n; i++)
+                b.add(1, int32_t(rng() % uint32_t(n_ctx)), int32_t(i % 2), false);
+            b.pos[0] = 0;
+            if (n > 1) b.pos[1] = n_ctx - 1;
+            const size_t nq = size_t(b.size()) * size_t(s.n_head) * size_t(s.head_dim);
+            const size_t nk = size_t(b.size()) * size_t(s.n_head_kv) * size_t(s.head_dim);
+            p.set(&Activations::q, random_floats(nq, 21 + uint32_t(n)));
+            p.set(&Activations::k, random_floats(nk, 22 + uint32_t(n)));
+            p.begin(b);
+            p.cpu.rope(p.cpu.acts().q, p.cpu.acts().k);
+            p.gpu.rope(p.gpu.acts().q, p.gpu.acts().k);
+            const std::string what = "rope hd " + std::to_string(c.head_dim) + " n_rot " +
+                                     std::to_string(c.n_rot) + " n " + std::to_string(n);
+            expect_close(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), 1e-6f,
+                         1e-6f, what + " q");
+            expect_close(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), 1e-6f,
+                         1e-6f, what + " k");
+        }
     }
+}
+
+// A device buffer for the kernel-level tests below.
+template <class T>
+struct DevBuf {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit DevBuf(size_t count) : n(count) {
+        EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    }
+    explicit DevBuf(const std::vector<T>& v) : DevBuf(v.size()) { put(v); }
+    ~DevBuf() { cudaFree(p); }
+    DevBuf(const DevBuf&) = delete;
+    DevBuf& operator=(const DevBuf&) = delete;
+    void put(const std::vector<T>& v) {
+        EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+                  cudaSuccess);
+    }
+    std::vector<T> get() const {
+        std::vector<T> v(n);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+        return v;
+    }
+};
+
+// The thread-per-pair rope kernel gives the bits of the block-per-row one it replaced (same
+// angle, same double-precision sincos, same roundings), over long positions, partial rotation
+// and q/k that are not 8-byte aligned (the scalar path).
+TEST(CudaKernels, RopeVersionsBitIdentical) {
+    NT_REQUIRE_GPU();
+    const RopeCase cases[] = {
+        {128, 32, 8, 128, 1.f, false},  // Llama-3-8B
+        {64, 4, 1, 64, 1.f, false},    {128, 4, 1, 128, 1.f, true},
+        {64, 6, 3, 32, 1.f, false},    {96, 3, 1, 64, 1.f, false},
+    };
+    for (const RopeCase& c : cases) {
+        const int half = c.n_rot / 2;
+        std::vector<float> inv(static_cast<size_t>(half));
+        for (int i = 0; i < half; i++)
+            inv[size_t(i)] = std::pow(500000.f, -2.0f * float(i) / float(c.n_rot)) /
+                             (c.factors ? float(1 + i % 5) : 1.f);
+        DevBuf<float> dinv(inv);
+        for (int n : {1, 2, 7, 8, 100, 600}) {
+            for (int offset : {0, 1}) {
+                std::mt19937 rng(uint32_t(n * 7 + offset));
+                std::vector<int32_t> pos(static_cast<size_t>(n));
+                for (int32_t& v : pos) v = int32_t(rng() % (1u << 20));
+                pos[0] = 0;
+                if (n > 1) pos[size_t(n - 1)] = (1 << 20) - 1;
+                const size_t nq = size_t(n) * size_t(c.n_head) * size_t(c.head_dim) + 1;
+                const size_t nk = size_t(n) * size_t(c.n_head_kv) * size_t(c.head_dim) + 1;
+                const std::vector<float> q = random_floats(nq, 50 + uint32_t(n), -4.f, 4.f);
+                const std::vector<float> k = random_floats(nk, 60 + uint32_t(n), -4.f, 4.f);
+                DevBuf<int32_t> dpos(pos);
+                DevBuf<float> q1(q), k1(k), q2(q), k2(k);
+                cuda::rope(q1.p + offset, k1.p + offset, dpos.p, n, c.n_head, c.n_head_kv,
+                           c.head_dim, c.n_rot, dinv.p, nullptr, 1);
+                cuda::rope(q2.p + offset, k2.p + offset, dpos.p, n, c.n_head, c.n_head_kv,
+                           c.head_dim, c.n_rot, dinv.p, nullptr, 2);
+                const std::string what = "hd " + std::to_string(c.head_dim) + " n_rot " +
+                                         std::to_string(c.n_rot) + " n " + std::to_string(n) +
+                                         " offset " + std::to_string(offset);
+                const std::vector<float> got_q = q2.get(), got_k = k2.get();
+                expect_equal(got_q, q1.get(), what + " q");
+                expect_equal(got_k, k1.get(), what + " k");
+                EXPECT_TRUE(got_q != q) << what << ": q did not turn";
+                EXPECT_TRUE(got_k != k) << what << ": k did not turn";
+            }
+        }
+    }
+}
+
+// Host reference for add_rmsnorm: x += y, then the CPU backend's norm (double sum of squares).
+void add_rmsnorm_reference(std::vector<float>& x, const std::vector<float>* y,
+                           const std::vector<float>& w, int n, int dim, float eps,
+                           std::vector<float>& out) {
+    out.assign(size_t(n) * size_t(dim), 0.f);
+    for (int i = 0; i < n; i++) {
+        float* xr = &x[size_t(i) * size_t(dim)];
+        if (y)
+            for (int j = 0; j < dim; j++) xr[j] += (*y)[size_t(i) * size_t(dim) + size_t(j)];
+        double ss = 0;
+        for (int j = 0; j < dim; j++) ss += double(xr[j]) * double(xr[j]);
+        const float scale = 1.0f / std::sqrt(float(ss / dim) + eps);
+        for (int j = 0; j < dim; j++)
+            out[size_t(i) * size_t(dim) + size_t(j)] = xr[j] * scale * w[size_t(j)];
+    }
+}
+
+// The fused kernel's int8 activations are quantize_q8's on its own float output, bit for bit,
+// in every mode; its x and out agree with the host. dim 576 is not fusable: the launcher runs
+// add + rmsnorm and quantizes nothing.
+TEST(CudaKernels, AddRmsNormQuantizesAsQuantizeQ8) {
+    NT_REQUIRE_GPU();
+    using cuda::detail::ActQuant;
+    const float eps = 1e-5f;
+    for (int dim : {4096, 2048, 256, 8192, 576}) {
+        for (int n : {1, 3, 8}) {
+            for (GgmlType wt : {GgmlType::F32, GgmlType::F16}) {
+                for (ActQuant mode : {ActQuant::Q8_0, ActQuant::Q8_1, ActQuant::Q8_K}) {
+                    const size_t m = size_t(n) * size_t(dim);
+                    std::vector<float> x = random_floats(m, uint32_t(dim + n), -3.f, 3.f);
+                    std::vector<float> y = random_floats(m, uint32_t(dim + n + 1), -3.f, 3.f);
+                    // An all-zero 256-element block after the add (zero scale, zero quants).
+                    if (dim >= 512)
+                        for (int j = 256; j < 512; j++) x[size_t(j)] = y[size_t(j)] = 0.f;
+                    const HostWeight w = random_weight(wt, 1, dim, uint32_t(dim), 2.f);
+                    std::vector<float> wf(static_cast<size_t>(dim));
+                    dequantize_row(wt, w.bytes.data(), wf.data(), dim);
+                    DevBuf<float> dx(x), dy(y), dout(m);
+                    DevBuf<uint8_t> dw(w.bytes);
+                    WeightView wv = w.view;
+                    wv.data = dw.p;
+                    DevBuf<int8_t> xq(m), xq2(m);
+                    DevBuf<float2> xd(m / 32), xd2(m / 32);
+                    EXPECT_EQ(cudaMemset(xq.p, 0x55, m), cudaSuccess);
+                    cuda::ActivationSlot slot;
+                    slot.xq = xq.p;
+                    slot.xd = xd.p;
+                    slot.mode = mode;
+                    const bool quantized =
+                        cuda::add_rmsnorm(dx.p, dy.p, wv, n, dim, eps, dout.p, &slot, nullptr);
+                    const std::string what = "dim " + std::to_string(dim) + " n " +
+                                             std::to_string(n) + " " + type_name(wt) + " mode " +
+                                             std::to_string(int(mode));
+                    EXPECT_EQ(quantized, dim % 256 == 0) << what;
+                    std::vector<float> want_out;
+                    add_rmsnorm_reference(x, &y, wf, n, dim, eps, want_out);
+                    expect_equal(dx.get(), x, what + " x");
+                    expect_close(dout.get(), want_out, 1e-6f, 2e-6f, what + " out");
+                    if (!quantized) {
+                        const std::vector<int8_t> untouched = xq.get();
+                        EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(),
+                                                [](int8_t v) { return v == 0x55; }))
+                            << what << ": wrote quantized activations";
+                        continue;
+                    }
+                    cuda::detail::quantize_q8(dout.p, n, dim, mode, xq2.p, xd2.p, nullptr);
+                    EXPECT_TRUE(xq.get() == xq2.get()) << what << " xq";
+                    const std::vector<float2> d1 = xd.get(), d2 = xd2.get();
+                    EXPECT_EQ(std::memcmp(d1.data(), d2.data(), d1.size() * sizeof(float2)), 0)
+                        << what << " xd";
+                }
+            }
+        }
+    }
+}
+
+// CudaBackend::add_rmsnorm against the CPU backend's (add, then rmsnorm), as the forward pass
+// calls it (out == y) and on its own (no y), fused and not, with and without quantization.
+TEST(CudaBackend, AddRmsNorm) {
+    NT_REQUIRE_GPU();
+    ModelShape s = make_shape(128, 32, 8);  // n_embd 4096
+    Pair p(s, 100, 1, 64);
+    for (int dim : {4096, 2048, 576}) {
+        const HostWeight w = random_weight(GgmlType::F32, 1, dim, 12, 2.f);
+        const WeightView gw = on_gpu(p.gpu, w);
+        for (int n : {1, 3, 8, 100}) {
+            for (bool with_y : {true, false}) {
+                for (GgmlType next : {GgmlType::F16, GgmlType::Q4_K, GgmlType::Q8_0}) {
+                    const size_t m = size_t(n) * size_t(dim);
+                    Batch b;
+                    for (int i = 0; i < n; i++) b.add(1, i, 0, true);
+                    p.set(&Activations::x, random_floats(m, 71 + uint32_t(n), -3.f, 3.f));
+                    p.set(&Activations::xn, random_floats(m, 72 + uint32_t(n), -3.f, 3.f));
+                    p.begin(b);  // decode-sized steps run as graphs
+                    for (Backend* be :
+                         {static_cast<Backend*>(&p.cpu), static_cast<Backend*>(&p.gpu)}) {
+                        Activations& a = be->acts();
+                        be->add_rmsnorm(a.x, with_y ? a.xn : nullptr, be == &p.cpu ? w.view : gw, n,
+                                        dim, with_y ? a.xn : a.up, next);
+                    }
+                    const std::string what = "dim " + std::to_string(dim) + " n " +
+                                             std::to_string(n) + (with_y ? " x+y " : " x ") +
+                                             type_name(next);
+                    float* Activations::*out = with_y ? &Activations::xn : &Activations::up;
+                    expect_equal(p.get_gpu(&Activations::x, m), p.get_cpu(&Activations::x, m),
+                                 what + " x");
+                    expect_close(p.get_gpu(out, m), p.get_cpu(out, m), 1e-6f, 2e-6f, what + " out");
+                }
+            }
+        }
+    }
+}
+
+// The matmul after add_rmsnorm uses the activations the norm quantized: overwriting the norm's
+// output before the matmul (breaking the x_unchanged promise on purpose) must not change its
+// result, which equals the matmul of the norm's output quantized by the matmul itself. A matmul
+// whose weights want another activation type quantizes afresh. Then the same with graphs:
+// replays equal eager runs.
+TEST(CudaBackend, AddRmsNormFeedsTheNextMatmul) {
+    NT_REQUIRE_GPU();
+    ModelShape s = make_shape(128, 32, 8);  // n_embd 4096
+    const int dim = s.n_embd, rows = 256;
+    Pair p(s, 16, 1, 64);
+    p.gpu.set_graphs(false);
+    const HostWeight norm = random_weight(GgmlType::F32, 1, dim, 41, 2.f);
+    const WeightView gnorm = on_gpu(p.gpu, norm);
+    auto matrix = [&](GgmlType t, uint32_t seed) {
+        return can_quantize(t) ? quantized_weight(t, rows, dim, seed)
+                               : random_weight(t, rows, dim, seed);
+    };
+    for (GgmlType t :
+         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+        const HostWeight W = matrix(t, 42 + uint32_t(t));
+        const WeightView gw = on_gpu(p.gpu, W);
+        // The other activation family: Q8_K for Q8_0/Q8_1 weights and the reverse.
+        const GgmlType other =
+            t == GgmlType::Q4_K || t == GgmlType::Q6_K ? GgmlType::Q8_0 : GgmlType::Q4_K;
+        for (int n : {1, 3, 8}) {
+            const std::string what = std::string(type_name(t)) + " n " + std::to_string(n);
+            Batch b;
+            for (int i = 0; i < n; i++) b.add(1, i, 0, true);
+            const size_t m = size_t(n) * size_t(dim), ny = size_t(n) * size_t(rows);
+            const std::vector<float> garbage = random_floats(m, 45, -9.f, 9.f);
+            Activations& a = p.gpu.acts();
+            auto run = [&](GgmlType next, bool fused) {
+                p.set(&Activations::x, random_floats(m, 43 + uint32_t(n), -3.f, 3.f));
+                p.set(&Activations::xn, random_floats(m, 44 + uint32_t(n), -3.f, 3.f));
+                p.gpu.begin_step(b);
+                p.gpu.add_rmsnorm(a.x, a.xn, gnorm, n, dim, a.xn, next);
+                const std::vector<float> normed = p.get_gpu(&Activations::xn, m);
+                p.gpu.upload(a.xn, garbage.data(), m * sizeof(float));  // not an op: no record
+                if (!fused) {  // a fresh step: the matmul quantizes what xn holds
+                    p.gpu.upload(a.xn, normed.data(), m * sizeof(float));
+                    p.gpu.begin_step(b);
+                }
+                p.gpu.matmul(gw, a.xn, n, a.q);
+                return p.get_gpu(&Activations::q, ny);
+            };
+            expect_equal(run(t, true), run(t, false), what + ": fused quantization");
+            // Quantized for the other family: the matmul must quantize the garbage itself.
+            const std::vector<float> mismatched = run(other, true);
+            p.gpu.begin_step(b);
+            p.gpu.matmul(gw, a.xn, n, a.q);  // xn still holds the garbage
+            expect_equal(mismatched, p.get_gpu(&Activations::q, ny),
+                         what + ": other activation type quantized afresh");
+        }
+    }
+
+    // Graphs: a decode step of add_rmsnorm + two matmuls sharing its quantization (Q4_K and
+    // Q6_K both read Q8_K), recorded once and replayed with new data, equals eager runs.
+    CudaBackend graph_gpu;
+    graph_gpu.init(s, 16, 1, 64);
+    const HostWeight wk = matrix(GgmlType::Q4_K, 46), w6 = matrix(GgmlType::Q6_K, 47);
+    const WeightView gk[2] = {on_gpu(graph_gpu, wk), on_gpu(p.gpu, wk)};
+    const WeightView g6[2] = {on_gpu(graph_gpu, w6), on_gpu(p.gpu, w6)};
+    const WeightView gn[2] = {on_gpu(graph_gpu, norm), gnorm};
+    Batch b;
+    b.add(1, 0, 0, true);
+    b.add(1, 0, 0, true);
+    const int n = 2;
+    const size_t m = size_t(n) * size_t(dim), ny = size_t(n) * size_t(rows);
+    for (int step = 0; step < 3; step++) {
+        const std::vector<float> x = random_floats(m, 80 + uint32_t(step), -3.f, 3.f);
+        const std::vector<float> y = random_floats(m, 90 + uint32_t(step), -3.f, 3.f);
+        std::vector<float> out[2][2];
+        CudaBackend* gpus[2] = {&graph_gpu, &p.gpu};
+        for (int g = 0; g < 2; g++) {
+            CudaBackend& be = *gpus[g];
+            Activations& a = be.acts();
+            be.upload(a.x, x.data(), m * sizeof(float));
+            be.upload(a.xn, y.data(), m * sizeof(float));
+            be.begin_step(b);
+            be.add_rmsnorm(a.x, a.xn, gn[g], n, dim, a.xn, GgmlType::Q4_K);
+            be.matmul(gk[g], a.xn, n, a.q);
+            be.matmul(g6[g], a.xn, n, a.k);
+            for (int o = 0; o < 2; o++) {
+                out[g][o].resize(ny);
+                be.download(o == 0 ? a.q : a.k, out[g][o].data(), ny);
+            }
+        }
+        expect_equal(out[0][0], out[1][0], "graph vs eager Q4_K, step " + std::to_string(step));
+        expect_equal(out[0][1], out[1][1], "graph vs eager Q6_K, step " + std::to_string(step));
+    }
+    EXPECT_EQ(graph_gpu.graph_stats().captures, 1);
+    EXPECT_EQ(graph_gpu.graph_stats().replays, 2);
+    EXPECT_EQ(graph_gpu.graph_stats().fallbacks, 0);
 }
 
 TEST(CudaBackend, SwigluAddGather) {

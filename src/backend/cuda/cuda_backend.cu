@@ -40,7 +40,8 @@ double gib(size_t n) {
 bool CudaBackend::Op::operator==(const Op& o) const {
     return kind == o.kind && i0 == o.i0 && i1 == o.i1 && n == o.n && p[0] == o.p[0] &&
            p[1] == o.p[1] && p[2] == o.p[2] && p[3] == o.p[3] && w.type == o.w.type &&
-           w.cols == o.w.cols && w.rows == o.w.rows && w.data == o.w.data && w.nbytes == o.w.nbytes;
+           w.cols == o.w.cols && w.rows == o.w.rows && w.data == o.w.data &&
+           w.nbytes == o.w.nbytes && next == o.next;
 }
 
 CudaBackend::CudaBackend(int device) {
@@ -470,6 +471,17 @@ void CudaBackend::run(const Op& op) {
         case OpKind::RmsNorm:
             cuda::rmsnorm(f(0), op.w, op.i0, op.i1, shape_.norm_eps, f(1), stream_);
             return;
+        case OpKind::AddRmsNorm: {
+            // Decided on the host from the op's fields alone: the same in capture and eager runs.
+            cuda::ActivationSlot slot;
+            const bool quantize = cuda::matmul_activation_slot(*mm_, op.next, op.i0, op.i1, &slot);
+            if (cuda::add_rmsnorm(f(0), f(1), op.w, op.i0, op.i1, shape_.norm_eps, f(2),
+                                  quantize ? &slot : nullptr, stream_)) {
+                cuda::matmul_adopt_activations(*mm_, f(2), op.i0, op.i1, slot);
+                after_matmul_ = true;
+            }
+            return;
+        }
         case OpKind::Matmul:
             cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
             return;
@@ -530,6 +542,25 @@ void CudaBackend::rmsnorm(const float* x, const WeightView& w, int n, int dim, f
     op.i1 = dim;
     op.p[0] = x;
     op.p[1] = out;
+    submit(op);
+}
+
+void CudaBackend::add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim,
+                              float* out, GgmlType next) {
+    require_init("add_rmsnorm");
+    if (w.cols * w.rows < dim)
+        fail("norm weight has %lld values for rows of %d.", (long long)(w.cols * w.rows), dim);
+    if (!cuda::elementwise_supports(w.type))
+        fail("norm weights of type %s are not supported by the CUDA backend.", type_name(w.type));
+    Op op;
+    op.kind = OpKind::AddRmsNorm;
+    op.w = w;
+    op.i0 = n;
+    op.i1 = dim;
+    op.p[0] = x;
+    op.p[1] = y;
+    op.p[2] = out;
+    op.next = next;
     submit(op);
 }
 

@@ -43,6 +43,10 @@ class CudaBackend : public Backend {
     void begin_step(const Batch& batch) override;
     void embed(const WeightView& tok_embd, float* x) override;
     void rmsnorm(const float* x, const WeightView& w, int n, int dim, float* out) override;
+    // One kernel for the add, the norm and, for a decode step whose next matmul quantizes its
+    // activations (`next` a quantized type), that quantization (cuda::add_rmsnorm).
+    void add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float* out,
+                     GgmlType next) override;
     void matmul(const WeightView& w, const float* x, int n, float* y) override;
     void rope(float* q, float* k) override;
     void attention(int layer, const float* q, const float* k, const float* v, float* out) override;
@@ -85,7 +89,17 @@ class CudaBackend : public Backend {
     int decode_splits(int n_rows) const;
 
   private:
-    enum class OpKind : int32_t { Embed, RmsNorm, Matmul, Rope, Attention, Swiglu, Add, Gather };
+    enum class OpKind : int32_t {
+        Embed,
+        RmsNorm,
+        AddRmsNorm,
+        Matmul,
+        Rope,
+        Attention,
+        Swiglu,
+        Add,
+        Gather
+    };
     // One backend op with its arguments: executed at once, recorded into a graph, or compared
     // with the recorded sequence when a graph is replayed.
     struct Op {
@@ -94,6 +108,7 @@ class CudaBackend : public Backend {
         int64_t n = 0;           // element count (swiglu, add)
         const void* p[4] = {};
         WeightView w;
+        GgmlType next = GgmlType::F32;  // add_rmsnorm: the next matmul's weight type
         bool operator==(const Op& o) const;
     };
     enum class Mode { Eager, Capture, Replay };
@@ -161,9 +176,10 @@ class CudaBackend : public Backend {
     std::vector<Op> recording_;  // Capture: ops of this step, in order
     std::vector<Op> pending_;    // Replay: ops matched so far, not yet executed
     size_t replay_pos_ = 0;
-    // The op run last was a matmul: the next matmul's input has not been written since (ops run
-    // in stream order and a matmul writes only its output), so activations it quantized can be
-    // reused (q/k/v and gate/up share one quantization). Cleared at every break in the sequence.
+    // The op run last left quantized activations in the matmul workspace (a matmul, or an
+    // add_rmsnorm that quantized its output) and wrote nothing after them, so the next matmul may
+    // reuse them (q/k/v and gate/up share one quantization, made by the norm before them).
+    // Cleared at every break in the sequence.
     bool after_matmul_ = false;
     GraphStats stats_;
 };

@@ -1,4 +1,5 @@
-// Embedding lookup (every weight type), RMSNorm, rope, SwiGLU, residual add and row gathers.
+// Embedding lookup (every weight type), RMSNorm (alone, or fused with the residual add and the
+// GEMV's activation quantization), rope, SwiGLU, residual add and row gathers.
 // All are memory-bound and tiny next to the matmuls; they aim at one pass over their data with
 // coalesced accesses, and at the CPU backend's arithmetic, operation for operation: products
 // and sums that the CPU rounds separately use the _rn intrinsics so that --use_fast_math's
@@ -9,7 +10,10 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
+#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/quantize_q8.cuh"
 #include "core/error.h"
 #include "quant/types.h"
 
@@ -268,9 +272,75 @@ __global__ void rmsnorm_kernel(const float* x, const uint8_t* w, int dim, float 
         o[j] = mul(mul(xr[j], scale), elem<T>(w, j));
 }
 
-// One block per batch row: the row's cos/sin table first (double precision, so the only
-// difference from the CPU's cosf/sinf of the same float angle is the final rounding), then every
-// pair of every q and k head.
+// x += y, the row's RMSNorm and, for MODE >= 0, the GEMV's int8 activations of the result
+// (MODE = int(detail::ActQuant)), in one pass: one block per row, dim / 8 threads (dim a
+// multiple of 256, at most 8192) holding 8 consecutive elements each, so the row is read once
+// and stays in registers. The scale and the products are rmsnorm_kernel's, operation for
+// operation (only the sum of squares runs in another order); the quantization is
+// quantize_q8's (the same per-block functions on the same floats): Q8_0/Q8_1 with 4 threads
+// per 32-element block, Q8_K with a warp per 256. WT: F32 (16-byte aligned) or F16 weights.
+constexpr int kNoQuant = -1;
+constexpr int kQ80 = int(detail::ActQuant::Q8_0), kQ81 = int(detail::ActQuant::Q8_1),
+              kQ8K = int(detail::ActQuant::Q8_K);
+
+template <GgmlType WT, int MODE>
+__global__ void __launch_bounds__(1024)
+    add_rmsnorm_kernel(float* x, const float* y, const uint8_t* w, int dim, float eps, float* out,
+                       int8_t* xq, float2* xd) {
+    __shared__ float red[32];
+    // The GEMV that reads out (launched as a programmatic dependent) may start loading its
+    // weights now; it waits for this grid to finish before it reads the activations.
+    pdl_trigger();
+    const int t = threadIdx.x;
+    const int64_t e0 = int64_t(blockIdx.x) * dim + t * 8;  // this thread's first element
+    float v[8], wv[8];
+    {
+        const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
+        const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+    }
+    if (y) {
+        const float4 a = reinterpret_cast<const float4*>(y + e0)[0];
+        const float4 b = reinterpret_cast<const float4*>(y + e0)[1];
+        v[0] = addf(v[0], a.x), v[1] = addf(v[1], a.y), v[2] = addf(v[2], a.z),
+        v[3] = addf(v[3], a.w), v[4] = addf(v[4], b.x), v[5] = addf(v[5], b.y),
+        v[6] = addf(v[6], b.z), v[7] = addf(v[7], b.w);
+        reinterpret_cast<float4*>(x + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        reinterpret_cast<float4*>(x + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    // The weights are loaded before the reduction so that their latency hides behind it.
+    if constexpr (WT == GgmlType::F32) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(w) + t * 2);
+        const float4 b = __ldg(reinterpret_cast<const float4*>(w) + t * 2 + 1);
+        wv[0] = a.x, wv[1] = a.y, wv[2] = a.z, wv[3] = a.w, wv[4] = b.x, wv[5] = b.y, wv[6] = b.z,
+        wv[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) wv[i] = elem<WT>(w, t * 8 + i);
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s += v[i] * v[i];
+    s = block_sum(s, red);
+    const float scale = __frcp_rn(__fsqrt_rn(addf(__fdiv_rn(s, float(dim)), eps)));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = mul(mul(v[i], scale), wv[i]);
+    reinterpret_cast<float4*>(out + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(out + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    if constexpr (MODE != kNoQuant) {
+        int q[8];
+        const float2 dq = MODE == kQ8K ? detail::q8k_block(v, t & 31, q)
+                                       : detail::q8_block<8, MODE == kQ81>(v, q);
+        detail::store_q8(xq + e0, q);
+        // Both layouts keep one pair per 32 elements, and 4 threads cover 32.
+        if ((t & 3) == 0) xd[e0 / 32] = dq;
+    }
+}
+
+// Version 1: one block per batch row: the row's cos/sin table first (double precision, so the
+// only difference from the CPU's cosf/sinf of the same float angle is the final rounding), then
+// every pair of every q and k head in a loop (latency-bound: 7.5 us for 8B at batch 1).
 __global__ void rope_kernel(float* q, float* k, const int32_t* pos, int n_head, int n_head_kv,
                             int head_dim, int half, const float* inv_freq) {
     extern __shared__ float cs[];  // [half] cos, then [half] sin
@@ -292,6 +362,40 @@ __global__ void rope_kernel(float* q, float* k, const int32_t* pos, int n_head, 
         const float a = v[0], b = v[1], c = cs[j], s = cs[half + j];
         v[0] = sub(mul(a, c), mul(b, s));
         v[1] = addf(mul(a, s), mul(b, c));
+    }
+}
+
+// Version 2: one thread per (row, pair), each turning its pair by its own cos/sin (the same
+// double-precision sincos of the same float angle as version 1, so the same bits). Threads run
+// along the pairs of a head, then the heads (q's, then k's), then the rows: a warp reads and
+// writes consecutive pairs. VEC: q and k are 8-byte aligned (pairs as float2).
+template <bool VEC>
+__global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t total, int n_head,
+                                 int n_head_kv, int head_dim, int half, const float* inv_freq) {
+    const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= total) return;
+    const int per_row = (n_head + n_head_kv) * half;
+    const int64_t i = t / per_row;
+    const int r = int(t - i * per_row);
+    const int h = r / half, j = r - h * half;
+    float* v = h < n_head ? q + (i * n_head + h) * head_dim
+                          : k + (i * n_head_kv + (h - n_head)) * head_dim;
+    v += 2 * j;
+    double sd, cd;
+    sincos(double(mul(float(pos[i]), inv_freq[j])), &sd, &cd);
+    const float c = float(cd), s = float(sd);
+    float a, b;
+    if constexpr (VEC) {
+        const float2 p = *reinterpret_cast<const float2*>(v);
+        a = p.x, b = p.y;
+    } else {
+        a = v[0], b = v[1];
+    }
+    const float x0 = sub(mul(a, c), mul(b, s)), x1 = addf(mul(a, s), mul(b, c));
+    if constexpr (VEC) {
+        *reinterpret_cast<float2*>(v) = make_float2(x0, x1);
+    } else {
+        v[0] = x0, v[1] = x1;
     }
 }
 
@@ -368,6 +472,32 @@ int grid_for(int64_t n) {
 bool aligned16(const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
+bool aligned8(const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 7) == 0;
+}
+
+template <GgmlType WT>
+void launch_add_rmsnorm(int mode, float* x, const float* y, const uint8_t* w, int n, int dim,
+                        float eps, float* out, int8_t* xq, float2* xd, cudaStream_t stream) {
+    const unsigned threads = unsigned(dim / 8);
+    switch (mode) {
+        case kNoQuant:
+            add_rmsnorm_kernel<WT, kNoQuant>
+                <<<n, threads, 0, stream>>>(x, y, w, dim, eps, out, xq, xd);
+            return;
+        case kQ80:
+            add_rmsnorm_kernel<WT, kQ80><<<n, threads, 0, stream>>>(x, y, w, dim, eps, out, xq, xd);
+            return;
+        case kQ81:
+            add_rmsnorm_kernel<WT, kQ81><<<n, threads, 0, stream>>>(x, y, w, dim, eps, out, xq, xd);
+            return;
+        case kQ8K:
+            add_rmsnorm_kernel<WT, kQ8K><<<n, threads, 0, stream>>>(x, y, w, dim, eps, out, xq, xd);
+            return;
+        default:
+            fail("add_rmsnorm: unknown activation quantization %d.", mode);
+    }
+}
 
 }  // namespace
 
@@ -405,12 +535,52 @@ void rmsnorm(const float* x, const WeightView& w, int n, int dim, float eps, flo
     NT_CUDA_CHECK(cudaGetLastError(), "rmsnorm kernel");
 }
 
+bool add_rmsnorm_fusable(const float* x, const float* y, const WeightView& w, int dim,
+                         const float* out) {
+    const bool weights = (w.type == GgmlType::F32 && aligned16(w.data)) || w.type == GgmlType::F16;
+    return dim > 0 && dim % 256 == 0 && dim <= 8192 && weights && aligned16(x) &&
+           (!y || aligned16(y)) && aligned16(out);
+}
+
+bool add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float eps,
+                 float* out, const ActivationSlot* quant, cudaStream_t stream) {
+    if (n <= 0) return false;
+    if (!add_rmsnorm_fusable(x, y, w, dim, out)) {
+        if (y) add(x, y, int64_t(n) * dim, stream);
+        rmsnorm(x, w, n, dim, eps, out, stream);
+        return false;
+    }
+    const int mode = quant ? int(quant->mode) : kNoQuant;
+    int8_t* xq = quant ? quant->xq : nullptr;
+    float2* xd = quant ? quant->xd : nullptr;
+    const auto* wd = static_cast<const uint8_t*>(w.data);
+    if (w.type == GgmlType::F32)
+        launch_add_rmsnorm<GgmlType::F32>(mode, x, y, wd, n, dim, eps, out, xq, xd, stream);
+    else
+        launch_add_rmsnorm<GgmlType::F16>(mode, x, y, wd, n, dim, eps, out, xq, xd, stream);
+    NT_CUDA_CHECK(cudaGetLastError(), "add_rmsnorm kernel");
+    return quant != nullptr;
+}
+
 void rope(float* q, float* k, const int32_t* pos, int n, int n_head, int n_head_kv, int head_dim,
-          int n_rot, const float* inv_freq, cudaStream_t stream) {
+          int n_rot, const float* inv_freq, cudaStream_t stream, int version) {
     if (n <= 0) return;
     const int half = n_rot / 2;
-    rope_kernel<<<n, 256, size_t(2 * half) * sizeof(float), stream>>>(q, k, pos, n_head, n_head_kv,
-                                                                      head_dim, half, inv_freq);
+    if (half <= 0) return;  // nothing turns
+    if (version == 1) {
+        rope_kernel<<<n, 256, size_t(2 * half) * sizeof(float), stream>>>(
+            q, k, pos, n_head, n_head_kv, head_dim, half, inv_freq);
+    } else {
+        const int64_t total = int64_t(n) * (n_head + n_head_kv) * half;
+        constexpr int kRopeThreads = 128;  // 8B at batch 1: 2560 pairs, 20 blocks
+        const unsigned blocks = unsigned((total + kRopeThreads - 1) / kRopeThreads);
+        if (head_dim % 2 == 0 && aligned8(q) && aligned8(k))
+            rope_pair_kernel<true><<<blocks, kRopeThreads, 0, stream>>>(
+                q, k, pos, total, n_head, n_head_kv, head_dim, half, inv_freq);
+        else
+            rope_pair_kernel<false><<<blocks, kRopeThreads, 0, stream>>>(
+                q, k, pos, total, n_head, n_head_kv, head_dim, half, inv_freq);
+    }
     NT_CUDA_CHECK(cudaGetLastError(), "rope kernel");
 }
 

@@ -48,6 +48,14 @@ size_t gemv_bytes(int n, int64_t cols) {
     return detail::q8_bytes(n, cols);
 }
 
+// The GEMV path's int8 activations at the start of the workspace: xq [n][cols], then xd.
+int8_t* gemv_xq(const MatmulWorkspace& ws) {
+    return static_cast<int8_t*>(ws.buf);
+}
+float2* gemv_xd(const MatmulWorkspace& ws, int n, int64_t cols) {
+    return reinterpret_cast<float2*>(static_cast<uint8_t*>(ws.buf) + align256(size_t(n) * cols));
+}
+
 // GEMM path: [cuBLAS workspace][x converted to 16 bits][FP16 weight slice].
 size_t gemm_x_bytes(int n, int64_t cols) {
     return align256(size_t(n) * size_t(cols) * 2);
@@ -133,6 +141,22 @@ void matmul_forget_activations(MatmulWorkspace& ws) {
     ws.held = {};
 }
 
+bool matmul_activation_slot(const MatmulWorkspace& ws, GgmlType t, int n, int64_t cols,
+                            ActivationSlot* slot) {
+    if (!is_quantized(t) || n < 1 || n > kGemvMaxBatch || cols <= 0 || cols % 256 != 0 || !ws.buf ||
+        gemv_bytes(n, cols) > ws.bytes)
+        return false;
+    slot->xq = gemv_xq(ws);
+    slot->xd = gemv_xd(ws, n, cols);
+    slot->mode = detail::act_quant(t);
+    return true;
+}
+
+void matmul_adopt_activations(MatmulWorkspace& ws, const float* x, int n, int64_t cols,
+                              const ActivationSlot& slot) {
+    ws.held = {x, n, cols, int(slot.mode)};
+}
+
 void matmul_free(MatmulWorkspace& ws) {
     if (ws.cublas) cublasDestroy(ws.cublas);
     ws = MatmulWorkspace{};
@@ -152,8 +176,8 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
             nt::fail(
                 "CUDA matmul workspace holds %zu bytes; a batch of %d x %lld columns needs %zu.",
                 ws.bytes, n, (long long)cols, need);
-        auto* xq = reinterpret_cast<int8_t*>(base);
-        auto* xd = reinterpret_cast<float2*>(base + align256(size_t(n) * cols));
+        int8_t* xq = gemv_xq(ws);
+        float2* xd = gemv_xd(ws, n, cols);
         const detail::ActQuant mode = detail::act_quant(w.type);
         ActivationKey& held = ws.held;
         const bool reuse = x_unchanged && held.x == x && held.n == n && held.cols == cols &&

@@ -71,15 +71,38 @@ void matmul_free(MatmulWorkspace& ws);
 // small for this call.
 //
 // x_unchanged: the caller guarantees that x has not been written since the previous matmul()
-// on this workspace was enqueued. Then a GEMV whose x, n, columns and activation quantization
-// match the previous GEMV's reuses the int8 activations already in the workspace instead of
-// quantizing again (q/k/v, gate/up: one quantize kernel instead of three or two). The decision
+// (or matmul_adopt_activations) on this workspace was enqueued. Then a GEMV whose x, n,
+// columns and activation quantization match the previous GEMV's (or the adopted ones) reuses
+// the int8 activations already in the workspace instead of quantizing again (q/k/v, gate/up:
+// one quantize kernel instead of three or two; none after add_rmsnorm). The decision
 // is host-side and depends only on the sequence of calls, so it is safe in a CUDA graph capture.
 void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
             cudaStream_t stream, bool x_unchanged = false);
 
 // Drops the record of quantized activations (the next GEMV quantizes whatever it is given).
 void matmul_forget_activations(MatmulWorkspace& ws);
+
+// Quantizing activations in the kernel that produces them (add_rmsnorm) instead of in a
+// separate quantize kernel before the GEMV. A slot is where, and how, matmul() on a weight of
+// type t would read n rows of `cols` quantized activations.
+namespace detail {
+enum class ActQuant : int;  // matmul_kernels.cuh
+}
+struct ActivationSlot {
+    int8_t* xq = nullptr;  // [n][cols]
+    float2* xd = nullptr;  // [n][cols / 32]
+    detail::ActQuant mode{};
+};
+// False when that matmul would not read quantized activations (float weights, n outside 1 ..
+// kGemvMaxBatch, columns not a multiple of 256) or the workspace is too small for them.
+bool matmul_activation_slot(const MatmulWorkspace& ws, GgmlType t, int n, int64_t cols,
+                            ActivationSlot* slot);
+// The producer of x (n rows of `cols`) has been enqueued and writes x's quantization into the
+// slot: the next matmul() on the same x, n, columns and activation type, called with
+// x_unchanged, uses it instead of quantizing. The caller keeps the x_unchanged promise as
+// if this were a matmul on x.
+void matmul_adopt_activations(MatmulWorkspace& ws, const float* x, int n, int64_t cols,
+                              const ActivationSlot& slot);
 
 // Whether matmul() supports weights of this type.
 bool matmul_supports(GgmlType t);

@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
+#include "backend/cuda/quantize_q8.cuh"
 
 namespace nt::cuda::detail {
 namespace {
@@ -11,26 +12,7 @@ constexpr size_t align256(size_t b) {
     return (b + 255) & ~size_t(255);
 }
 
-// IEEE single-precision division and product, rounded to nearest even and without flushing
-// subnormals, whatever --use_fast_math makes of '/' and '*': the scales must be the CPU's bits.
-__device__ __forceinline__ float div_rn(float a, float b) {
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float mul_rn(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f16_round(float v) {
-    return __half2float(__float2half_rn(v));
-}
-
-// Q8_0 / Q8_1 (the CPU's q8_block): per 32, d = amax / 127, id = 1 / d, q = roundf(x * id)
-// (half away from zero; NaN -> 0, clamped to +-127), d stored as FP16. xd = (f16(d), s) with
-// s = f16(d) * sum(q) for Q8_0 (exact in float: 11 x 12 significant bits) and the CPU's stored
-// s = f16(d * sum(q)) for Q8_1. 8 threads per 32-element block, 4 elements each.
+// Q8_0 / Q8_1: 8 threads per 32-element block, 4 elements each (q8_block).
 template <bool VEC, bool Q81>
 __global__ void __launch_bounds__(256)
     quantize_q8_kernel(const float* __restrict__ x, int64_t nblocks, int8_t* __restrict__ xq,
@@ -49,35 +31,15 @@ __global__ void __launch_bounds__(256)
             for (int i = 0; i < 4; ++i) v[i] = __ldg(p + i);
         }
     }
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = div_rn(amax, 127.f);
-    const float id = d != 0.f ? div_rn(1.f, d) : 0.f;
-    int q[4], s = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float r = roundf(mul_rn(v[i], id));
-        q[i] = r == r ? int(fminf(127.f, fmaxf(-127.f, r))) : 0;
-        s += q[i];
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    int q[4];
+    const float2 dq = q8_block<4, Q81>(v, q);
     if (live) {
-        const char4 c = make_char4(int8_t(q[0]), int8_t(q[1]), int8_t(q[2]), int8_t(q[3]));
-        *reinterpret_cast<char4*>(xq + blk * 32 + sub * 4) = c;
-        if (sub == 0) {
-            const float d16 = f16_round(d);
-            xd[blk] =
-                make_float2(d16, Q81 ? f16_round(mul_rn(float(s), d)) : mul_rn(d16, float(s)));
-        }
+        store_q8(xq + blk * 32 + sub * 4, q);
+        if (sub == 0) xd[blk] = dq;
     }
 }
 
-// Q8_K (the CPU's q_q8_K): per 256, max = the first element of largest magnitude, iscale =
-// -127 / max, q = rint(clamp(iscale * x, +-127)) (half to even; NaN -> 0), d = 1 / iscale
-// (0 and q = 0 for an all-zero block). Each of the 8 sub-blocks of 32 gets xd = (d, d * sum(q)),
-// the per-32 pairs the GEMV kernels read. One warp per 256 elements, 8 per lane.
+// Q8_K: one warp per 256 elements, 8 per lane (q8k_block).
 template <bool VEC>
 __global__ void __launch_bounds__(256)
     quantize_q8k_kernel(const float* __restrict__ x, int64_t nblocks, int8_t* __restrict__ xq,
@@ -96,41 +58,10 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = __ldg(p + i);
     }
-    // Largest magnitude, ties to the lowest index (the CPU scans forward with a strict '>').
-    float amax = 0.f, vmax = 0.f;
-    int imax = 256;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float ax = fabsf(v[i]);
-        if (ax > amax) amax = ax, vmax = v[i], imax = lane * 8 + i;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float a2 = __shfl_xor_sync(0xffffffffu, amax, o);
-        const float v2 = __shfl_xor_sync(0xffffffffu, vmax, o);
-        const int i2 = __shfl_xor_sync(0xffffffffu, imax, o);
-        if (a2 > amax || (a2 == amax && i2 < imax)) amax = a2, vmax = v2, imax = i2;
-    }
-    const float iscale = amax != 0.f ? div_rn(-127.f, vmax) : 0.f;
-    const float d = amax != 0.f ? div_rn(1.f, iscale) : 0.f;
-    int q[8], s = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const float t = mul_rn(iscale, v[i]);
-        q[i] = t == t ? __float2int_rn(fminf(127.f, fmaxf(-127.f, t))) : 0;
-        s += q[i];
-    }
-    // Lanes 4k .. 4k+3 hold sub-block k.
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        lo |= uint32_t(uint8_t(int8_t(q[i]))) << (8 * i);
-        hi |= uint32_t(uint8_t(int8_t(q[4 + i]))) << (8 * i);
-    }
-    *reinterpret_cast<uint2*>(xq + blk * 256 + lane * 8) = make_uint2(lo, hi);
-    if ((lane & 3) == 0) xd[blk * 8 + (lane >> 2)] = make_float2(d, mul_rn(d, float(s)));
+    int q[8];
+    const float2 dq = q8k_block(v, lane, q);
+    store_q8(xq + blk * 256 + lane * 8, q);
+    if ((lane & 3) == 0) xd[blk * 8 + (lane >> 2)] = dq;
 }
 
 __global__ void to_f16_kernel(const float* __restrict__ x, int64_t count,

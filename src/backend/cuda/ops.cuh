@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "backend/cuda/matmul.cuh"
 
 namespace nt::cuda {
 
@@ -23,10 +24,22 @@ void embed(const WeightView& tok_embd, const int32_t* tokens, int n, float* x, c
 // out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w for n rows of `dim`; out may be x.
 void rmsnorm(const float* x, const WeightView& w, int n, int dim, float eps, float* out,
              cudaStream_t stream);
+// x += y (y may be null), then out = rmsnorm(x) * w as rmsnorm() computes it, for n rows of
+// `dim`; out may be x or y. When add_rmsnorm_fusable() this is one kernel that keeps each row
+// in registers, and with `quant` it also writes out's int8 activations into the slot exactly
+// as detail::quantize_q8(out, n, dim, quant->mode) would; it then returns true. Otherwise it
+// runs add() and rmsnorm(), ignores `quant` and returns false. The choice depends only on the
+// arguments, so it is the same whenever the same call is captured or run.
+bool add_rmsnorm_fusable(const float* x, const float* y, const WeightView& w, int dim,
+                         const float* out);
+bool add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float eps,
+                 float* out, const ActivationSlot* quant, cudaStream_t stream);
 // GGML "normal" rope in place on n rows of q [n_head][head_dim] and k [n_head_kv][head_dim]:
 // pair (2j, 2j+1), j < n_rot/2, turns by pos[i] * inv_freq[j]. inv_freq is in device memory.
+// `version`: 0 = best, 1 = a block per row looping over the pairs, 2 = a thread per pair (the
+// harness compares them; all give the same bits).
 void rope(float* q, float* k, const int32_t* pos, int n, int n_head, int n_head_kv, int head_dim,
-          int n_rot, const float* inv_freq, cudaStream_t stream);
+          int n_rot, const float* inv_freq, cudaStream_t stream, int version = 0);
 // out = silu(gate) * up; out may be gate or up.
 void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
 // x += y.
