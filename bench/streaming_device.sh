@@ -7,6 +7,7 @@
 #   bench/streaming_device.sh doctor  # links, PCIe, pinning, O_DIRECT on the models' file system
 #   bench/streaming_device.sh 70b     # --vram-budget 24G --ram-budget 48G: pp512 and decode vs the PCIe roofline
 #   bench/streaming_device.sh disk    # --ram-budget 16G: disk tier vs the O_DIRECT ceiling
+#   bench/streaming_device.sh gds     # the same disk tier read by cuFile into VRAM (--gds) vs O_DIRECT
 #   bench/streaming_device.sh sweep   # decode with 2 and 4 slots, prefetch 2 and 4 (defaults by measurement)
 #   bench/streaming_device.sh 8b      # 8B resident vs budgets that hold everything (within 2%)
 # Env: NT_BUILD_DIR (build-gpu), MODELS (models/synth), SYNTH (../shared/tools/synth_gguf.py), OUT.
@@ -52,6 +53,13 @@ stage() {
         # Target: disk bytes at >= 85% of the O_DIRECT read bandwidth measured at load.
         run "$nt" bench -m "$m70" --device cuda --vram-budget 24G --ram-budget 16G -p 0 -n 3 -r 1 \
             ${out:+--trace "$out/trace-70b-disk.json"}
+        ;;
+    gds)
+        # Same plan as `disk`, once with O_DIRECT into pinned staging, once with --gds (cuFile
+        # straight into the VRAM slots, no H2D copy); the plan says which path ran.
+        run "$nt" bench -m "$m70" --device cuda --vram-budget 24G --ram-budget 16G -p 0 -n 3 -r 1
+        run "$nt" bench -m "$m70" --device cuda --vram-budget 24G --ram-budget 16G -p 0 -n 3 -r 1 --gds \
+            ${out:+--trace "$out/trace-70b-gds.json"}
         ;;
     sweep)
         for k in 2 4; do run "$nt" bench -m "$m70" --device cuda --vram-budget 24G --ram-budget 48G -p 0 -n 6 -r 1 --slots $k | grep -E "tg6|streaming|H2D|overlap|roofline|VRAM "; done

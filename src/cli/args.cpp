@@ -165,7 +165,7 @@ std::vector<Opt> model_opts() {
         {"--io-threads", "N", "disk reads in flight", "8"},
         {"--no-direct-io", "", "read the disk tier through the page cache instead of O_DIRECT", ""},
         {"--stream", "", "stream layers even when the model fits in VRAM (measurements)", ""},
-        {"--gds", "", "ask for GPUDirect Storage (cuFile); says why not and falls back to O_DIRECT", ""},
+        {"--gds", "", "read the disk tier with cuFile (GPUDirect Storage) into VRAM; else O_DIRECT, saying why", ""},
         {"--trace", "FILE", "write a Chrome trace of the streaming pipeline (generate, bench)", ""},
     };
 }

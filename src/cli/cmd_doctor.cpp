@@ -149,6 +149,8 @@ int cmd_doctor(int argc, char** argv) {
 #endif
 
     // ---- disk
+    double best_disk = 0;
+    uint64_t untouched = 0, disk_len = 0;  // a part of the file no disk test read
     if (a.has("--model")) {
         const std::string path = a.str("--model");
         bool direct = false;
@@ -174,6 +176,9 @@ int cmd_doctor(int argc, char** argv) {
                         r.chunk >> 20, r.gbs);
             if (r.gbs > best.gbs) best = r;
         }
+        best_disk = best.gbs;
+        untouched = part / 2;
+        disk_len = len;
         if (best.in_flight != 8 && best.gbs > 1.15 * res[2].gbs)
             advice.push_back(strfmt("disk reads are fastest with %d in flight: pass --io-threads %d", best.in_flight,
                                     best.in_flight));
@@ -192,6 +197,27 @@ int cmd_doctor(int argc, char** argv) {
     // ---- GPUDirect Storage
     const mem::GdsProbe g = mem::probe_gds();
     std::printf("GPUDirect Storage: %s\n", g.detail.c_str());
+#ifdef NT_HAVE_CUDA
+    if (g.driver && disk_len && cuda_available()) {
+        std::string why;
+        const double gds = cuda_measure_gds(a.integer("--gpu", 0), a.str("--model"), untouched, disk_len, 8, &why);
+        if (gds < 0) {
+            std::printf("cuFile read of the model: not possible (%s)\n", why.c_str());
+        } else {
+            std::printf("cuFile read into GPU memory: 8 in flight x 8 MiB: %.2f GB/s (O_DIRECT into host memory: "
+                        "%.2f GB/s)%s%s\n",
+                        gds, best_disk, why.empty() ? "" : "; ", why.c_str());
+            if (gds > 1.1 * best_disk)
+                advice.push_back(strfmt("cuFile reads the model at %.2f GB/s against O_DIRECT's %.2f: pass --gds "
+                                        "when layers stream from disk",
+                                        gds, best_disk));
+            else if (gds < 0.9 * best_disk)
+                advice.push_back(strfmt("cuFile reads the model at %.2f GB/s, slower than O_DIRECT's %.2f "
+                                        "(compatibility mode without nvidia-fs?): leave --gds off",
+                                        gds, best_disk));
+        }
+    }
+#endif
 
     std::printf("\n");
     if (advice.empty()) {

@@ -106,6 +106,9 @@ void Engine::place_weights(const EngineOptions& opt, std::unique_ptr<mem::Stream
     mem::StreamOptions so;
     so.io.threads = std::max(1, opt.memory.io_threads);
     so.io.direct = opt.memory.direct_io;
+    so.gds = opt.memory.gds;
+    so.gds_api = opt.memory.gds_api_for_testing;
+    so.notify = opt.memory.notify;
     so.trace = opt.memory.trace;
     auto streamer = std::make_unique<mem::WeightStreamer>(*dev, model_.file->path(), model_.file->base(),
                                                           weights_.layers, memory_.plan, so);

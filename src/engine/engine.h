@@ -19,6 +19,7 @@ namespace nt {
 
 namespace mem {
 class WeightStreamer;
+struct CuFileApi;
 }
 
 // A validated model file: everything but the backend.
@@ -40,9 +41,13 @@ struct MemoryOptions {
     int prefetch = 0;                   // disk read-ahead in layers = staging buffers (0: default)
     int io_threads = 8;                 // disk reads in flight
     bool direct_io = true;              // O_DIRECT for the disk tier
+    bool gds = false;                   // GPUDirect Storage (cuFile) for the disk tier, where it works
     bool force_stream = false;          // stream even when everything fits (tests)
     bool trace = false;                 // keep a Chrome trace of the pipeline
     std::vector<mem::Tier> forced_tiers;  // tests: this placement instead of the planner's
+    const mem::CuFileApi* gds_api_for_testing = nullptr;  // tests: instead of libcufile
+    // Fallbacks decided while running (one sentence each); front ends print them.
+    std::function<void(const std::string&)> notify;
 };
 
 struct EngineOptions {

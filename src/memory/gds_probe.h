@@ -1,5 +1,6 @@
 // Whether GPUDirect Storage (cuFile) is usable here: the library is loaded at run time (it is
-// optional and not part of every CUDA install) and its driver opened, nothing else.
+// optional and not part of every CUDA install) and its driver opened (it stays open, as the disk
+// tier's cuFile reads would open it anyway).
 #pragma once
 #include <string>
 

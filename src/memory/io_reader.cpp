@@ -85,6 +85,7 @@ FileReader::FileReader(const std::string& path, const ReaderOptions& opt) : path
     } else {
         fallback_ = "direct reads were not requested";
     }
+    if (opt_.gds) gds_ = GdsFile::open(path, opt_.gds, &gds_reason_);
     for (int i = 0; i < opt_.threads; i++) workers_.emplace_back([this, i] { worker(i); });
 }
 
@@ -133,11 +134,25 @@ std::vector<ReadRecord> FileReader::take_records() {
 }
 
 FileReader::Ticket FileReader::submit(const std::vector<FileExtent>& extents, void* dst) {
+    return enqueue(extents, dst, false);
+}
+
+FileReader::Ticket FileReader::submit_device(const std::vector<FileExtent>& extents, void* dst) {
+    if (!gds_) fail("file reader: cuFile reads of '%s' were not set up.", path_.c_str());
+    return enqueue(extents, dst, true);
+}
+
+bool FileReader::gds_register(void* base, size_t bytes, std::string* why) {
+    if (!gds_) fail("file reader: cuFile reads of '%s' were not set up.", path_.c_str());
+    return gds_->register_buffer(base, bytes, why);
+}
+
+FileReader::Ticket FileReader::enqueue(const std::vector<FileExtent>& extents, void* dst, bool device) {
     std::vector<Chunk> chunks;
     for (const FileExtent& e : extents)
         for (uint64_t off = 0; off < e.length; off += opt_.chunk_bytes)
             chunks.push_back({0, e.file_offset + off, std::min<uint64_t>(opt_.chunk_bytes, e.length - off),
-                              static_cast<uint8_t*>(dst) + e.blob_offset + off});
+                              static_cast<uint8_t*>(dst) + e.blob_offset + off, device});
     Ticket t;
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -165,11 +180,14 @@ void FileReader::wait(Ticket t) {
     if (it == tickets_.end()) fail("file reader: unknown or already collected read %llu.", (unsigned long long)t);
     done_cv_.wait(lk, [&] { return it->second.pending == 0; });
     const std::string err = it->second.error;
+    const bool gds_failed = it->second.gds_failed;
     tickets_.erase(it);
+    if (gds_failed) throw GdsReadError(err);
     if (!err.empty()) throw Error(err);
 }
 
 void FileReader::worker(int index) {
+    if (opt_.thread_init) opt_.thread_init();
     for (;;) {
         Chunk c;
         {
@@ -180,9 +198,14 @@ void FileReader::worker(int index) {
             queue_.pop_front();
         }
         std::string err;
+        bool gds_failed = false;
         const double t0 = now_seconds();
         try {
-            read_chunk(c, index);
+            if (c.device) read_device_chunk(c);
+            else read_chunk(c, index);
+        } catch (const GdsReadError& e) {
+            err = e.what();
+            gds_failed = true;
         } catch (const Error& e) {
             err = e.what();
         }
@@ -190,9 +213,12 @@ void FileReader::worker(int index) {
         bool last = false;
         {
             std::lock_guard<std::mutex> lk(mu_);
-            if (recording_) records_.push_back({index, t0, t1, c.offset, c.length});
+            if (recording_) records_.push_back({index, t0, t1, c.offset, c.length, c.device});
             State& s = tickets_[c.ticket];
-            if (!err.empty() && s.error.empty()) s.error = err;
+            if (!err.empty() && s.error.empty()) {
+                s.error = err;
+                s.gds_failed = gds_failed;
+            }
             last = s.pending == 1 && s.error.empty();
             if (!last) s.pending--;
         }
@@ -255,6 +281,38 @@ void FileReader::read_chunk(const Chunk& c, int /*index*/) {
             fail("reading '%s' failed at offset %llu: %s; check the disk (dmesg) or move the model "
                  "to a healthy drive.",
                  path_.c_str(), (unsigned long long)off, std::strerror(e ? e : EIO));
+        }
+        if (n == 0)
+            fail("'%s' ended at byte %llu but %llu bytes were expected: it was truncated or replaced "
+                 "while in use; restart to load it again.",
+                 path_.c_str(), (unsigned long long)off, (unsigned long long)size_);
+        got += uint64_t(n);
+    }
+}
+
+void FileReader::read_device_chunk(const Chunk& c) {
+    uint64_t got = 0;
+    while (got < c.length) {
+        const uint64_t off = c.offset + got;
+        // The aligned tail past the end of the file holds no tensor's bytes: left as it is.
+        if (off >= size_) return;
+        const size_t want = size_t(std::min<uint64_t>(c.length - got, size_ - off));
+        errno = 0;
+        const ssize_t n = gds_->read(c.dst + got, want, off);
+        if (n < 0) {
+            const int e = errno;
+            switch (classify_gds_read_failure(n, e)) {
+                case GdsReadFailure::Retry: continue;
+                case GdsReadFailure::DiskError:
+                    fail("reading '%s' failed at offset %llu: %s; check the disk (dmesg) or move the model "
+                         "to a healthy drive.",
+                         path_.c_str(), (unsigned long long)off, std::strerror(e));
+                case GdsReadFailure::FallBack:
+                    throw GdsReadError(strfmt(
+                        "a GPUDirect Storage read of '%s' failed at offset %llu (%s); disk-tier layers are "
+                        "read with O_DIRECT into pinned staging from now on",
+                        path_.c_str(), (unsigned long long)off, describe_gds_read_failure(n, e).c_str()));
+            }
         }
         if (n == 0)
             fail("'%s' ended at byte %llu but %llu bytes were expected: it was truncated or replaced "

@@ -3,7 +3,8 @@
 // the destination and the page cache is left alone. Where the file system refuses O_DIRECT
 // (tmpfs, some network and overlay file systems) it falls back to buffered reads and says so.
 // Short reads, I/O errors and a file that changes underneath end in one clear nt::Error,
-// never in garbage handed on.
+// never in garbage handed on. With GPUDirect Storage the same threads read into device memory
+// through cuFile (submit_device).
 #pragma once
 #include <sys/types.h>
 
@@ -13,11 +14,13 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "memory/cufile.h"
 #include "memory/layer_blob.h"
 
 namespace nt::mem {
@@ -28,6 +31,11 @@ struct ReaderOptions {
     bool direct = true;                       // try O_DIRECT
     // Tests: replaces open(2) (a file system that refuses O_DIRECT).
     std::function<int(const char* path, int flags)> open_for_testing;
+    // cuFile functions for submit_device (null: host reads only). Where cuFile cannot read the
+    // file, gds() is false and gds_reason() says why.
+    const CuFileApi* gds = nullptr;
+    // Runs first on each reader thread (the streamer binds its GPU there for cuFile).
+    std::function<void()> thread_init;
 };
 
 // One pread as it happened (stats and traces), on the mem::now_seconds() clock.
@@ -35,6 +43,7 @@ struct ReadRecord {
     int thread = 0;
     double t0 = 0, t1 = 0;
     uint64_t offset = 0, bytes = 0;
+    bool device = false;  // a cuFile read into device memory
 };
 
 class FileReader {
@@ -51,10 +60,18 @@ public:
     bool direct() const;                 // O_DIRECT in use (false after a fallback)
     std::string fallback_reason() const;  // why O_DIRECT is not in use; empty when it is
     int threads() const { return int(workers_.size()); }
+    bool gds() const { return gds_ != nullptr; }                 // submit_device available
+    const std::string& gds_reason() const { return gds_reason_; }  // why not, when it was asked for
 
     // Reads each extent to dst + blob_offset. With O_DIRECT, dst must be 4 KiB-aligned. Bytes
     // of an extent past the end of the file (its 4 KiB-rounded tail) read as zeros.
     Ticket submit(const std::vector<FileExtent>& extents, void* dst);
+    // The same into device memory with cuFile (gds() must be true). A read cuFile cannot do ends
+    // in GdsReadError from wait() (read it again with submit); disk errors are submit's.
+    Ticket submit_device(const std::vector<FileExtent>& extents, void* dst);
+    // Registers device memory for cuFile's DMA once, before reads into it; false, with `why`,
+    // when refused (reads into it still work, through cuFile's bounce buffers).
+    bool gds_register(void* base, size_t bytes, std::string* why);
     bool done(Ticket t);  // finished (successfully or not); wait() tells which
     // Blocks until the ticket's reads are done; throws nt::Error describing the first failure.
     void wait(Ticket t);
@@ -71,13 +88,17 @@ private:
         Ticket ticket = 0;
         uint64_t offset = 0, length = 0;
         uint8_t* dst = nullptr;
+        bool device = false;
     };
     struct State {
         int pending = 0;
         std::string error;
+        bool gds_failed = false;  // the error is a GdsReadError
     };
+    Ticket enqueue(const std::vector<FileExtent>& extents, void* dst, bool device);
     void worker(int index);
     void read_chunk(const Chunk& c, int index);  // throws nt::Error
+    void read_device_chunk(const Chunk& c);      // throws nt::Error or GdsReadError
     void check_unchanged();                      // throws nt::Error
 
     std::string path_;
@@ -87,6 +108,8 @@ private:
     int64_t mtime_ns_ = 0;
     uint64_t inode_ = 0;
     std::string fallback_;  // guarded by mu_
+    std::unique_ptr<GdsFile> gds_;
+    std::string gds_reason_;
 
     mutable std::mutex mu_;
     std::condition_variable work_cv_, done_cv_;

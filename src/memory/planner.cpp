@@ -194,7 +194,9 @@ std::string describe_plan(const TierPlan& p, const PlanInput& in) {
     s += strfmt("  pinned  %3d layers %10s", p.layers[1], format_gib(p.bytes[1]).c_str());
     if (p.staging) s += strfmt("  + %d staging buffers x %s", p.staging, format_gib(p.staging_bytes).c_str());
     s += "\n";
-    s += strfmt("  disk    %3d layers %10s\n", p.layers[2], format_gib(p.bytes[2]).c_str());
+    s += strfmt("  disk    %3d layers %10s", p.layers[2], format_gib(p.bytes[2]).c_str());
+    if (p.layers[2] && !p.disk_path.empty()) s += "  read by " + p.disk_path;
+    s += "\n";
     if (p.streams()) {
         std::string map;
         for (Tier t : p.tier) map += t == Tier::Vram ? 'V' : t == Tier::Pinned ? 'P' : 'D';

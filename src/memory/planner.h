@@ -43,6 +43,7 @@ struct TierPlan {
     uint64_t slot_bytes = 0, staging_bytes = 0;  // per slot / buffer
     uint64_t vram_budget = 0, ram_budget = 0;
     uint64_t vram_used = 0, ram_used = 0;
+    std::string disk_path;  // how disk-tier layers are read (set by the streamer), for the printout
 
     // One step (any batch size): bytes per link and the lower bound they set.
     uint64_t h2d_per_step = 0, disk_per_step = 0, hbm_per_step = 0;

@@ -41,6 +41,9 @@ public:
     // Called once before the first streamed step (the CUDA backend turns its graphs off: the
     // weight addresses and cross-stream waits change from step to step).
     virtual void begin_streaming() = 0;
+    // Makes the device current on the calling thread (the reader threads that issue cuFile reads
+    // into device memory). No-op where threads need nothing.
+    virtual void bind_thread() {}
 
     // ---- timing, on the mem::now_seconds() clock
     enum class Lane { Copy, Compute };

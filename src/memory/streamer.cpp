@@ -116,10 +116,27 @@ WeightStreamer::WeightStreamer(StreamDevice& dev, const std::string& path, const
             ND_ = int(disk_.size());
             plan_.staging = S_;
             plan_.staging_bytes = stage_bytes;
-            reader_ = std::make_unique<FileReader>(path, opt_.io);
+            // With cuFile the staging buffers stay too: the path to fall back to mid-run.
+            ReaderOptions ro = opt_.io;
+            std::string why;
+            if (opt_.gds) {
+                ro.gds = opt_.gds_api ? opt_.gds_api : cufile_api(&why);
+                ro.thread_init = [this] { dev_.bind_thread(); };
+            }
+            reader_ = std::make_unique<FileReader>(path, ro);
             reader_->set_recording(true);
             if (!reader_->direct()) notices_ += reader_->fallback_reason() + "\n";
-            ring_.assign(size_t(S_), ReadSlot{});
+            if (ro.gds && !reader_->gds()) why = reader_->gds_reason();
+            if (reader_->gds()) {
+                gds_ = true;
+                // Registered once, whole: cuFile DMAs into it without bounce buffers.
+                if (!reader_->gds_register(slots_, size_t(K_) * slot_bytes_, &why)) notices_ += why + "\n";
+            } else if (opt_.gds) {
+                notices_ += why + "\n";
+            }
+            R_ = gds_ ? K_ : S_;
+            ring_.assign(size_t(R_), ReadSlot{});
+            plan_.disk_path = disk_path();
         }
         recount(plan_, blobs_);
         plan_.ram_used = plan_.bytes[1] + uint64_t(plan_.staging) * plan_.staging_bytes;
@@ -142,6 +159,7 @@ WeightStreamer::WeightStreamer(StreamDevice& dev, const std::string& path, const
         }
         fill_seconds_ = now_seconds() - t0;
     } catch (...) {
+        reader_.reset();  // its reads land and its cuFile registration of the slots goes first
         for (Layer& ly : layers_)
             if (ly.pinned) dev_.free_pinned(ly.pinned), ly.pinned = nullptr;
         for (void* p : staging_) dev_.free_pinned(p);
@@ -154,7 +172,7 @@ WeightStreamer::WeightStreamer(StreamDevice& dev, const std::string& path, const
     trace_.name_lane(kLaneCompute, "compute stream (layers)");
     trace_.name_lane(kLaneCopy, "copy stream (H2D)");
     for (int t = 0; reader_ && t < reader_->threads(); t++)
-        trace_.name_lane(kLaneDisk + t, strfmt("disk reader %d", t));
+        trace_.name_lane(kLaneDisk + t, strfmt("disk reader %d%s", t, gds_ ? " (cuFile into VRAM)" : ""));
     window_t0_ = now_seconds();
 }
 
@@ -173,6 +191,25 @@ WeightStreamer::~WeightStreamer() {
 
 int64_t WeightStreamer::read_index(int64_t g) const {
     return (g / N_) * ND_ + layers_[size_t(streamed_[size_t(g % N_)])].dpos;
+}
+
+int64_t WeightStreamer::use_of_read(int64_t r) const {
+    return (r / ND_) * N_ + layers_[size_t(disk_[size_t(r % ND_)])].spos;
+}
+
+const char* WeightStreamer::disk_path() const {
+    if (gds_) return "GPUDirect Storage (cuFile) straight into the VRAM slots";
+    return reader_ && reader_->direct() ? "O_DIRECT into pinned staging" : "buffered reads into pinned staging";
+}
+
+void WeightStreamer::leave_gds(const std::string& why) {
+    stop_feeder();  // the reads in flight land before their slots are used again
+    gds_ = false;
+    R_ = S_;
+    ring_.assign(size_t(R_), ReadSlot{});
+    plan_.disk_path = disk_path();
+    notices_ += why + "\n";
+    if (opt_.notify) opt_.notify(why);
 }
 
 void WeightStreamer::stop_feeder() {
@@ -214,6 +251,8 @@ void WeightStreamer::restart(int layer) {
     if (ND_) {
         std::lock_guard<std::mutex> lk(mu_);
         copied_reads_ = feed_base_ = r0;
+        released_shared_ = released_;
+        feed_use0_ = issued_;
     }
     if (ND_) feeder_ = std::thread([this, r0] { feeder(r0); });
 }
@@ -221,17 +260,31 @@ void WeightStreamer::restart(int layer) {
 void WeightStreamer::feeder(int64_t r0) {
     try {
         for (int64_t r = r0;; r++) {
-            const int s = int(r % S_);
-            {
-                std::unique_lock<std::mutex> lk(mu_);
-                // Staging buffer s is free once the copy out of it (read r - S) has been enqueued
-                // and has run.
-                cv_.wait(lk, [&] { return stop_ || r - r0 < S_ || copied_reads_ > r - S_; });
-                if (stop_) return;
-            }
-            if (r - r0 >= S_) dev_.host_wait(ev_staging_free(s));
+            const int s = int(r % R_);
             const int layer = disk_[size_t(r % ND_)];
-            const FileReader::Ticket t = reader_->submit(blobs_[size_t(layer)].extents, staging_[size_t(s)]);
+            FileReader::Ticket t;
+            if (gds_) {
+                // Straight into the slot of use g: free once the compute that released its
+                // previous use (g - K) has run. That release is recorded before this waits on it.
+                const int64_t g = use_of_read(r);
+                {
+                    std::unique_lock<std::mutex> lk(mu_);
+                    cv_.wait(lk, [&] { return stop_ || released_shared_ > g - K_; });
+                    if (stop_) return;
+                }
+                if (g - K_ >= feed_use0_) dev_.host_wait(ev_released(int(g % K_)));
+                t = reader_->submit_device(blobs_[size_t(layer)].extents, slot_ptr(int(g % K_)));
+            } else {
+                {
+                    std::unique_lock<std::mutex> lk(mu_);
+                    // Staging buffer s is free once the copy out of it (read r - S) has been
+                    // enqueued and has run.
+                    cv_.wait(lk, [&] { return stop_ || r - r0 < S_ || copied_reads_ > r - S_; });
+                    if (stop_) return;
+                }
+                if (r - r0 >= S_) dev_.host_wait(ev_staging_free(s));
+                t = reader_->submit(blobs_[size_t(layer)].extents, staging_[size_t(s)]);
+            }
             {
                 std::lock_guard<std::mutex> lk(mu_);
                 ring_[size_t(s)] = ReadSlot{r, t};
@@ -251,7 +304,7 @@ void WeightStreamer::pump(int64_t need) {
         const Layer& ly = layers_[size_t(streamed_[size_t(g % N_)])];
         if (ly.tier == Tier::Disk) {
             const int64_t r = read_index(g);
-            const int s = int(r % S_);
+            const int s = int(r % R_);
             const bool must = g <= need;
             const double t0 = now_seconds();
             FileReader::Ticket ticket;
@@ -264,11 +317,11 @@ void WeightStreamer::pump(int64_t need) {
                 ticket = ring_[size_t(s)].ticket;
             }
             if (!must && !reader_->done(ticket)) return;
-            reader_->wait(ticket);  // throws the read's error
             {
                 std::lock_guard<std::mutex> lk(mu_);
-                ring_[size_t(s)].ticket = 0;
+                ring_[size_t(s)].ticket = 0;  // collected below, error or not
             }
+            reader_->wait(ticket);  // throws the read's error
             if (must) {
                 const double t1 = now_seconds();
                 st_.host_wait += t1 - t0;
@@ -285,6 +338,19 @@ void WeightStreamer::issue(int64_t g) {
     const Layer& ly = layers_[size_t(layer)];
     const LayerBlob& b = blobs_[size_t(layer)];
     const int slot = int(g % K_);
+    if (ly.tier == Tier::Disk && gds_) {
+        // cuFile has put the layer in its slot already (pump saw the read finish): the compute
+        // stream's wait on ev_copied only has to find a record.
+        dev_.copy_record(ev_copied(slot));
+        st_.disk_bytes += b.bytes;
+        st_.reads++;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            copied_reads_ = read_index(g) + 1;
+        }
+        issued_ = g + 1;
+        return;
+    }
     dev_.copy_wait(ev_released(slot));  // the slot's previous layer is done with it
     int64_t r = -1;
     const void* src = ly.pinned;
@@ -323,9 +389,18 @@ const LayerWeights& WeightStreamer::acquire(int layer) {
     Layer& ly = layers_[size_t(layer)];
     const LayerWeights* out = &ly.views;
     if (ly.tier != Tier::Vram) {
-        const int64_t g = pass_ * N_ + ly.spos;
-        cur_g_ = g;
-        pump(g);
+        int64_t g = pass_ * N_ + ly.spos;
+        for (;;) {
+            cur_g_ = g;
+            try {
+                pump(g);
+                break;
+            } catch (const GdsReadError& e) {
+                leave_gds(e.what());
+                restart(layer);
+                g = pass_ * N_ + ly.spos;
+            }
+        }
         const int slot = int(g % K_);
         dev_.compute_wait(ev_copied(slot));
         current_ = views_in_blob(ly.views, blobs_[size_t(layer)], slots_ + size_t(slot) * slot_bytes_);
@@ -348,13 +423,28 @@ void WeightStreamer::release(int layer) {
     if (ly.tier != Tier::Vram) {
         dev_.compute_record(ev_released(int(cur_g_ % K_)));
         released_ = cur_g_ + 1;
+        if (gds_) {
+            {
+                std::lock_guard<std::mutex> lk(mu_);
+                released_shared_ = released_;
+            }
+            cv_.notify_all();
+        }
     }
     holding_ = false;
     if (++cursor_ == L_) {
         cursor_ = 0;
         pass_++;
     }
-    pump(-1);
+    try {
+        pump(-1);
+    } catch (const GdsReadError& e) {
+        leave_gds(e.what());
+        restart(cursor_);
+    } catch (...) {
+        broken_ = true;  // a read failed: the next acquire starts over
+        throw;
+    }
 }
 
 void WeightStreamer::add_box(const std::string& name, const char* cat, int lane, double t0, double t1,
@@ -401,7 +491,7 @@ void WeightStreamer::collect_reads() {
             st_.disk_busy += r.t1 - std::max(r.t0, end);
             end = r.t1;
         }
-        add_box("read", "disk", kLaneDisk + r.thread, r.t0, r.t1, r.bytes);
+        add_box(r.device ? "gds read" : "read", "disk", kLaneDisk + r.thread, r.t0, r.t1, r.bytes);
     }
 }
 
@@ -418,6 +508,7 @@ StreamStats WeightStreamer::stats() {
     resolve_timings(true);
     collect_reads();
     st_.wall = now_seconds() - window_t0_;
+    st_.gds = gds_;
     return st_;
 }
 
@@ -431,18 +522,46 @@ void WeightStreamer::write_trace(const std::string& path) {
 
 double WeightStreamer::measure_disk_gbs(uint64_t bytes) {
     if (!ND_ || started_) return 0;
-    std::vector<FileReader::Ticket> t(size_t(S_), 0);
+    try {
+        return measure_reads(bytes);
+    } catch (const GdsReadError& e) {
+        leave_gds(e.what());
+        return measure_reads(bytes);
+    }
+}
+
+double WeightStreamer::measure_reads(uint64_t bytes) {
+    // Into the slots with cuFile (free before the first step), into staging otherwise.
+    const int n = gds_ ? K_ : S_;
+    std::vector<FileReader::Ticket> t(size_t(n), 0);
+    auto collect = [&](size_t s) {
+        const FileReader::Ticket x = t[s];
+        t[s] = 0;
+        if (x) reader_->wait(x);
+    };
     uint64_t total = 0;
     const double t0 = now_seconds();
-    for (int i = 0; total < bytes; i++) {
-        const size_t s = size_t(i % S_);
-        if (t[s]) reader_->wait(t[s]);
-        const int layer = disk_[size_t(i % ND_)];
-        t[s] = reader_->submit(blobs_[size_t(layer)].extents, staging_[s]);
-        total += blobs_[size_t(layer)].bytes;
+    try {
+        for (int i = 0; total < bytes; i++) {
+            const size_t s = size_t(i % n);
+            collect(s);
+            const int layer = disk_[size_t(i % ND_)];
+            const auto& ext = blobs_[size_t(layer)].extents;
+            t[s] = gds_ ? reader_->submit_device(ext, slot_ptr(int(s))) : reader_->submit(ext, staging_[s]);
+            total += blobs_[size_t(layer)].bytes;
+        }
+        for (size_t s = 0; s < t.size(); s++) collect(s);
+    } catch (...) {
+        // The other reads land before anyone reuses their memory.
+        for (size_t s = 0; s < t.size(); s++) {
+            try {
+                collect(s);
+            } catch (const Error&) {
+            }
+        }
+        reader_->take_records();
+        throw;
     }
-    for (auto x : t)
-        if (x) reader_->wait(x);
     const double dt = now_seconds() - t0;
     reader_->take_records();  // not part of any step
     return dt > 0 ? double(total) / dt / 1e9 : 0;

@@ -8,10 +8,15 @@
 // layers and the output head run). Disk-tier layers are read ahead by a feeder thread into a
 // ring of pinned staging buffers (O_DIRECT, several reads in flight); the host blocks only when
 // a layer's read has not finished by the time its copy must be enqueued.
+// With GPUDirect Storage (StreamOptions::gds) disk-tier layers skip staging and the copy: the
+// feeder waits until the compute that released the layer's slot has run, then the reader threads
+// cuFileRead the layer straight into the slot; compute waits for the read as it would for a copy.
+// Where cuFile is missing or refuses, the staging path runs instead and notices() says why.
 #pragma once
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,13 +35,19 @@ namespace nt::mem {
 struct StreamOptions {
     ReaderOptions io;     // disk tier reads (O_DIRECT by default)
     bool trace = false;   // keep Chrome-trace boxes (write_trace)
+    bool gds = false;     // read the disk tier with cuFile straight into VRAM where possible
+    const CuFileApi* gds_api = nullptr;  // tests: these functions instead of libcufile's
+    // Told one sentence when a fallback happens while running (a cuFile read that cuFile cannot
+    // do); notices() keeps it too.
+    std::function<void(const std::string&)> notify;
 };
 
 // Totals over a window (reset_stats() .. stats()).
 struct StreamStats {
     int steps = 0;
     double wall = 0;  // seconds of the window
-    uint64_t h2d_bytes = 0, disk_bytes = 0;
+    uint64_t h2d_bytes = 0, disk_bytes = 0;  // h2d: copies only (cuFile reads are not copies)
+    bool gds = false;                          // disk bytes went by cuFile straight into VRAM
     int copies = 0, reads = 0;
     double h2d_busy = 0;      // seconds the copy stream spent copying
     double disk_busy = 0;     // seconds at least one read was in flight
@@ -64,10 +75,11 @@ public:
     // What fell back and why (O_DIRECT refused, memory that could not be pinned), one per line.
     const std::string& notices() const { return notices_; }
     bool direct_io() const { return reader_ ? reader_->direct() : false; }
+    bool gds() const { return gds_; }  // disk-tier layers read by cuFile into the slots
     double fill_seconds() const { return fill_seconds_; }  // loading the pinned tier
 
-    // O_DIRECT read bandwidth (GB/s) of the disk-tier layers with the configured reads in
-    // flight; 0 without a disk tier. Call before the first step.
+    // Read bandwidth (GB/s) of the disk-tier layers with the configured reads in flight (cuFile
+    // into the slots, or O_DIRECT into staging); 0 without a disk tier. Call before the first step.
     double measure_disk_gbs(uint64_t bytes = uint64_t(1) << 30);
 
     FileReader* reader_for_testing() { return reader_.get(); }  // fault injection
@@ -98,9 +110,14 @@ private:
     int ev_copied(int slot) const { return slot; }
     int ev_released(int slot) const { return K_ + slot; }
     int ev_staging_free(int s) const { return 2 * K_ + s; }
-    int64_t read_index(int64_t g) const;
+    int64_t read_index(int64_t g) const;  // the disk read of streamed use g
+    int64_t use_of_read(int64_t r) const;  // and back
+    char* slot_ptr(int slot) const { return slots_ + size_t(slot) * slot_bytes_; }
+    const char* disk_path() const;
     void restart(int layer);  // drains everything, restarts the pipeline at `layer`
     void stop_feeder();
+    void leave_gds(const std::string& why);  // from now on the staging path; stops the feeder
+    double measure_reads(uint64_t bytes);
     void feeder(int64_t r0);
     void pump(int64_t need);  // enqueues copies in order; blocks only for use `need`
     void issue(int64_t g);
@@ -120,6 +137,8 @@ private:
     uint64_t slot_bytes_ = 0;
     std::vector<void*> staging_;
     std::unique_ptr<FileReader> reader_;
+    bool gds_ = false;  // changes only while the feeder is stopped
+    int R_ = 0;         // read ring: staging buffers (S_), or slots (K_) with cuFile
     std::string notices_;
     double fill_seconds_ = 0;
 
@@ -140,6 +159,8 @@ private:
     bool stop_ = false;
     int64_t feed_base_ = 0;    // first read of this run of the feeder
     int64_t copied_reads_ = 0;  // copies enqueued for every read < this
+    int64_t released_shared_ = 0;  // released_, for the feeder (cuFile reads into slots)
+    int64_t feed_use0_ = 0;        // first use of this run of the feeder
     std::vector<ReadSlot> ring_;
     std::exception_ptr feeder_error_;
 

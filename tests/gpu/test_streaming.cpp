@@ -1,11 +1,13 @@
 // Tiered memory on the GPU: the same model run resident on the GPU, streamed through all three
 // tiers (VRAM, pinned RAM, disk) and on the CPU gives the same logits, for every weight type;
 // budgets that force streaming plan all three tiers; budgets that hold everything keep the
-// resident path (CUDA graphs); and on a model with large layers the copy stream runs near the
-// measured PCIe ceiling while compute overlaps it. Every test skips without a usable GPU.
+// resident path (CUDA graphs); on a model with large layers the copy stream runs near the
+// measured PCIe ceiling while compute overlaps it; and with GPUDirect Storage the disk tier is
+// read by cuFile straight into VRAM with the same logits. Every test skips without a usable GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -19,6 +21,8 @@
 #include "backend/cuda/stream_device.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "memory/cufile.h"
+#include "memory/gds_probe.h"
 #include "memory/streamer.h"
 
 namespace nt {
@@ -254,6 +258,116 @@ TEST(Streaming, DecodeRunsNearThePcieRoofline) {
     ASSERT_GT(h2d, 0);
     EXPECT_LT(dt / roof, 1.25) << "a decode step takes much longer than its bytes at the PCIe ceiling";
     EXPECT_GT(st.h2d_busy / st.wall, 0.75) << "the copy stream idles: copies are not kept back to back";
+}
+
+// The real libcufile, except that reads from g_fail_from on fail as cuFile's internal error: the
+// fallback to O_DIRECT mid-run on the device.
+const mem::CuFileApi* g_real_cufile = nullptr;
+std::atomic<int> g_cufile_reads{0}, g_fail_from{1 << 30};
+ssize_t failing_read(void* fh, void* base, size_t n, off_t off, off_t boff) {
+    if (g_cufile_reads++ >= g_fail_from) return -5030;
+    return g_real_cufile->read(fh, base, n, off, boff);
+}
+
+// GPUDirect Storage: disk-tier layers read by cuFile straight into the VRAM slots give the
+// resident run's logits, bit for bit the O_DIRECT run's, and cost no H2D copy; a read cuFile
+// fails mid-run falls back to O_DIRECT with one sentence and the same logits. Skips (saying why)
+// where libcufile or its driver is absent. The model goes to $NT_GDS_TEST_DIR when set (a file
+// system GDS supports), the temp directory otherwise.
+TEST(Streaming, GdsDiskTierMatchesResidentAndODirect) {
+    NT_REQUIRE_GPU();
+    SynthSpec spec;
+    spec.type = GgmlType::Q4_K;
+    spec.n_layer = 6;
+    spec.n_embd = 1024;
+    spec.n_ff = 2816;
+    spec.n_head = 16;
+    spec.n_head_kv = 4;
+    const char* dir = std::getenv("NT_GDS_TEST_DIR");
+    TempPath tp("synth.gguf", dir ? dir : "");
+    testing_mem::write_synth_model(tp.path, spec);
+    auto model = Model::load(tp.path);
+    Engine resident(*model, std::make_unique<CudaBackend>(), cuda_opts());
+    const auto want = flat(run(resident));
+    // After CUDA is up: cuFileDriverOpen wants a context.
+    const mem::GdsProbe probe = mem::probe_gds();
+    if (!probe.driver) GTEST_SKIP() << probe.detail;
+
+    const std::string tiers = "DDPDVD";
+    EngineOptions o = cuda_opts();
+    for (char c : tiers) o.memory.forced_tiers.push_back(c == 'V' ? Tier::Vram : c == 'P' ? Tier::Pinned : Tier::Disk);
+    o.memory.slots = 2;
+    o.memory.prefetch = 2;
+    std::vector<std::string> told;
+    o.memory.notify = [&](const std::string& m) { told.push_back(m); };
+    Engine odirect(*model, std::make_unique<CudaBackend>(), o);
+    ASSERT_NE(odirect.streamer(), nullptr);
+    ASSERT_FALSE(odirect.streamer()->gds());
+    const auto od = flat(run(odirect));
+
+    o.memory.gds = true;
+    o.memory.trace = true;
+    Engine gds(*model, std::make_unique<CudaBackend>(), o);
+    std::printf("%s", gds.memory().text.c_str());
+    ASSERT_NE(gds.streamer(), nullptr);
+    ASSERT_TRUE(gds.streamer()->gds()) << "cuFile did not come up: " << gds.memory().text;
+    EXPECT_NE(gds.memory().text.find("read by GPUDirect Storage"), std::string::npos) << gds.memory().text;
+    EXPECT_GT(gds.memory().input.disk_gbs, 0);
+    gds.streamer()->reset_stats();  // the load-time measurement is not a step
+    const auto got = flat(run(gds));
+    size_t differ = 0;
+    for (size_t i = 0; i < od.size(); i++) differ += std::memcmp(&od[i], &got[i], 4) != 0;
+    EXPECT_EQ(differ, 0u) << "cuFile and O_DIRECT put different bytes in the slots";
+    EXPECT_LE(rel_max(got, want), 1e-5) << "GDS vs resident";
+    EXPECT_TRUE(told.empty()) << told[0];
+
+    const mem::StreamStats st = gds.streamer()->stats();
+    uint64_t pinned = 0, disk = 0;
+    for (size_t i = 0; i < tiers.size(); i++) {
+        if (tiers[i] == 'P') pinned += gds.streamer()->blobs()[i].bytes;
+        if (tiers[i] == 'D') disk += gds.streamer()->blobs()[i].bytes;
+    }
+    const uint64_t slot = gds.memory().plan.slot_bytes;
+    EXPECT_TRUE(st.gds);
+    EXPECT_EQ(st.steps, 6);
+    EXPECT_GE(st.h2d_bytes, 6 * pinned);
+    EXPECT_LE(st.h2d_bytes, 6 * pinned + 2 * slot) << "disk layers were copied";
+    EXPECT_GE(st.disk_bytes, 6 * disk);
+    EXPECT_LE(st.disk_bytes, 6 * disk + 2 * slot);
+    EXPECT_GT(st.disk_busy, 0);
+    std::printf("[ perf ] cuFile: %.1f MiB per step in %.2f ms busy (%.2f GB/s while busy); measured at load %.2f GB/s\n",
+                double(st.disk_bytes) / st.steps / (1 << 20), 1e3 * st.disk_busy / st.steps,
+                st.disk_busy > 0 ? double(st.disk_bytes) / st.disk_busy / 1e9 : 0.0, gds.memory().input.disk_gbs);
+    TempPath trace("trace.json");
+    gds.streamer()->write_trace(trace.path);
+    if (std::system("python3 -c 'import json' >/dev/null 2>&1") == 0) {
+        const std::string check = "python3 -c \"import json; d=json.load(open('" + trace.path +
+                                  "')); n=set(e['name'] for e in d['traceEvents'] if e['ph']=='X'); "
+                                  "assert 'gds read' in n, n\"";
+        EXPECT_EQ(std::system(check.c_str()), 0);
+    }
+
+    // cuFile fails mid-run: O_DIRECT takes over, says so once, same logits.
+    std::string why;
+    g_real_cufile = mem::cufile_api(&why);
+    ASSERT_NE(g_real_cufile, nullptr) << why;
+    static mem::CuFileApi failing;
+    failing = *g_real_cufile;
+    failing.read = failing_read;
+    o.memory.gds_api_for_testing = &failing;
+    o.memory.trace = false;
+    Engine flaky(*model, std::make_unique<CudaBackend>(), o);
+    ASSERT_NE(flaky.streamer(), nullptr);
+    ASSERT_TRUE(flaky.streamer()->gds());
+    g_fail_from = g_cufile_reads + 5;  // after the load-time measurement, inside the first steps
+    const auto fb = flat(run(flaky));
+    EXPECT_FALSE(flaky.streamer()->gds());
+    ASSERT_EQ(told.size(), 1u);
+    EXPECT_NE(told[0].find("cuFile error 5030"), std::string::npos) << told[0];
+    EXPECT_NE(told[0].find("O_DIRECT"), std::string::npos) << told[0];
+    differ = 0;
+    for (size_t i = 0; i < od.size(); i++) differ += std::memcmp(&od[i], &fb[i], 4) != 0;
+    EXPECT_EQ(differ, 0u) << "logits changed across the fallback";
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
@@ -13,6 +14,8 @@
 #include "backend/cuda/device_info.h"
 #include "core/error.h"
 #include "memory/clock.h"
+#include "memory/cufile.h"
+#include "memory/io_reader.h"
 #include "memory/planner.h"
 
 namespace nt {
@@ -119,6 +122,10 @@ public:
         // Weight addresses (slots) and cross-stream waits change between steps: no graphs.
         be_.set_graphs(false);
         be_.set_pdl(false);
+    }
+    void bind_thread() override {
+        // cuFile finds the slots' context through the calling thread's current device.
+        if (cudaSetDevice(be_.device().device) != cudaSuccess) (void)cudaGetLastError();
     }
 
     int mark(Lane lane) override {
@@ -302,6 +309,53 @@ double cuda_try_pin(int device, size_t bytes) {
     }
     cudaFreeHost(p);
     return dt;
+}
+
+double cuda_measure_gds(int device, const std::string& path, uint64_t offset, uint64_t bytes, int threads,
+                        std::string* why) {
+    NT_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
+    const mem::CuFileApi* api = mem::cufile_api(why);
+    if (!api) return -1;
+    mem::ReaderOptions o;
+    o.threads = threads;
+    o.gds = api;
+    o.thread_init = [device] { (void)cudaSetDevice(device); };
+    auto r = std::make_unique<mem::FileReader>(path, o);
+    if (!r->gds()) {
+        *why = r->gds_reason();
+        return -1;
+    }
+    offset = mem::align_down(std::min<uint64_t>(offset, r->size()), mem::kBlobAlign);
+    bytes = std::min<uint64_t>(bytes, mem::align_down(r->size() - offset, mem::kBlobAlign));
+    if (bytes < mem::kBlobAlign) {
+        *why = "the file is too small to measure";
+        return -1;
+    }
+    // Two halves of one registered buffer, read alternately so that reads stay in flight.
+    const uint64_t half = uint64_t(128) << 20;
+    char* d = nullptr;
+    NT_CUDA_CHECK(cudaMalloc(&d, 2 * half), "cudaMalloc cuFile buffer");
+    r->gds_register(d, 2 * half, why);  // refused: slower reads through cuFile's bounce buffers, and a note
+    mem::FileReader::Ticket t[2] = {0, 0};
+    double gbs = -1;
+    try {
+        const double t0 = mem::now_seconds();
+        uint64_t done = 0;
+        for (int i = 0; done < bytes; i++) {
+            if (t[i % 2]) r->wait(std::exchange(t[i % 2], 0));
+            const uint64_t len = std::min(half, bytes - done);
+            t[i % 2] = r->submit_device({{offset + done, len, 0}}, d + size_t(i % 2) * half);
+            done += len;
+        }
+        for (auto& x : t)
+            if (x) r->wait(std::exchange(x, 0));
+        gbs = double(bytes) / (mem::now_seconds() - t0) / 1e9;
+    } catch (const Error& e) {
+        *why = e.what();
+    }
+    r.reset();  // the reads in flight land and the buffer is deregistered before it is freed
+    cudaFree(d);
+    return gbs;
 }
 
 }  // namespace nt

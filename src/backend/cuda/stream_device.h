@@ -31,4 +31,11 @@ CudaLinkReport cuda_measure_links(int device, size_t bytes);
 // negative number when the system refused.
 double cuda_try_pin(int device, size_t bytes);
 
+// GB/s of cuFile (GPUDirect Storage) reads of `bytes` of the file at `path` from `offset` into
+// GPU `device`'s memory, `threads` reads of 8 MiB in flight (what --gds does); negative, with
+// one sentence in `why`, when cuFile cannot read the file here (`why` may carry a note on
+// success too: a buffer cuFile would not register).
+double cuda_measure_gds(int device, const std::string& path, uint64_t offset, uint64_t bytes, int threads,
+                        std::string* why);
+
 }  // namespace nt
