@@ -104,6 +104,15 @@ public:
     virtual void attention(int layer, const float* q, const float* k, const float* v, float* out) = 0;
     // out[i] = silu(gate[i]) * up[i], n elements.
     virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
+    // The feed-forward's first half: gate = silu(w_gate x) * (w_up x) for n rows of x; `up`
+    // is scratch of n x w_up.rows floats (a backend that fuses the two projections and the
+    // SwiGLU need not touch it). Neither may alias x.
+    virtual void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x,
+                             int n, float* gate, float* up) {
+        matmul(w_gate, x, n, gate);
+        matmul(w_up, x, n, up);
+        swiglu(gate, up, int64_t(n) * w_gate.rows, gate);
+    }
     // x += y, n elements.
     virtual void add(float* x, const float* y, int64_t n) = 0;
     // Copies the rows of x whose want_logits is set to the first rows of dst (compacting).

@@ -652,6 +652,44 @@ TEST(CudaBackend, SwigluAddGather) {
                  "gather in place");
 }
 
+// ffn_gate_up: the fused pair kernel (one row; Q4_K, Q6_K, Q8_0) and the unfused fallback
+// (other types, more rows) against the CPU's matmul + matmul + swiglu, eager and as a graph.
+TEST(CudaBackend, FfnGateUp) {
+    NT_REQUIRE_GPU();
+    ModelShape s = make_shape(128, 32, 8);  // n_embd 4096, n_ff 14336
+    Pair p(s, 8, 1, 64);
+    const int dim = s.n_embd, ff = 1024;  // ff rows of the gate/up projections
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0}) {
+        const HostWeight wg = random_weight(t, ff, dim, 81 + uint32_t(t));
+        const HostWeight wu = random_weight(t, ff, dim, 91 + uint32_t(t));
+        const WeightView gg = on_gpu(p.gpu, wg), gu = on_gpu(p.gpu, wu);
+        for (int n : {1, 3}) {
+            for (bool graphs : {false, true}) {
+                p.gpu.set_graphs(graphs);
+                Batch b;
+                for (int i = 0; i < n; i++) b.add(0, i, 0, true);
+                const size_t m = size_t(n) * size_t(dim);
+                p.set(&Activations::xn, random_floats(m, 101 + uint32_t(n), -2.f, 2.f));
+                for (int rep = 0; rep < (graphs ? 3 : 1); rep++) {  // capture, then replays
+                    p.begin(b);
+                    p.cpu.ffn_gate_up(wg.view, wu.view, p.cpu.acts().xn, n, p.cpu.acts().gate,
+                                      p.cpu.acts().up);
+                    p.gpu.ffn_gate_up(gg, gu, p.gpu.acts().xn, n, p.gpu.acts().gate,
+                                      p.gpu.acts().up);
+                    p.gpu.end_step();
+                    const std::string what = std::string(type_name(t)) + " n " +
+                                             std::to_string(n) + (graphs ? " graph " : " eager ") +
+                                             std::to_string(rep);
+                    expect_close(p.get_gpu(&Activations::gate, size_t(n) * ff),
+                                 p.get_cpu(&Activations::gate, size_t(n) * ff), 2e-4f, 2e-4f,
+                                 what);
+                }
+            }
+        }
+    }
+    p.gpu.set_graphs(true);
+}
+
 // ---- attention against the CPU backend -----------------------------------------------------
 
 struct AttnCase {

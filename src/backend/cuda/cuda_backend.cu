@@ -41,7 +41,8 @@ bool CudaBackend::Op::operator==(const Op& o) const {
     return kind == o.kind && i0 == o.i0 && i1 == o.i1 && n == o.n && p[0] == o.p[0] &&
            p[1] == o.p[1] && p[2] == o.p[2] && p[3] == o.p[3] && w.type == o.w.type &&
            w.cols == o.w.cols && w.rows == o.w.rows && w.data == o.w.data &&
-           w.nbytes == o.w.nbytes && next == o.next;
+           w.nbytes == o.w.nbytes && w2.type == o.w2.type && w2.cols == o.w2.cols &&
+           w2.rows == o.w2.rows && w2.data == o.w2.data && next == o.next;
 }
 
 CudaBackend::CudaBackend(int device) {
@@ -485,6 +486,14 @@ void CudaBackend::run(const Op& op) {
         case OpKind::Matmul:
             cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
             return;
+        case OpKind::GateUp:
+            // Decided on the host from the op's fields alone, like every matmul choice.
+            if (!cuda::matmul_swiglu(op.w, op.w2, f(0), op.i0, f(1), *mm_, stream_, x_unchanged)) {
+                cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
+                cuda::matmul(op.w2, f(0), op.i0, f(2), *mm_, stream_, true);
+                cuda::swiglu(f(1), f(2), int64_t(op.i0) * op.w.rows, f(1), stream_);
+            }
+            return;
         case OpKind::Rope:
             cuda::rope(f(0), f(1), d_pos, n_rows_, shape_.n_head, shape_.n_head_kv, shape_.head_dim,
                        n_rot_, rope_inv_freq_, stream_);
@@ -606,6 +615,24 @@ void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* o
     op.p[0] = gate;
     op.p[1] = up;
     op.p[2] = out;
+    submit(op);
+}
+
+void CudaBackend::ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x,
+                              int n, float* gate, float* up) {
+    require_init("ffn_gate_up");
+    if (w_gate.rows != w_up.rows || w_gate.cols != w_up.cols)
+        fail("ffn gate (%lld x %lld) and up (%lld x %lld) projections differ in shape.",
+             (long long)w_gate.rows, (long long)w_gate.cols, (long long)w_up.rows,
+             (long long)w_up.cols);
+    Op op;
+    op.kind = OpKind::GateUp;
+    op.w = w_gate;
+    op.w2 = w_up;
+    op.i0 = n;
+    op.p[0] = x;
+    op.p[1] = gate;
+    op.p[2] = up;
     submit(op);
 }
 

@@ -51,6 +51,8 @@ class CudaBackend : public Backend {
     void rope(float* q, float* k) override;
     void attention(int layer, const float* q, const float* k, const float* v, float* out) override;
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+    void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x, int n,
+                     float* gate, float* up) override;
     void add(float* x, const float* y, int64_t n) override;
     void gather_logit_rows(const float* x, int dim, float* dst) override;
     void download(const float* src, float* host_dst, size_t n) override;
@@ -97,6 +99,7 @@ class CudaBackend : public Backend {
         Rope,
         Attention,
         Swiglu,
+        GateUp,
         Add,
         Gather
     };
@@ -108,6 +111,7 @@ class CudaBackend : public Backend {
         int64_t n = 0;           // element count (swiglu, add)
         const void* p[4] = {};
         WeightView w;
+        WeightView w2;                  // gate_up: the up projection (w: the gate)
         GgmlType next = GgmlType::F32;  // add_rmsnorm: the next matmul's weight type
         bool operator==(const Op& o) const;
     };

@@ -162,6 +162,56 @@ void matmul_free(MatmulWorkspace& ws) {
     ws = MatmulWorkspace{};
 }
 
+namespace {
+
+// The GEMV path's int8 activations for weights of type t: quantized into the workspace, or
+// the ones already there when x_unchanged and they were made from the same x the same way.
+ActivationSlot gemv_activations(GgmlType t, const float* x, int n, int64_t cols,
+                                MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged) {
+    ActivationSlot a;
+    if (gemv_bytes(n, cols) > ws.bytes)
+        nt::fail("CUDA matmul workspace holds %zu bytes; a batch of %d x %lld columns needs %zu.",
+                 ws.bytes, n, (long long)cols, gemv_bytes(n, cols));
+    a.xq = gemv_xq(ws);
+    a.xd = gemv_xd(ws, n, cols);
+    a.mode = detail::act_quant(t);
+    ActivationKey& held = ws.held;
+    const bool reuse = x_unchanged && held.x == x && held.n == n && held.cols == cols &&
+                       held.mode == int(a.mode);
+    if (!reuse) {
+        detail::quantize_q8(x, n, cols, a.mode, a.xq, a.xd, stream);
+        held = {x, n, cols, int(a.mode)};
+    }
+    return a;
+}
+
+// An output written over the activations it came from makes their quantized copy stale.
+void forget_if_overwritten(MatmulWorkspace& ws, const float* x, int n, int64_t cols,
+                           const float* y, int64_t rows) {
+    const auto* xb = reinterpret_cast<const uint8_t*>(x);
+    const auto* yb = reinterpret_cast<const uint8_t*>(y);
+    if (yb < xb + size_t(n) * cols * sizeof(float) && xb < yb + size_t(n) * rows * sizeof(float))
+        ws.held = {};
+}
+
+}  // namespace
+
+bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n,
+                   float* y, MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged) {
+    // One activation row only: at 2..8 rows the separate staged/direct GEMVs are faster than
+    // the pipe kernel the pair runs on (bench_gemv).
+    if (n != 1 || gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols ||
+        !detail::gemv_pair_available(gate.type))
+        return false;
+    check_args(gate, x, n, y);
+    check_args(up, x, n, y);
+    const ActivationSlot a = gemv_activations(gate.type, x, n, gate.cols, ws, stream, x_unchanged);
+    detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols, a.xq, a.xd, n, y,
+                      ws.pdl, stream);
+    forget_if_overwritten(ws, x, n, gate.cols, y, gate.rows);
+    return true;
+}
+
 void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
             cudaStream_t stream, bool x_unchanged) {
     check_args(w, x, n, y);
@@ -171,30 +221,11 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     if (n <= kGemvMaxBatch) {
         if (is_float(w.type))
             return detail::gemv_float(w.type, w.data, rows, cols, x, n, y, ws.sm_count, stream);
-        const size_t need = gemv_bytes(n, cols);
-        if (need > ws.bytes)
-            nt::fail(
-                "CUDA matmul workspace holds %zu bytes; a batch of %d x %lld columns needs %zu.",
-                ws.bytes, n, (long long)cols, need);
-        int8_t* xq = gemv_xq(ws);
-        float2* xd = gemv_xd(ws, n, cols);
-        const detail::ActQuant mode = detail::act_quant(w.type);
-        ActivationKey& held = ws.held;
-        const bool reuse = x_unchanged && held.x == x && held.n == n && held.cols == cols &&
-                           held.mode == int(mode);
-        if (!reuse) {
-            detail::quantize_q8(x, n, cols, mode, xq, xd, stream);
-            held = {x, n, cols, int(mode)};
-        }
+        const ActivationSlot a = gemv_activations(w.type, x, n, cols, ws, stream, x_unchanged);
         GemvConfig c = detail::gemv_default(w.type, rows, cols, n, ws.sm_count);
         c.pdl = ws.pdl;
-        detail::gemv_q8(w.type, w.data, rows, cols, xq, xd, n, y, c, stream);
-        // An output written over the activations it came from makes them stale.
-        const auto* xb = reinterpret_cast<const uint8_t*>(x);
-        const auto* yb = reinterpret_cast<const uint8_t*>(y);
-        if (yb < xb + size_t(n) * cols * sizeof(float) &&
-            xb < yb + size_t(n) * rows * sizeof(float))
-            held = {};
+        detail::gemv_q8(w.type, w.data, rows, cols, a.xq, a.xd, n, y, c, stream);
+        forget_if_overwritten(ws, x, n, cols, y, rows);
         return;
     }
     ws.held = {};  // the GEMM path below overwrites the quantized activations

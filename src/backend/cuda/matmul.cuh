@@ -79,6 +79,14 @@ void matmul_free(MatmulWorkspace& ws);
 void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
             cudaStream_t stream, bool x_unchanged = false);
 
+// The feed-forward's gate and up projections with SwiGLU in one GEMV launch:
+// y[i][r] = silu(sum_c G[r][c] x[i][c]) * sum_c U[r][c] x[i][c]. Returns false, launching
+// nothing, where no fused kernel applies (the caller then runs two matmuls and swiglu): batches
+// other than 1, gate and up of different types or shapes, types without the pipe kernel.
+// x_unchanged as for matmul().
+bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n,
+                   float* y, MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged = false);
+
 // Drops the record of quantized activations (the next GEMV quantizes whatever it is given).
 void matmul_forget_activations(MatmulWorkspace& ws);
 
