@@ -379,8 +379,10 @@ TEST(CudaKernels, RopeVersionsBitIdentical) {
                 std::mt19937 rng(uint32_t(n * 7 + offset));
                 std::vector<int32_t> pos(static_cast<size_t>(n));
                 for (int32_t& v : pos) v = int32_t(rng() % (1u << 20));
-                pos[0] = 0;
-                if (n > 1) pos[size_t(n - 1)] = (1 << 20) - 1;
+                if (n > 1) {  // (a single row at position 0 would not turn)
+                    pos[0] = 0;
+                    pos[size_t(n - 1)] = (1 << 20) - 1;
+                }
                 const size_t nq = size_t(n) * size_t(c.n_head) * size_t(c.head_dim) + 1;
                 const size_t nk = size_t(n) * size_t(c.n_head_kv) * size_t(c.head_dim) + 1;
                 const std::vector<float> q = random_floats(nq, 50 + uint32_t(n), -4.f, 4.f);
@@ -485,7 +487,7 @@ TEST(CudaKernels, AddRmsNormQuantizesAsQuantizeQ8) {
 TEST(CudaBackend, AddRmsNorm) {
     NT_REQUIRE_GPU();
     ModelShape s = make_shape(128, 32, 8);  // n_embd 4096
-    Pair p(s, 100, 1, 64);
+    Pair p(s, 100, 1, 128);  // rows at positions 0..99
     for (int dim : {4096, 2048, 576}) {
         const HostWeight w = random_weight(GgmlType::F32, 1, dim, 12, 2.f);
         const WeightView gw = on_gpu(p.gpu, w);
