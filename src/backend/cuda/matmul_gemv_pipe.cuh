@@ -102,10 +102,14 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
             if (++f_u == upr) f_u = 0, ++f_vr;
         }
     };
+    // Waits for the kernel before at once, like the direct kernel: prefetching the first
+    // weights before the wait gave wrong results on the H200 inside CUDA graphs for the
+    // single-matrix launches (Streaming.ResidentStreamedAndCpuAgreeForEveryType, Q4_K; fine
+    // without graphs, without PDL, and for the direct kernel), cause not yet found.
     pdl_trigger();
+    pdl_wait();
 #pragma unroll
     for (int s = 0; s < D; ++s) fetch(ring[s]);
-    pdl_wait();  // weights only above: the activations and y belong to earlier kernels
 
     const int64_t xd_stride = cols / 32;
     // kXU: this lane's activations for every unit of a row (upr == kXU), loaded once.
