@@ -6,7 +6,8 @@
 //   GEMM  vec_dot_tile(rows, C columns): the prompt step (C activation rows at once), weights
 //         hot in cache, compute-bound;
 // and prints weight GB/s, GFLOP/s, the ratio to the measured single-core read bandwidth (GEMV),
-// and the largest difference from the scalar reference kernel (relative to sum |terms|).
+// the largest difference from the scalar reference kernel (relative to sum |terms|), and whether
+// the kernel is batch-invariant (each column of a 9-column tile bit-identical to its 1-column run).
 // With --ggml DIR (a directory holding libggml-base.so and libggml-cpu.so, e.g. the lib/ folder
 // of the llama-cpp-python package) it times ggml's own kernels on the same data, one thread:
 // ggml_vec_dot_* over the rows (ggml's decode path) and ggml_mul_mat (its prompt path, including
@@ -342,10 +343,11 @@ int main(int argc, char** argv) {
         std::printf(
             "\nGEMV: 1 activation column; cold: weights cycled through 256 MiB, hot: in cache."
             "\nGEMM: %d activation columns, hot weights. diff: max |kernel - scalar| / max "
-            "|scalar|.\n\n",
+            "|scalar|; bi: batch-invariant\n(every column of a 9-column tile bit-identical to its "
+            "1-column result).\n\n",
             opt.cols);
         std::printf("%-5s %-10s | %-25s | %-9s | %-26s | %s\n", "type", "shape", "GEMV cold",
-                    "GEMV hot", "GEMM", "diff");
+                    "GEMV hot", "GEMM", "diff, bi");
         std::printf("%-5s %-10s | %7s %7s %9s | %9s | %8s %6s %10s |\n", "", "rows x n", "GB/s",
                     "GFLOP/s", "%roofline", "GB/s", "GFLOP/s", "%peak", "GB/s(w)");
 
@@ -430,6 +432,15 @@ int main(int argc, char** argv) {
                                  size_t(crow));
                     std::printf(" %.1e", check_vs_scalar(t, n, crow, ccol, w.data(), rb, a.data(),
                                                          as, got.data(), size_t(crow)));
+                    int differ = 0;
+                    std::vector<float> one(static_cast<size_t>(crow));
+                    for (int c = 0; c < ccol; ++c) {
+                        vec_dot_tile(t, n, crow, 1, w.data(), rb, a.data() + size_t(c) * as, as,
+                                     one.data(), size_t(crow));
+                        differ += std::memcmp(one.data(), got.data() + size_t(c) * crow,
+                                              sizeof(float) * size_t(crow)) != 0;
+                    }
+                    std::printf(" %s", differ ? "NOT batch-invariant" : "bi");
                 }
                 std::printf("\n");
 

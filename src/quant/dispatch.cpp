@@ -2,6 +2,7 @@
 // vec_dot / vec_dot_tile to that level's kernels. Built without ISA flags: it only asks the CPU.
 #include <cpuid.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -44,9 +45,24 @@ const KernelTable& table(SimdLevel level) {
 
 }  // namespace
 
-SimdLevel active_level() {
-    static const SimdLevel level = level_from_env(std::getenv("NT_SIMD"));
+namespace {
+
+// The process's level: NT_SIMD's on first use (a bad value throws, and the next call asks
+// again), then whatever set_active_level() says.
+std::atomic<int>& level_slot() {
+    static std::atomic<int> level{int(level_from_env(std::getenv("NT_SIMD")))};
     return level;
+}
+
+}  // namespace
+
+SimdLevel active_level() {
+    return SimdLevel(level_slot().load(std::memory_order_relaxed));
+}
+
+SimdLevel set_active_level(SimdLevel level) {
+    if (int(level) > int(cpu_level())) level = cpu_level();
+    return SimdLevel(level_slot().exchange(int(level)));
 }
 
 SimdLevel cpu_level() {

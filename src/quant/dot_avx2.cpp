@@ -49,6 +49,8 @@ struct Avx2 {
     static VI srli32(VI a, int s) { return _mm256_srli_epi32(a, s); }
     static VI srai32(VI a, int s) { return _mm256_srai_epi32(a, s); }
     static VI sub32(VI a, VI b) { return _mm256_sub_epi32(a, b); }
+    static VI add32(VI a, VI b) { return _mm256_add_epi32(a, b); }
+    static VI mullo32(VI a, VI b) { return _mm256_mullo_epi32(a, b); }
 
     static VF zero_ps() { return _mm256_setzero_ps(); }
     static VF set1_ps(float v) { return _mm256_set1_ps(v); }
@@ -56,8 +58,8 @@ struct Avx2 {
     static VF cvt(VI a) { return _mm256_cvtepi32_ps(a); }
     static VF mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
     static VF add_ps(VF a, VF b) { return _mm256_add_ps(a, b); }
-    static VF sub_ps(VF a, VF b) { return _mm256_sub_ps(a, b); }
     static VF fmadd(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+    static VF fnmadd(VF a, VF b, VF c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
     static float reduce_ps(VF a) {
         __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
         s = _mm_add_ps(s, _mm_movehl_ps(s, s));

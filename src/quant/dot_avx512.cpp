@@ -57,6 +57,8 @@ struct Avx512 {
     static VI srli32(VI a, int s) { return _mm512_srli_epi32(a, unsigned(s)); }
     static VI srai32(VI a, int s) { return _mm512_srai_epi32(a, unsigned(s)); }
     static VI sub32(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+    static VI add32(VI a, VI b) { return _mm512_add_epi32(a, b); }
+    static VI mullo32(VI a, VI b) { return _mm512_mullo_epi32(a, b); }
 
     static VF zero_ps() { return _mm512_setzero_ps(); }
     static VF set1_ps(float v) { return _mm512_set1_ps(v); }
@@ -64,8 +66,8 @@ struct Avx512 {
     static VF cvt(VI a) { return _mm512_cvtepi32_ps(a); }
     static VF mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
     static VF add_ps(VF a, VF b) { return _mm512_add_ps(a, b); }
-    static VF sub_ps(VF a, VF b) { return _mm512_sub_ps(a, b); }
     static VF fmadd(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+    static VF fnmadd(VF a, VF b, VF c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
     static float reduce_ps(VF a) { return _mm512_reduce_add_ps(a); }
 
     // f16 in the low / high half of each lane -> float.

@@ -4,9 +4,10 @@
 //
 // Quantized weights have two kernel shapes; each type switches from the first to the second at
 // a measured column count (I::row_cols<T>()):
-//  - row-direct (few activation columns: the GEMV of decoding): lanes are elements; one weight
-//    row at a time is read as one sequential stream, its blocks unpacked in registers with
-//    in-lane shifts and masks and dotted with every column. 256-bit vectors at both levels.
+//  - row-direct (few activation columns: the GEMV of decoding): eight weight rows at a time,
+//    from eight regions of the matrix (each read as its own sequential stream); lanes are
+//    elements for the integer dot products (blocks unpacked in registers with in-lane shifts and
+//    masks, dotted with every column), rows for the float scaling. 256-bit vectors at both levels.
 //  - transposed tiles (many columns: prompt processing): a tile is I::L weight rows, one per
 //    32-bit lane. Each weight block of the tile's rows is unpacked to unsigned bytes in element
 //    order and transposed, so that vector k holds elements 4k..4k+3 of each row in its lane; a
@@ -19,7 +20,20 @@
 // row-direct kernels; mins use the activation sums (Q8_1's s field, Q8_K's bsums).
 //
 // Float weights (F32/F16/BF16 against F32 activations) use the classic register-blocked shape:
-// lanes are elements, R rows x C columns of accumulators (one row at a time for one column).
+// lanes are elements, R rows x C columns of accumulators.
+//
+// Batch invariance: an output element is bit-identical whatever the number of columns, the
+// column's place among them and the rows around it, so that a sequence decodes to the same
+// logits alone or inside a batch. The tiles set the arithmetic, per lane (row): each block's
+// integer dot product exactly (int32, whose sums do not depend on their order), then one float
+// chain per output element over the blocks in order, from +0:
+//   32-element formats: f = fma(float(isum), dw * dy, f); Q4_1/Q5_1 then f = fma(m, s, f)
+//   K-quants:           f = fma(float(isum), d * dy, f); with mins f = f - float(msum) * (dmin *
+//   dy)
+// where isum includes the sub-block scales and offsets and msum = sum(min_j * bsum_j). The
+// row-direct kernels compute the integers with lanes as elements, reduce them to one total per
+// row, and run the same chains with eight rows as the lanes. The float kernels keep one
+// accumulator vector per output element in every shape.
 #pragma once
 #include <immintrin.h>
 
@@ -290,16 +304,42 @@ constexpr size_t kKBlockBytes = T == GgmlType::Q2_K   ? sizeof(block_q2_K)
                                                       : sizeof(block_q6_K);
 
 // ---------------------------------------------------------------------------------------------
-// Row-direct kernels for few activation columns (the GEMV of decoding): lanes are elements, one
-// weight row at a time, its blocks unpacked in registers (256-bit vectors at both levels) and
-// used for every column at once. No transposition: each row is one sequential stream, which the
-// prefetchers follow, and the unpacking is in-lane shifts and masks. The signed formats use the
-// sign trick (|w| against y with w's sign), exact because quantize_row never produces -128.
+// Row-direct kernels for few activation columns (the GEMV of decoding). The integer part runs
+// one weight row at a time with lanes as elements: a row's block is unpacked in registers with
+// in-lane shifts and masks (256-bit vectors at both levels; no transposition) and dotted with
+// every column. The signed formats use the sign trick (|w| against y with w's sign), exact
+// because quantize_row never produces -128. The float part must be the tiles' (batch
+// invariance), so eight rows go together: each block's integer vectors of the eight rows are
+// reduced to one exact total per row, and the tiles' per-lane formula runs with the rows as
+// lanes. The eight rows are t, t + S, ..., t + 7S of the call's rows (S about nrows / 8, see
+// lane_spacing), so that each lane reads its own region of the weights front to back:
+// interleaving rows that share 4 KiB pages defeats the hardware prefetchers and halves the speed
+// from DRAM.
 
-inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+// Exact int32 totals of eight vectors: lane i of the result is the sum of v[i]'s eight lanes.
+inline __m256i hsum8x8_epi32(const __m256i* v) {
+    const __m256i ab =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i cd =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20),
+                            _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+// The f16 values in the low (high) halves of the eight 32-bit lanes, as floats.
+inline __m256 f16_lo8(__m256i a) {
+    const __m256i p = _mm256_shuffle_epi8(
+        a, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8,
+                            9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1));
+    return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(p, 0x08)));
+}
+inline __m256 f16_hi8(__m256i a) {
+    return f16_lo8(_mm256_srli_epi32(a, 16));
+}
+// The 32-bit word at byte `at` of each of the eight rows.
+inline __m256i words8(const uint8_t* const* rows, size_t at) {
+    return _mm256_setr_epi32(load_i32(rows[0] + at), load_i32(rows[1] + at), load_i32(rows[2] + at),
+                             load_i32(rows[3] + at), load_i32(rows[4] + at), load_i32(rows[5] + at),
+                             load_i32(rows[6] + at), load_i32(rows[7] + at));
 }
 inline __m256i bytes_mask(uint8_t m) {
     return _mm256_set1_epi8(char(m));
@@ -324,64 +364,102 @@ inline __m256i ydot_signed(__m256i acc, __m256i ws, __m256i y) {
     return I::ydot(acc, _mm256_abs_epi8(ws), _mm256_sign_epi8(y, ws));
 }
 
-// Calls fn.template operator()<G>(row, c0, res) for every weight row and group of <= kG
-// columns; res[g] is then stored to out[(c0 + g) * out_stride + row].
+// The spacing, in rows, of the rows that one row-direct step reads together: at least nrows /
+// lanes rounded up, and such that their bytes at the same offset fall in different L1 sets (rows
+// a multiple of 4 KiB apart all compete for one set of eight ways: a 4096-row matrix ran 15-35%
+// slower from DRAM). A row stride that is itself a multiple of 4 KiB leaves no choice.
+inline int lane_spacing(int nrows, int lanes, size_t w_stride) {
+    const int S = (nrows + lanes - 1) / lanes;
+    for (int s = S; s < S + 64; ++s) {
+        uint64_t used = 0;  // the 64 sets of 64 bytes in 4 KiB
+        int i = 0;
+        for (; i < lanes; ++i) {
+            const uint64_t set = uint64_t(1) << (size_t(i) * size_t(s) * w_stride % 4096 / 64);
+            if (used & set) break;
+            used |= set;
+        }
+        if (i == lanes) return s;
+    }
+    return S;
+}
+
+// Calls fn.template operator()<G>(rows, c0, f) for every step of eight rows (see above) and
+// group of <= kG columns; lane i of f[g] is then stored to out[(c0 + g) * out_stride + row i].
+// Lanes past the last row repeat the step's first row; their results are not stored.
 template <int kG, typename F>
 inline void row_direct(int nrows, int ncols, const uint8_t* w, size_t w_stride, float* out,
                        size_t out_stride, F&& fn) {
-    for (int r = 0; r < nrows; ++r) {
-        const uint8_t* row = w + size_t(r) * w_stride;
+    const int S = lane_spacing(nrows, 8, w_stride);
+    for (int t = 0; t < S && t < nrows; ++t) {
+        const uint8_t* rows[8];
+        for (int i = 0; i < 8; ++i) {
+            const int r = i * S + t;
+            rows[i] = w + size_t(r < nrows ? r : t) * w_stride;
+        }
         for_col_groups<kG>(ncols, [&]<int G>(int c0) {
-            float res[G];
-            fn.template operator()<G>(row, c0, res);
-            for (int g = 0; g < G; ++g) out[size_t(c0 + g) * out_stride + size_t(r)] = res[g];
+            __m256 f[G];
+            fn.template operator()<G>(rows, c0, f);
+            for (int g = 0; g < G; ++g) {
+                alignas(32) float v[8];
+                _mm256_store_ps(v, f[g]);
+                for (int i = 0; i < 8 && i * S + t < nrows; ++i)
+                    out[size_t(c0 + g) * out_stride + size_t(i * S + t)] = v[i];
+            }
         });
     }
 }
 
-template <class I, GgmlType T, int G>
-void rd_legacy(int64_t nb, const uint8_t* row, const ActQ8& act, int c0, float* res) {
-    __m256 acc[G];
-    float mins[G];
-    for (int g = 0; g < G; ++g) {
-        acc[g] = _mm256_setzero_ps();
-        mins[g] = 0.0f;
-    }
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* x = row + size_t(b) * kBlockBytes<T>;
-        const float dw = _cvtsh_ss(load_u16(x));
-        __m256i w;  // unsigned quants (min formats) or signed values (offset formats)
-        if constexpr (T == GgmlType::Q8_0) {
-            w = _mm256_loadu_si256((const __m256i*)(x + 2));
-        } else {
-            constexpr size_t qs_off = T == GgmlType::Q4_0   ? 2
-                                      : T == GgmlType::Q4_1 ? 4
-                                      : T == GgmlType::Q5_0 ? 6
-                                                            : 8;
-            const __m128i q = _mm_loadu_si128((const __m128i*)(x + qs_off));
-            w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), bytes_mask(0x0F));
-            if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
-                const uint32_t qh = uint32_t(load_i32(x + (T == GgmlType::Q5_0 ? 2 : 4)));
-                w = _mm256_or_si256(w, _mm256_and_si256(bits_to_bytes(qh), bytes_mask(0x10)));
-            }
-            if constexpr (kOffset<T> != 0)
-                w = _mm256_sub_epi8(w, _mm256_set1_epi8(char(kOffset<T>)));
+// The 32 quants of a 32-element block in element order: unsigned (min formats) or signed
+// (offset formats, for the sign trick).
+template <GgmlType T>
+inline __m256i rd_legacy_quants(const uint8_t* x) {
+    if constexpr (T == GgmlType::Q8_0) {
+        return _mm256_loadu_si256((const __m256i*)(x + 2));
+    } else {
+        constexpr size_t qs_off = T == GgmlType::Q4_0   ? 2
+                                  : T == GgmlType::Q4_1 ? 4
+                                  : T == GgmlType::Q5_0 ? 6
+                                                        : 8;
+        const __m128i q = _mm_loadu_si128((const __m128i*)(x + qs_off));
+        __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), bytes_mask(0x0F));
+        if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+            const uint32_t qh = uint32_t(load_i32(x + (T == GgmlType::Q5_0 ? 2 : 4)));
+            w = _mm256_or_si256(w, _mm256_and_si256(bits_to_bytes(qh), bytes_mask(0x10)));
         }
+        if constexpr (kOffset<T> != 0) w = _mm256_sub_epi8(w, _mm256_set1_epi8(char(kOffset<T>)));
+        return w;
+    }
+}
+
+// Eight rows against columns c0..c0+G-1, block after block: legacy_block's formula on the rows'
+// lanes, f = fma(float(isum), d * dy, f), then for Q4_1/Q5_1 f = fma(m, s, f).
+template <class I, GgmlType T, int G>
+void rd_legacy(int64_t nb, const uint8_t* const* rows, const ActQ8& act, int c0, __m256* f) {
+    for (int g = 0; g < G; ++g) f[g] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const size_t at = size_t(b) * kBlockBytes<T>;
+        const __m256i dm = words8(rows, at);  // d (and m) of each row's block
+        __m256i isum[G][8];
+        for (int i = 0; i < 8; ++i) {
+            const __m256i w = rd_legacy_quants<T>(rows[i] + at);
+            for (int g = 0; g < G; ++g) {
+                const __m256i y = _mm256_loadu_si256((const __m256i*)act.qs(c0 + g, b));
+                if constexpr (kHasMin<T>) {
+                    isum[g][i] = I::ydot(_mm256_setzero_si256(), w, y);
+                } else {
+                    isum[g][i] = ydot_signed<I>(_mm256_setzero_si256(), w, y);
+                }
+            }
+        }
+        const __m256 d = f16_lo8(dm);
         for (int g = 0; g < G; ++g) {
             const size_t ci = act.idx(c0 + g, b);
-            const __m256i y = _mm256_loadu_si256((const __m256i*)act.qs(c0 + g, b));
-            __m256i i;
-            if constexpr (kHasMin<T>) {
-                i = I::ydot(_mm256_setzero_si256(), w, y);
-            } else {
-                i = ydot_signed<I>(_mm256_setzero_si256(), w, y);
-            }
-            acc[g] =
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * act.dy[ci]), acc[g]);
-            if constexpr (kHasMin<T>) mins[g] += _cvtsh_ss(load_u16(x + 2)) * act.ds[ci];
+            f[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8_epi32(isum[g])),
+                                   _mm256_mul_ps(d, _mm256_set1_ps(act.dy[ci])), f[g]);
+            if constexpr (kHasMin<T>)
+                f[g] = _mm256_fmadd_ps(f16_hi8(dm), _mm256_set1_ps(act.ds[ci]), f[g]);
         }
     }
-    for (int g = 0; g < G; ++g) res[g] = hsum8(acc[g]) + mins[g];
 }
 
 // The 12 scale bytes of Q4_K/Q5_K -> bytes 0..7: the 6-bit scales, 8..15: the 6-bit mins,
@@ -434,129 +512,149 @@ struct ScaleLanes {
     }
 };
 
+// The integer sums of one row's block x (block b) against columns c0..c0+G-1, as vectors whose
+// lanes add up to them: isum, the sub-block sums times their scales with the offsets (Q3_K, Q6_K)
+// in its start, and for the formats with mins msum = sum(min_j * bsum_j).
 template <class I, GgmlType T, int G>
-void rd_k(int64_t nb, const uint8_t* row, const ActQ8K& act, int c0, float* res) {
-    __m256 acc[G];
-    __m256 accm[G];  // the mins (K-quants with mins) are accumulated apart
-    for (int g = 0; g < G; ++g) {
-        acc[g] = _mm256_setzero_ps();
-        accm[g] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* x = row + size_t(b) * kKBlockBytes<T>;
-        const block_q8_K* y[G];
-        __m256i isum[G];
-        for (int g = 0; g < G; ++g) y[g] = act.blk(c0 + g, b);
-        // d*isum, the offsets in isum's start (Q3_K, Q6_K), and the mins apart.
-        auto madd_q = [&](__m256i q, int e, __m256i scale) {  // elements e..e+31 of the block
-            for (int g = 0; g < G; ++g) {
-                const __m256i p =
-                    _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i*)(y[g]->qs + e)));
+inline void rd_k_ints(const uint8_t* x, int64_t b, const ActQ8K& act, int c0, __m256i* isum_out,
+                      __m256i* msum) {
+    const block_q8_K* y[G];
+    __m256i isum[G], isum2[G];  // two chains of sub-blocks (even, odd), added at the end
+    for (int g = 0; g < G; ++g) y[g] = act.blk(c0 + g, b);
+    // Elements e..e+31 of the block into chain `odd`.
+    auto madd_q = [&](__m256i q, int e, __m256i scale, bool odd) {
+        for (int g = 0; g < G; ++g) {
+            const __m256i p =
+                _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i*)(y[g]->qs + e)));
+            if (odd) {
+                isum2[g] = I::ydot16(isum2[g], p, scale);
+            } else {
                 isum[g] = I::ydot16(isum[g], p, scale);
             }
-        };
-        float d;
-        if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
-            const auto* blk = reinterpret_cast<const block_q4_K*>(x);  // same header as block_q5_K
-            d = _cvtsh_ss(blk->d);
-            const float dmin = _cvtsh_ss(blk->dmin);
-            const __m128i scm = k4_scales_mins(x + 4);  // scales 0..7, mins 0..7
-            const __m128i mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
-            const ScaleLanes scl(_mm256_cvtepu8_epi16(scm));
-            for (int g = 0; g < G; ++g) {
-                isum[g] = _mm256_setzero_si256();
-                const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
-                const __m128i bs32 =
-                    _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-                const __m128 m = _mm_cvtepi32_ps(_mm_madd_epi16(mins16, bs32));
-                accm[g] = _mm256_fmadd_ps(_mm256_castps128_ps256(m),
-                                          _mm256_set1_ps(-dmin * y[g]->d), accm[g]);
+        }
+    };
+    for (int g = 0; g < G; ++g) isum2[g] = _mm256_setzero_si256();
+    if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+        const __m128i scm = k4_scales_mins(x + 4);  // scales 0..7, mins 0..7
+        const __m128i mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(scm, 8));
+        const ScaleLanes scl(_mm256_cvtepu8_epi16(scm));
+        for (int g = 0; g < G; ++g) {
+            isum[g] = _mm256_setzero_si256();
+            const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
+            const __m128i bs32 =
+                _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+            msum[g] = _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(mins16, bs32));
+        }
+        const uint8_t* qs = x + (T == GgmlType::Q4_K ? 16 : 48);
+        __m256i hb;
+        if constexpr (T == GgmlType::Q5_K) hb = _mm256_loadu_si256((const __m256i*)(x + 16));
+        for (int c = 0; c < 4; ++c) {
+            const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(q, bytes_mask(0x0F));
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), bytes_mask(0x0F));
+            if constexpr (T == GgmlType::Q5_K) {  // bit g of qh[l] is the fifth bit of sub-block g
+                lo = _mm256_or_si256(lo, ymove_bits(hb, 2 * c, 4, 1));
+                hi = _mm256_or_si256(hi, ymove_bits(hb, 2 * c + 1, 4, 1));
             }
-            const uint8_t* qs = x + (T == GgmlType::Q4_K ? 16 : 48);
-            __m256i hb;
-            if constexpr (T == GgmlType::Q5_K) hb = _mm256_loadu_si256((const __m256i*)(x + 16));
-            for (int c = 0; c < 4; ++c) {
-                const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
-                __m256i lo = _mm256_and_si256(q, bytes_mask(0x0F));
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), bytes_mask(0x0F));
-                if constexpr (T ==
-                              GgmlType::Q5_K) {  // bit g of qh[l] is the fifth bit of sub-block g
-                    lo = _mm256_or_si256(lo, ymove_bits(hb, 2 * c, 4, 1));
-                    hi = _mm256_or_si256(hi, ymove_bits(hb, 2 * c + 1, 4, 1));
-                }
-                madd_q(lo, 64 * c, scl.single(2 * c));
-                madd_q(hi, 64 * c + 32, scl.single(2 * c + 1));
-            }
-        } else if constexpr (T == GgmlType::Q6_K) {
-            const auto* blk = reinterpret_cast<const block_q6_K*>(x);
-            d = _cvtsh_ss(blk->d);
-            const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)blk->scales));
-            const ScaleLanes scl(s16);
-            for (int g = 0; g < G; ++g) {  // the offset: -32 * sum_j scale_j * bsum_j
-                const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
-                isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                           _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 5));
-            }
-            for (int h = 0; h < 2; ++h) {
-                const __m256i l0 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h));
-                const __m256i l1 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h + 32));
-                const __m256i hq = _mm256_loadu_si256((const __m256i*)(blk->qh + 32 * h));
-                const __m256i m4 = bytes_mask(0x0F);
-                madd_q(_mm256_or_si256(_mm256_and_si256(l0, m4), ymove_bits(hq, 0, 4, 2)), 128 * h,
-                       scl.pair(4 * h));
-                madd_q(_mm256_or_si256(_mm256_and_si256(l1, m4), ymove_bits(hq, 2, 4, 2)),
-                       128 * h + 32, scl.pair(4 * h + 1));
-                madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                       ymove_bits(hq, 4, 4, 2)),
-                       128 * h + 64, scl.pair(4 * h + 2));
-                madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                       ymove_bits(hq, 6, 4, 2)),
-                       128 * h + 96, scl.pair(4 * h + 3));
-            }
-        } else if constexpr (T == GgmlType::Q3_K) {
-            const auto* blk = reinterpret_cast<const block_q3_K*>(x);
-            d = _cvtsh_ss(blk->d);
-            const __m256i s16 = _mm256_cvtepi8_epi16(q3k_scales(blk->scales));
-            const ScaleLanes scl(s16);
-            for (int g = 0; g < G; ++g) {  // the offset: -4 * sum_j scale_j * bsum_j
-                const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
-                isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                           _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 2));
-            }
-            const __m256i hm = _mm256_loadu_si256((const __m256i*)blk->hmask);
-            for (int h = 0; h < 2; ++h) {
-                const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * h));
-                for (int sh = 0; sh < 4; ++sh) {  // q + 4 = low two bits + 4 * hmask bit
-                    const __m256i v = _mm256_or_si256(ymove_bits(q, 2 * sh, 0, 2),
-                                                      ymove_bits(hm, 4 * h + sh, 2, 1));
-                    madd_q(v, 128 * h + 32 * sh, scl.pair(4 * h + sh));
-                }
-            }
-        } else {  // Q2_K
-            const auto* blk = reinterpret_cast<const block_q2_K*>(x);
-            d = _cvtsh_ss(blk->d);
-            const float dmin = _cvtsh_ss(blk->dmin);
-            const __m128i raw = _mm_loadu_si128((const __m128i*)blk->scales);
-            const ScaleLanes scl(_mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0F))));
-            const __m256i m16 =
-                _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
-            for (int g = 0; g < G; ++g) {
-                isum[g] = _mm256_setzero_si256();
-                const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
-                const __m256 m = _mm256_cvtepi32_ps(_mm256_madd_epi16(m16, bs));
-                accm[g] = _mm256_fmadd_ps(m, _mm256_set1_ps(-dmin * y[g]->d), accm[g]);
-            }
-            for (int h = 0; h < 2; ++h) {
-                const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * h));
-                for (int sh = 0; sh < 4; ++sh)
-                    madd_q(ymove_bits(q, 2 * sh, 0, 2), 128 * h + 32 * sh, scl.pair(4 * h + sh));
+            madd_q(lo, 64 * c, scl.single(2 * c), false);
+            madd_q(hi, 64 * c + 32, scl.single(2 * c + 1), true);
+        }
+    } else if constexpr (T == GgmlType::Q6_K) {
+        const auto* blk = reinterpret_cast<const block_q6_K*>(x);
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)blk->scales));
+        const ScaleLanes scl(s16);
+        for (int g = 0; g < G; ++g) {  // the offset: -32 * sum_j scale_j * bsum_j
+            const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
+            isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                       _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 5));
+        }
+        for (int h = 0; h < 2; ++h) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i*)(blk->ql + 64 * h + 32));
+            const __m256i hq = _mm256_loadu_si256((const __m256i*)(blk->qh + 32 * h));
+            const __m256i m4 = bytes_mask(0x0F);
+            madd_q(_mm256_or_si256(_mm256_and_si256(l0, m4), ymove_bits(hq, 0, 4, 2)), 128 * h,
+                   scl.pair(4 * h), false);
+            madd_q(_mm256_or_si256(_mm256_and_si256(l1, m4), ymove_bits(hq, 2, 4, 2)), 128 * h + 32,
+                   scl.pair(4 * h + 1), true);
+            madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   ymove_bits(hq, 4, 4, 2)),
+                   128 * h + 64, scl.pair(4 * h + 2), false);
+            madd_q(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   ymove_bits(hq, 6, 4, 2)),
+                   128 * h + 96, scl.pair(4 * h + 3), true);
+        }
+    } else if constexpr (T == GgmlType::Q3_K) {
+        const auto* blk = reinterpret_cast<const block_q3_K*>(x);
+        const __m256i s16 = _mm256_cvtepi8_epi16(q3k_scales(blk->scales));
+        const ScaleLanes scl(s16);
+        for (int g = 0; g < G; ++g) {  // the offset: -4 * sum_j scale_j * bsum_j
+            const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
+            isum[g] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                       _mm256_slli_epi32(_mm256_madd_epi16(bs, s16), 2));
+        }
+        const __m256i hm = _mm256_loadu_si256((const __m256i*)blk->hmask);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * h));
+            for (int sh = 0; sh < 4; ++sh) {  // q + 4 = low two bits + 4 * hmask bit
+                const __m256i v =
+                    _mm256_or_si256(ymove_bits(q, 2 * sh, 0, 2), ymove_bits(hm, 4 * h + sh, 2, 1));
+                madd_q(v, 128 * h + 32 * sh, scl.pair(4 * h + sh), sh & 1);
             }
         }
-        for (int g = 0; g < G; ++g)
-            acc[g] =
-                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[g]), _mm256_set1_ps(d * y[g]->d), acc[g]);
+    } else {  // Q2_K
+        const auto* blk = reinterpret_cast<const block_q2_K*>(x);
+        const __m128i raw = _mm_loadu_si128((const __m128i*)blk->scales);
+        const ScaleLanes scl(_mm256_cvtepu8_epi16(_mm_and_si128(raw, _mm_set1_epi8(0x0F))));
+        const __m256i m16 =
+            _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
+        for (int g = 0; g < G; ++g) {
+            isum[g] = _mm256_setzero_si256();
+            const __m256i bs = _mm256_loadu_si256((const __m256i*)y[g]->bsums);
+            msum[g] = _mm256_madd_epi16(m16, bs);
+        }
+        for (int h = 0; h < 2; ++h) {
+            const __m256i q = _mm256_loadu_si256((const __m256i*)(blk->qs + 32 * h));
+            for (int sh = 0; sh < 4; ++sh)
+                madd_q(ymove_bits(q, 2 * sh, 0, 2), 128 * h + 32 * sh, scl.pair(4 * h + sh),
+                       sh & 1);
+        }
     }
-    for (int g = 0; g < G; ++g) res[g] = hsum8(_mm256_add_ps(acc[g], accm[g]));
+    for (int g = 0; g < G; ++g) isum_out[g] = _mm256_add_epi32(isum[g], isum2[g]);
+}
+
+// Eight rows against columns c0..c0+G-1, block after block: KAccum::finish's formula on the
+// rows' lanes, f = fma(float(isum), d * dy, f), then with mins f = f - float(msum) * (dmin * dy).
+template <class I, GgmlType T, int G>
+void rd_k(int64_t nb, const uint8_t* const* rows, const ActQ8K& act, int c0, __m256* f) {
+    // Where the f16 d (low half; dmin in the high half) sits, as in decode_k_scales.
+    constexpr size_t kD = T == GgmlType::Q2_K   ? 80
+                          : T == GgmlType::Q3_K ? 106
+                          : T == GgmlType::Q6_K ? 206
+                                                : 0;
+    for (int g = 0; g < G; ++g) f[g] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const size_t at = size_t(b) * kKBlockBytes<T>;
+        __m256i isum[G][8], msum[G][8];
+        for (int i = 0; i < 8; ++i) {
+            __m256i is[G], ms[G];
+            rd_k_ints<I, T, G>(rows[i] + at, b, act, c0, is, ms);
+            for (int g = 0; g < G; ++g) {
+                isum[g][i] = is[g];
+                if constexpr (kKMins<T>) msum[g][i] = ms[g];
+            }
+        }
+        const __m256i dd = words8(rows, at + kD);
+        const __m256 d = T == GgmlType::Q3_K || T == GgmlType::Q6_K ? f16_hi8(dd) : f16_lo8(dd);
+        for (int g = 0; g < G; ++g) {
+            const __m256 dy = _mm256_set1_ps(act.blk(c0 + g, b)->d);
+            f[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8_epi32(isum[g])), _mm256_mul_ps(d, dy),
+                                   f[g]);
+            if constexpr (kKMins<T>)
+                f[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(hsum8x8_epi32(msum[g])),
+                                        _mm256_mul_ps(f16_hi8(dd), dy), f[g]);
+        }
+    }
 }
 
 template <class I, GgmlType T>
@@ -569,8 +667,8 @@ void tile_legacy(int64_t n, int nrows, int ncols, const void* w, size_t w_stride
     const auto* wb = static_cast<const uint8_t*>(w);
     if (few) {
         row_direct<I::kRowGroup>(nrows, ncols, wb, w_stride, out, out_stride,
-                                 [&]<int G>(const uint8_t* row, int c0, float* res) {
-                                     rd_legacy<I, T, G>(nb, row, act, c0, res);
+                                 [&]<int G>(const uint8_t* const* rows, int c0, __m256* f) {
+                                     rd_legacy<I, T, G>(nb, rows, act, c0, f);
                                  });
         return;
     }
@@ -592,15 +690,16 @@ void tile_legacy(int64_t n, int nrows, int ncols, const void* w, size_t w_stride
 
 // ---------------------------------------------------------------------------------------------
 // The K-quants: 256-element blocks of 8 (Q4_K, Q5_K) or 16 (Q2_K, Q3_K, Q6_K) scaled
-// sub-blocks. Each sub-block's integer sum is scaled by d * scale in float; the mins are one more
-// integer dot product (16-bit mins with the activation's 16-bit bsums); the offsets of Q3_K
-// (q - 4) and Q6_K (q - 32) start each sub-block sum at -offset * bsum.
+// sub-blocks. Each sub-block's integer sum is multiplied by its integer scale and added up
+// exactly (as the row-direct kernels do), then scaled by d in float; the mins are one more integer
+// dot product (16-bit mins with the activation's 16-bit bsums); the offsets of Q3_K (q - 4) and
+// Q6_K (q - 32) start each sub-block sum at -offset * bsum.
 
 template <class I>
 struct KScales {
-    typename I::VF ds[16];   // d * scale of each sub-block
+    typename I::VI sc[16];   // the integer scale of each sub-block (signed for Q3_K, Q6_K)
     typename I::VI mins[8];  // 16-bit pairs of mins, matched to 32-bit words of the bsums
-    typename I::VF ndmin;    // -dmin
+    typename I::VF d, dmin;
 };
 
 template <class I, GgmlType T>
@@ -609,8 +708,8 @@ inline void decode_k_scales(const typename I::Rows& rows, int64_t b, KScales<I>&
     const size_t at = size_t(b) * kKBlockBytes<T>;
     if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
         const VI dd = rows.gather(at);
-        const typename I::VF d = I::half_lo(dd);
-        out.ndmin = I::sub_ps(I::zero_ps(), I::half_hi(dd));
+        out.d = I::half_lo(dd);
+        out.dmin = I::half_hi(dd);
         // 6-bit scales and mins: bytes 0..3 low six bits are sc0..3, bytes 4..7 m0..3; bytes
         // 8..11 hold the low four bits of sc4..7 / m4..7, their top two bits are bytes 0..7's.
         const VI s0 = rows.gather(at + 4), s1 = rows.gather(at + 8), s2 = rows.gather(at + 12);
@@ -618,22 +717,20 @@ inline void decode_k_scales(const typename I::Rows& rows, int64_t b, KScales<I>&
         const VI sc_hi = I::or_(low_nibbles<I>(s2), move_bits<I>(s0, 6, 4, 2));
         const VI m_hi = I::or_(high_nibbles<I>(s2), move_bits<I>(s1, 6, 4, 2));
         for (int j = 0; j < 4; ++j) {
-            out.ds[j] = I::mul(d, I::cvt(byte_of<I>(sc_lo, j)));
-            out.ds[j + 4] = I::mul(d, I::cvt(byte_of<I>(sc_hi, j)));
+            out.sc[j] = byte_of<I>(sc_lo, j);
+            out.sc[j + 4] = byte_of<I>(sc_hi, j);
             const VI x = byte_of<I>(m_lo, j), y = byte_of<I>(m_hi, j);
             out.mins[j] = I::or_(x, I::slli32(x, 16));
             out.mins[j + 4] = I::or_(y, I::slli32(y, 16));
         }
     } else if constexpr (T == GgmlType::Q6_K) {
-        const typename I::VF d = I::half_hi(rows.gather(at + 206));
+        out.d = I::half_hi(rows.gather(at + 206));
         for (int i = 0; i < 4; ++i) {
             const VI g = rows.gather(at + 192 + 4 * i);
-            for (int j = 0; j < 4; ++j) {
-                out.ds[4 * i + j] = I::mul(d, I::cvt(I::srai32(I::slli32(g, 24 - 8 * j), 24)));
-            }
+            for (int j = 0; j < 4; ++j) out.sc[4 * i + j] = I::srai32(I::slli32(g, 24 - 8 * j), 24);
         }
     } else if constexpr (T == GgmlType::Q3_K) {
-        const typename I::VF d = I::half_hi(rows.gather(at + 106));
+        out.d = I::half_hi(rows.gather(at + 106));
         const VI a = rows.gather(at + 96), bb = rows.gather(at + 100), c = rows.gather(at + 104);
         // Scale j: low four bits from byte j % 8 (low nibble for j < 8, high for j >= 8), top two
         // bits from byte 8 + j % 4 at bit 2 * (j / 4).
@@ -641,18 +738,17 @@ inline void decode_k_scales(const typename I::Rows& rows, int64_t b, KScales<I>&
                             high_nibbles<I>(bb)};
         for (int t = 0; t < 4; ++t) {
             const VI sc = I::or_(lows[t], move_bits<I>(c, 2 * t, 4, 2));  // scale + 32
-            for (int j = 0; j < 4; ++j) {
-                out.ds[4 * t + j] = I::mul(d, I::cvt(I::sub32(byte_of<I>(sc, j), I::set1_i32(32))));
-            }
+            for (int j = 0; j < 4; ++j)
+                out.sc[4 * t + j] = I::sub32(byte_of<I>(sc, j), I::set1_i32(32));
         }
     } else {  // Q2_K: scale in the low nibble, min in the high nibble of scales[j]
         const VI dd = rows.gather(at + 80);
-        const typename I::VF d = I::half_lo(dd);
-        out.ndmin = I::sub_ps(I::zero_ps(), I::half_hi(dd));
+        out.d = I::half_lo(dd);
+        out.dmin = I::half_hi(dd);
         for (int i = 0; i < 4; ++i) {
             const VI g = rows.gather(at + 4 * i);
             for (int j = 0; j < 4; ++j)
-                out.ds[4 * i + j] = I::mul(d, I::cvt(I::and_(byte_of<I>(g, j), I::set1_i32(15))));
+                out.sc[4 * i + j] = I::and_(byte_of<I>(g, j), I::set1_i32(15));
             for (int p = 0; p < 2; ++p) {  // mins of sub-blocks 4i+2p and 4i+2p+1
                 const VI x = I::srli32(g, 16 * p);
                 out.mins[2 * i + p] = I::or_(I::and_(I::srli32(x, 4), I::set1_i32(0x0F)),
@@ -744,15 +840,15 @@ struct KAccum {
     int64_t b;
     int c0;
     const int8_t* y[G];
-    VI acc[G];
-    VF fb[G];
+    VI acc[G];   // the current sub-block's sum
+    VI isum[G];  // sum of scale * sub-block sum, exact
 
     KAccum(const KScales<I>& s, const ActQ8K& a, int64_t blk, int col0)
         : S(s), act(a), b(blk), c0(col0) {
         for (int g = 0; g < G; ++g) {
             y[g] = act.blk(c0 + g, b)->qs;
             acc[g] = I::zero();  // set again at each sub-block's start; this keeps GCC sure of it
-            fb[g] = I::zero_ps();
+            isum[g] = I::zero();
         }
     }
     inline void operator()(int k, VI wk) {
@@ -768,19 +864,21 @@ struct KAccum {
         }
         for (int g = 0; g < G; ++g) acc[g] = I::dot4(acc[g], wk, y[g] + 4 * k);
         if (k % K == K - 1) {
-            for (int g = 0; g < G; ++g) fb[g] = I::fmadd(I::cvt(acc[g]), S.ds[j], fb[g]);
+            for (int g = 0; g < G; ++g) isum[g] = I::add32(isum[g], I::mullo32(acc[g], S.sc[j]));
         }
     }
-    // f[g] += dy * (fb[g] - dmin * sum(mins * bsums)).
+    // f[g] = fma(isum, d * dy, f[g]), then f[g] = fma(-msum, dmin * dy, f[g]) with
+    // msum = sum(mins * bsums): the row-direct kernels' chain.
     inline void finish(VF* f) {
         for (int g = 0; g < G; ++g) {
             const block_q8_K* yb = act.blk(c0 + g, b);
+            const VF dy = I::set1_ps(yb->d);
+            f[g] = I::fmadd(I::cvt(isum[g]), I::mul(S.d, dy), f[g]);
             if constexpr (kKMins<T>) {
                 VI m = I::zero();
                 for (int i = 0; i < 8; ++i) m = I::dot_pairs16(m, S.mins[i], yb->bsums + 2 * i);
-                fb[g] = I::fmadd(I::cvt(m), S.ndmin, fb[g]);
+                f[g] = I::fnmadd(I::cvt(m), I::mul(S.dmin, dy), f[g]);
             }
-            f[g] = I::fmadd(fb[g], I::set1_ps(yb->d), f[g]);
         }
     }
 };
@@ -810,8 +908,8 @@ void tile_k(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, con
     if (ncols <= I::template row_cols<T>()) {
         const ActQ8K act{static_cast<const uint8_t*>(a), a_stride, nb, nullptr};
         row_direct<I::kRowGroup>(nrows, ncols, wb, w_stride, out, out_stride,
-                                 [&]<int G>(const uint8_t* row, int c0, float* res) {
-                                     rd_k<I, T, G>(nb, row, act, c0, res);
+                                 [&]<int G>(const uint8_t* const* rows, int c0, __m256* f) {
+                                     rd_k<I, T, G>(nb, rows, act, c0, f);
                                  });
         return;
     }
@@ -835,34 +933,23 @@ void tile_k(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, con
 // ---------------------------------------------------------------------------------------------
 // Float weights against float activations: lanes are elements, R x C accumulators.
 
-// R weight rows x C activation rows; U independent accumulators per pair over consecutive
-// vectors (for short dependency chains when R x C is small).
-template <class I, GgmlType T, int R, int C, int U = 1>
+// R weight rows x C activation rows, one accumulator vector per pair: the same arithmetic for
+// every R and C (batch invariance).
+template <class I, GgmlType T, int R, int C>
 void float_block(int64_t n, const uint8_t* const* w, const float* const* a, float* out,
                  size_t out_stride) {
     using VF = typename I::VF;
     constexpr int L = I::L;
-    VF acc[U][R][C];
-    for (int u = 0; u < U; ++u)
-        for (int r = 0; r < R; ++r)
-            for (int c = 0; c < C; ++c) acc[u][r][c] = I::zero_ps();
+    VF acc[R][C];
+    for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) acc[r][c] = I::zero_ps();
     int64_t i = 0;
-    for (; i + U * L <= n; i += U * L) {
-        for (int u = 0; u < U; ++u) {
-            VF av[C];
-            for (int c = 0; c < C; ++c) av[c] = I::loadu_ps(a[c] + i + u * L);
-            for (int r = 0; r < R; ++r) {
-                const VF wv = I::template load_weights<T>(w[r], i + u * L);
-                for (int c = 0; c < C; ++c) acc[u][r][c] = I::fmadd(wv, av[c], acc[u][r][c]);
-            }
-        }
-    }
     for (; i + L <= n; i += L) {
         VF av[C];
         for (int c = 0; c < C; ++c) av[c] = I::loadu_ps(a[c] + i);
         for (int r = 0; r < R; ++r) {
             const VF wv = I::template load_weights<T>(w[r], i);
-            for (int c = 0; c < C; ++c) acc[0][r][c] = I::fmadd(wv, av[c], acc[0][r][c]);
+            for (int c = 0; c < C; ++c) acc[r][c] = I::fmadd(wv, av[c], acc[r][c]);
         }
     }
     if (i < n) {  // the tail, zero-padded
@@ -879,14 +966,12 @@ void float_block(int64_t n, const uint8_t* const* w, const float* const* a, floa
             std::memset(wt, 0, sizeof wt);
             std::memcpy(wt, w[r] + size_t(i) * es, size_t(n - i) * es);
             const VF wv = I::template load_weights<T>(wt, 0);
-            for (int c = 0; c < C; ++c) acc[0][r][c] = I::fmadd(wv, av[c], acc[0][r][c]);
+            for (int c = 0; c < C; ++c) acc[r][c] = I::fmadd(wv, av[c], acc[r][c]);
         }
     }
     for (int r = 0; r < R; ++r) {
         for (int c = 0; c < C; ++c) {
-            VF v = acc[0][r][c];
-            for (int u = 1; u < U; ++u) v = I::add_ps(v, acc[u][r][c]);
-            out[size_t(c) * out_stride + size_t(r)] = I::reduce_ps(v);
+            out[size_t(c) * out_stride + size_t(r)] = I::reduce_ps(acc[r][c]);
         }
     }
 }
@@ -916,10 +1001,19 @@ void tile_float(int64_t n, int nrows, int ncols, const void* w, size_t w_stride,
     constexpr int R = I::kFloatRows;
     const auto* wb = static_cast<const uint8_t*>(w);
     const auto* af = static_cast<const float*>(a);
-    if (ncols == 1) {  // GEMV: one row at a time, so the weights are one sequential stream
-        for (int r = 0; r < nrows; ++r) {
-            const uint8_t* wr = wb + size_t(r) * w_stride;
-            float_block<I, T, 1, 1, 4>(n, &wr, &af, out + r, out_stride);
+    if (ncols == 1) {
+        // GEMV: R rows at a time for R independent chains, rows t, t + S, ... (S about nrows / R)
+        // so that each is its own sequential stream (see row_direct).
+        const int S = lane_spacing(nrows, R, w_stride);
+        for (int t = 0; t < S && t < nrows; ++t) {
+            const uint8_t* wp[R];
+            for (int i = 0; i < R; ++i) {
+                const int r = i * S + t;
+                wp[i] = wb + size_t(r < nrows ? r : t) * w_stride;
+            }
+            float v[R];
+            float_block<I, T, R, 1>(n, wp, &af, v, 1);
+            for (int i = 0; i < R && i * S + t < nrows; ++i) out[size_t(i * S + t)] = v[i];
         }
         return;
     }

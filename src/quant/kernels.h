@@ -50,6 +50,10 @@ QuantizeFn quantize_kernel(SimdLevel level, GgmlType t);
 void quantize_row_scalar(GgmlType t, const float* src, void* dst, int64_t n);
 // The level the process runs at (the CPU's best, capped by NT_SIMD).
 SimdLevel active_level();
+// Tests: run the whole process (vec_dot_tile, quantize_row and everything above them) at
+// `level` from now on, capped at the CPU's best; returns the level it replaces. Not for use
+// while another thread computes.
+SimdLevel set_active_level(SimdLevel level);
 
 // ---- helpers shared by the scalar and SIMD code ----
 

@@ -1,14 +1,11 @@
 """A real `ntransformer serve` process on loopback for the server tests, and the comparisons they
 share.
 
-Greedy outputs are compared "up to near-ties": the CPU kernels are not batch-invariant (a
-1-column GEMV and a multi-column tile round differently, ~1e-6 relative; the F16 KV cache turns
-that into whole-ulp differences and SmolLM2's outlier activations amplify them), so the same
-prompt decoded alone or among other requests gets logits up to ~0.6 apart and top-2 margins up
-to ~0.7 nats apart (measured over 16 chat prompts x 64 tokens). Two greedy runs may therefore
-part where the two most likely tokens were within NEAR_TIE of each other; they must never part
-where the model was confident, which is what a token from another request, a stale cache cell or
-a wrong position produces.
+Greedy outputs are compared exactly: the CPU backend is batch-invariant (a sequence's logits are
+bit-identical whether it is decoded alone or among other requests, its prompt in one step or in
+chunks, or after a reused prefix: tests/unit/test_batch_invariance.cpp), so any difference between
+a request and its single-client run is a bug (a token from another request, a stale cache cell,
+a wrong position).
 """
 import http.client
 import json
@@ -17,9 +14,6 @@ import re
 import subprocess
 import threading
 import time
-
-NEAR_TIE = 1.0  # nats between the two most likely tokens
-
 
 class Server:
     """ntransformer serve on 127.0.0.1 and a free port; stops (and checks the exit) on close()."""
@@ -132,46 +126,6 @@ class Server:
         assert self.proc.returncode == 0, f"server exit code {self.proc.returncode}:\n" + "".join(self.log[-20:])
 
 
-def chat_margins(choice):
-    """(token strings, margins) from a chat choice's logprobs (top_logprobs >= 2)."""
-    toks, margins = [], []
-    for c in choice.logprobs.content:
-        toks.append(c.token)
-        top = c.top_logprobs
-        margins.append(top[0].logprob - top[1].logprob if len(top) > 1 else float("inf"))
-    return toks, margins
-
-
-def assert_same_greedy(ref_tokens, ref_margins, got_tokens, got_margins, what, near_tie=NEAR_TIE):
-    """Two greedy runs agree, or part where either was near a tie. Returns whether they agree.
-    End-of-generation tokens are not reported, so a run that ended has no margin there; the
-    other run's margin at that token decides."""
-    k = 0
-    while k < len(ref_tokens) and k < len(got_tokens) and ref_tokens[k] == got_tokens[k]:
-        k += 1
-    if k == len(ref_tokens) and k == len(got_tokens):
-        return True
-    margins = [m[k] for m in (ref_margins, got_margins) if k < len(m)]
-    assert margins and min(margins) < near_tie, (
-        f"{what}: the runs part at token {k} ({ref_tokens[k] if k < len(ref_tokens) else 'end'!r} vs "
-        f"{got_tokens[k] if k < len(got_tokens) else 'end'!r}) where the model was confident "
-        f"(margins {margins}); reference {''.join(ref_tokens)!r}, got {''.join(got_tokens)!r}")
-    return False
-
-
-def assert_same_greedy_text(ref_text, tokens, margins, got_text, what, near_tie=NEAR_TIE):
-    """Text of a greedy run against a reference text, given the run's tokens and margins: equal,
-    or parting inside a token that was a near-tie."""
-    if got_text == ref_text:
-        return True
-    pos = 0
-    for tok, margin in zip(tokens, margins):
-        if not ref_text.startswith(got_text[: pos + len(tok)]) or pos + len(tok) > len(ref_text):
-            assert margin < near_tie, (
-                f"{what}: parts from the reference at {got_text[:pos + len(tok)]!r} where the run was "
-                f"confident (margin {margin:.3f}); reference {ref_text!r}")
-            return False
-        pos += len(tok)
-    # Every token agreed with the reference as far as it went, and the run ended first (at an
-    # end-of-generation token, whose margin is not reported).
-    raise AssertionError(f"{what}: the run ended at {got_text!r} but the reference goes on: {ref_text!r}")
+def chat_tokens(choice):
+    """(token, logprob) of every generated token of a chat choice (requested with logprobs)."""
+    return [(c.token, c.logprob) for c in choice.logprobs.content]

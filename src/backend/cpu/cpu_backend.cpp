@@ -133,16 +133,22 @@ void CpuBackend::matmul(const WeightView& w, const float* x, int n, float* y) {
     // reused across the activation rows, which stay in cache.
     constexpr int kRowTile = 64;  // the quant kernels amortise activation preparation over >= 64 rows
     constexpr int kColTile = 64;
+    // A few columns (decode): each chunk of rows the pool hands out in one call, so that the
+    // GEMV kernels can read rows far apart as separate streams. Every output is computed the same
+    // way however the rows and columns are split (the kernels are batch-invariant).
     const int64_t row_tiles = (rows + kRowTile - 1) / kRowTile;
+    const bool few = n <= 8;
     pool_.parallel_for(row_tiles, 1, [&](int64_t b, int64_t e, int) {
         for (int64_t t = b; t < e; t++) {
             const int64_t r0 = t * kRowTile;
-            const int nr = int(std::min<int64_t>(kRowTile, rows - r0));
+            const int64_t r1 = few ? std::min(rows, e * kRowTile) : std::min(rows, r0 + kRowTile);
+            const int nr = int(r1 - r0);
             for (int c0 = 0; c0 < n; c0 += kColTile) {
                 const int nc = std::min(kColTile, n - c0);
                 vec_dot_tile(w.type, cols, nr, nc, wp + size_t(r0) * w_stride, w_stride,
                              ap + size_t(c0) * act_stride, act_stride, y + int64_t(c0) * rows + r0, size_t(rows));
             }
+            if (few) break;
         }
     });
     // The output may be the next matmul's input: it must not match a stale cached quantization.
