@@ -538,12 +538,18 @@ void CudaBackend::embed(const WeightView& tok_embd, float* x) {
     submit(op);
 }
 
-void CudaBackend::rmsnorm(const float* x, const WeightView& w, int n, int dim, float* out) {
-    require_init("rmsnorm");
+namespace {
+void check_norm_weight(const WeightView& w, int dim) {
     if (w.cols * w.rows < dim)
         fail("norm weight has %lld values for rows of %d.", (long long)(w.cols * w.rows), dim);
     if (!cuda::elementwise_supports(w.type))
         fail("norm weights of type %s are not supported by the CUDA backend.", type_name(w.type));
+}
+}  // namespace
+
+void CudaBackend::rmsnorm(const float* x, const WeightView& w, int n, int dim, float* out) {
+    require_init("rmsnorm");
+    check_norm_weight(w, dim);
     Op op;
     op.kind = OpKind::RmsNorm;
     op.w = w;
@@ -557,10 +563,7 @@ void CudaBackend::rmsnorm(const float* x, const WeightView& w, int n, int dim, f
 void CudaBackend::add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim,
                               float* out, GgmlType next) {
     require_init("add_rmsnorm");
-    if (w.cols * w.rows < dim)
-        fail("norm weight has %lld values for rows of %d.", (long long)(w.cols * w.rows), dim);
-    if (!cuda::elementwise_supports(w.type))
-        fail("norm weights of type %s are not supported by the CUDA backend.", type_name(w.type));
+    check_norm_weight(w, dim);
     Op op;
     op.kind = OpKind::AddRmsNorm;
     op.w = w;
