@@ -311,10 +311,9 @@ constexpr size_t kKBlockBytes = T == GgmlType::Q2_K   ? sizeof(block_q2_K)
 // because quantize_row never produces -128. The float part must be the tiles' (batch
 // invariance), so eight rows go together: each block's integer vectors of the eight rows are
 // reduced to one exact total per row, and the tiles' per-lane formula runs with the rows as
-// lanes. The eight rows are t, t + S, ..., t + 7S of the call's rows (S about nrows / 8, see
-// lane_spacing), so that each lane reads its own region of the weights front to back:
-// interleaving rows that share 4 KiB pages defeats the hardware prefetchers and halves the speed
-// from DRAM.
+// lanes. The eight rows are r, r + S, ..., r + 7S (see lane_spacing), so that each lane reads its
+// own stretch of the weights front to back: interleaving rows that share 4 KiB pages defeats the
+// hardware prefetchers and halves the speed from DRAM.
 
 // Exact int32 totals of eight vectors: lane i of the result is the sum of v[i]'s eight lanes.
 inline __m256i hsum8x8_epi32(const __m256i* v) {
@@ -364,12 +363,18 @@ inline __m256i ydot_signed(__m256i acc, __m256i ws, __m256i y) {
     return I::ydot(acc, _mm256_abs_epi8(ws), _mm256_sign_epi8(y, ws));
 }
 
-// The spacing, in rows, of the rows that one row-direct step reads together: at least nrows /
-// lanes rounded up, and such that their bytes at the same offset fall in different L1 sets (rows
-// a multiple of 4 KiB apart all compete for one set of eight ways: a 4096-row matrix ran 15-35%
-// slower from DRAM). A row stride that is itself a multiple of 4 KiB leaves no choice.
+// The spacing S, in rows, of the rows that one row-direct step reads together: the rows go in
+// bands of lanes x S rows, lane i reading rows i*S .. i*S + S-1 of each band. About 64 KiB (or
+// nrows / lanes when smaller) keeps the lanes' streams apart in their own pages yet near each
+// other (lanes megabytes apart ran up to 30% slower from DRAM), and S is raised until the lanes'
+// bytes at one offset fall in different L1 sets (rows a multiple of 4 KiB apart all compete for
+// one set of eight ways). A row stride that is a multiple of 4 KiB leaves no choice there.
 inline int lane_spacing(int nrows, int lanes, size_t w_stride) {
-    const int S = (nrows + lanes - 1) / lanes;
+    if (nrows <= 1 || w_stride == 0) return 1;
+    // Bands of equal size (a short last band would leave lanes idle).
+    const size_t target = std::max<size_t>(1, (size_t(64) << 10) / w_stride);
+    const size_t bands = std::max<size_t>(1, size_t(nrows) / (size_t(lanes) * target));
+    const int S = int((size_t(nrows) + size_t(lanes) * bands - 1) / (size_t(lanes) * bands));
     for (int s = S; s < S + 64; ++s) {
         uint64_t used = 0;  // the 64 sets of 64 bytes in 4 KiB
         int i = 0;
@@ -383,18 +388,26 @@ inline int lane_spacing(int nrows, int lanes, size_t w_stride) {
     return S;
 }
 
+// Calls fn(row0, S) for every step: lane i takes row row0 + i * S (see lane_spacing), and
+// lanes whose row is past the last one take row0's.
+template <typename F>
+inline void lane_steps(int nrows, int lanes, size_t w_stride, F&& fn) {
+    const int S = lane_spacing(nrows, lanes, w_stride);
+    for (int band = 0; band < nrows; band += lanes * S)
+        for (int t = 0; t < S && band + t < nrows; ++t) fn(band + t, S);
+}
+
 // Calls fn.template operator()<G>(rows, c0, f) for every step of eight rows (see above) and
 // group of <= kG columns; lane i of f[g] is then stored to out[(c0 + g) * out_stride + row i].
 // Lanes past the last row repeat the step's first row; their results are not stored.
 template <int kG, typename F>
 inline void row_direct(int nrows, int ncols, const uint8_t* w, size_t w_stride, float* out,
                        size_t out_stride, F&& fn) {
-    const int S = lane_spacing(nrows, 8, w_stride);
-    for (int t = 0; t < S && t < nrows; ++t) {
+    lane_steps(nrows, 8, w_stride, [&](int r0, int S) {
         const uint8_t* rows[8];
         for (int i = 0; i < 8; ++i) {
-            const int r = i * S + t;
-            rows[i] = w + size_t(r < nrows ? r : t) * w_stride;
+            const int r = r0 + i * S;
+            rows[i] = w + size_t(r < nrows ? r : r0) * w_stride;
         }
         for_col_groups<kG>(ncols, [&]<int G>(int c0) {
             __m256 f[G];
@@ -402,11 +415,11 @@ inline void row_direct(int nrows, int ncols, const uint8_t* w, size_t w_stride, 
             for (int g = 0; g < G; ++g) {
                 alignas(32) float v[8];
                 _mm256_store_ps(v, f[g]);
-                for (int i = 0; i < 8 && i * S + t < nrows; ++i)
-                    out[size_t(c0 + g) * out_stride + size_t(i * S + t)] = v[i];
+                for (int i = 0; i < 8 && r0 + i * S < nrows; ++i)
+                    out[size_t(c0 + g) * out_stride + size_t(r0 + i * S)] = v[i];
             }
         });
-    }
+    });
 }
 
 // The 32 quants of a 32-element block in element order: unsigned (min formats) or signed
@@ -1002,19 +1015,18 @@ void tile_float(int64_t n, int nrows, int ncols, const void* w, size_t w_stride,
     const auto* wb = static_cast<const uint8_t*>(w);
     const auto* af = static_cast<const float*>(a);
     if (ncols == 1) {
-        // GEMV: R rows at a time for R independent chains, rows t, t + S, ... (S about nrows / R)
-        // so that each is its own sequential stream (see row_direct).
-        const int S = lane_spacing(nrows, R, w_stride);
-        for (int t = 0; t < S && t < nrows; ++t) {
+        // GEMV: R rows at a time for R independent chains, each from its own stretch of rows
+        // (lane_steps) so that each is its own sequential stream.
+        lane_steps(nrows, R, w_stride, [&](int r0, int S) {
             const uint8_t* wp[R];
             for (int i = 0; i < R; ++i) {
-                const int r = i * S + t;
-                wp[i] = wb + size_t(r < nrows ? r : t) * w_stride;
+                const int r = r0 + i * S;
+                wp[i] = wb + size_t(r < nrows ? r : r0) * w_stride;
             }
             float v[R];
             float_block<I, T, R, 1>(n, wp, &af, v, 1);
-            for (int i = 0; i < R && i * S + t < nrows; ++i) out[size_t(i * S + t)] = v[i];
-        }
+            for (int i = 0; i < R && r0 + i * S < nrows; ++i) out[size_t(r0 + i * S)] = v[i];
+        });
         return;
     }
     const uint8_t* wp[R];
