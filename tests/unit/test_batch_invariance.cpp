@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "quant/kernels.h"
 #include "quant/quant.h"
+#include "smol_model_test.h"
 
 namespace nt {
 namespace {
@@ -249,24 +250,8 @@ TEST(BatchInvariance, CpuMatmulRowsEqualTheOneRowResult) {
 // ---------------------------------------------------------------------------------------------
 // The whole model: a sequence's logits alone and inside batches with other sequences.
 
-const std::string kSmolPath = NT_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-class ModelBatchInvariance : public ::testing::Test {
+class ModelBatchInvariance : public testing_smol::SmolModelTest {
   protected:
-    static void SetUpTestSuite() {
-        if (std::filesystem::exists(kSmolPath)) model_ = Model::load(kSmolPath).release();
-    }
-    static void TearDownTestSuite() {
-        delete model_;
-        model_ = nullptr;
-    }
-    void SetUp() override {
-        if (!model_) {
-            const char* allow = std::getenv("NT_ALLOW_MISSING_MODEL");
-            if (allow && std::string(allow) == "1") GTEST_SKIP() << kSmolPath << " not present";
-            FAIL() << kSmolPath << " is missing; run scripts/fetch-model.sh";
-        }
-    }
     static std::unique_ptr<Engine> engine(int threads) {
         EngineOptions o;
         o.n_seq = 3;
@@ -284,9 +269,7 @@ class ModelBatchInvariance : public ::testing::Test {
             if (logits[t] > logits[best]) best = t;
         return best;
     }
-    static Model* model_;
 };
-Model* ModelBatchInvariance::model_ = nullptr;
 
 // Sequence 0 decoded alone (prompt in one step, then one token per step, one thread) and among
 // two other sequences on two threads: its prompt split in chunks that share steps with the

@@ -13,28 +13,13 @@
 #include "core/error.h"
 #include "engine/engine.h"
 #include "server/scheduler.h"
+#include "smol_model_test.h"
 
 namespace nt {
 namespace {
 
-const std::string kSmolPath = NT_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-
-class SchedulerTest : public ::testing::Test {
+class SchedulerTest : public testing_smol::SmolModelTest {
   protected:
-    static void SetUpTestSuite() {
-        if (std::filesystem::exists(kSmolPath)) model_ = Model::load(kSmolPath).release();
-    }
-    static void TearDownTestSuite() {
-        delete model_;
-        model_ = nullptr;
-    }
-    void SetUp() override {
-        if (!model_) {
-            const char* allow = std::getenv("NT_ALLOW_MISSING_MODEL");
-            if (allow && std::string(allow) == "1") GTEST_SKIP() << kSmolPath << " not present";
-            FAIL() << kSmolPath << " is missing; run scripts/fetch-model.sh";
-        }
-    }
 
     static std::unique_ptr<Engine> engine(int n_seq, int n_ctx = 256, int max_batch = 64) {
         EngineOptions o;
@@ -106,9 +91,7 @@ class SchedulerTest : public ::testing::Test {
         return ids;
     }
 
-    static Model* model_;
 };
-Model* SchedulerTest::model_ = nullptr;
 
 const std::vector<std::string> kPrompts = {
     "The capital of France is",

@@ -8,11 +8,12 @@
 
 #include "engine/engine.h"
 #include "server/text_stream.h"
+#include "smol_model_test.h"
 
 namespace nt {
 namespace {
 
-const std::string kSmolPath = NT_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+using testing_smol::kSmolPath;
 
 bool valid_utf8(const std::string& s) {
     size_t i = 0;
@@ -47,8 +48,7 @@ class TextStreamTest : public ::testing::Test {
     }
     void SetUp() override {
         if (!tok_) {
-            const char* allow = std::getenv("NT_ALLOW_MISSING_MODEL");
-            if (allow && std::string(allow) == "1") GTEST_SKIP() << kSmolPath << " not present";
+            if (testing_smol::missing_model_allowed()) GTEST_SKIP() << kSmolPath << " not present";
             FAIL() << kSmolPath << " is missing; run scripts/fetch-model.sh";
         }
     }
