@@ -78,22 +78,18 @@ void Engine::place_weights(const EngineOptions& opt, std::unique_ptr<mem::Stream
     }
 
     // Resident weights move to the backend's memory once (the CPU backend keeps the mapped file).
+    auto each_resident = [&](auto&& fn) {
+        fn(weights_.tok_embd);
+        fn(weights_.output_norm);
+        if (!tied) fn(weights_.output);
+        for (int i = 0; i < L; i++)
+            if (resident[size_t(i)])
+                for (WeightView* v : mem::layer_views(weights_.layers[size_t(i)])) fn(*v);
+    };
     size_t total = 0;
-    auto count = [&](WeightView& v) { total += v.nbytes; };
-    auto upload = [&](WeightView& v) { v.data = backend_->upload_weight(v.data, v.nbytes); };
-    count(weights_.tok_embd);
-    count(weights_.output_norm);
-    if (!tied) count(weights_.output);
-    for (int i = 0; i < L; i++)
-        if (resident[size_t(i)])
-            for (WeightView* v : mem::layer_views(weights_.layers[size_t(i)])) count(*v);
+    each_resident([&](WeightView& v) { total += v.nbytes; });
     backend_->reserve_weights(total);
-    upload(weights_.tok_embd);
-    upload(weights_.output_norm);
-    if (!tied) upload(weights_.output);
-    for (int i = 0; i < L; i++)
-        if (resident[size_t(i)])
-            for (WeightView* v : mem::layer_views(weights_.layers[size_t(i)])) upload(*v);
+    each_resident([&](WeightView& v) { v.data = backend_->upload_weight(v.data, v.nbytes); });
     if (tied) weights_.output = weights_.tok_embd;
 
     if (!dev || memory_.plan.all_resident()) {

@@ -122,13 +122,9 @@ void Scheduler::validate(const std::vector<int32_t>& prompt, int start_pos) cons
 std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const GenerationParams& params,
                                        std::unique_ptr<Sampler> sampler) {
     validate(prompt, 0);
-    auto job = std::make_shared<Job>();
-    job->prompt_ = std::move(prompt);
-    job->params_ = params;
+    auto job = new_job(std::move(prompt), params);
     job->own_sampler_ = std::move(sampler);
     job->sampler_ = job->own_sampler_.get();
-    job->t_submit_ = clock::now();
-    job->stats_.n_prompt = int(job->prompt_.size());
     {
         std::lock_guard<std::mutex> lk(mu_);
         if (int(queue_.size()) >= max_queue_ &&
@@ -137,18 +133,32 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const Genera
             totals_.jobs_rejected++;
             return nullptr;
         }
-        totals_.jobs_submitted++;
-        if (params.max_tokens == 0) {
-            // Nothing to generate: no slot, no evaluation.
-            totals_.jobs_finished++;
-            totals_.finished_by_reason[int(FinishReason::Length)]++;
-            job->finish_ = FinishReason::Length;
-            return job;
-        }
-        queue_.push_back(job);
+        if (!enqueue_locked(job)) return job;
     }
     cv_.notify_all();
     return job;
+}
+
+std::shared_ptr<Job> Scheduler::new_job(std::vector<int32_t> prompt, const GenerationParams& params) {
+    auto job = std::make_shared<Job>();
+    job->prompt_ = std::move(prompt);
+    job->params_ = params;
+    job->t_submit_ = clock::now();
+    job->stats_.n_prompt = int(job->prompt_.size());
+    return job;
+}
+
+bool Scheduler::enqueue_locked(const std::shared_ptr<Job>& job) {
+    totals_.jobs_submitted++;
+    if (job->params_.max_tokens == 0) {
+        // Nothing to generate: no slot, no evaluation.
+        totals_.jobs_finished++;
+        totals_.finished_by_reason[int(FinishReason::Length)]++;
+        job->finish_ = FinishReason::Length;
+        return false;
+    }
+    queue_.push_back(job);
+    return true;
 }
 
 int Scheduler::reserve_slot() {
@@ -177,14 +187,10 @@ std::shared_ptr<Job> Scheduler::submit_pinned(int slot, int start_pos, std::vect
                                               const GenerationParams& params, Sampler* sampler) {
     if (start_pos < 0) fail("the start position must not be negative.");
     validate(prompt, start_pos);
-    auto job = std::make_shared<Job>();
-    job->prompt_ = std::move(prompt);
-    job->params_ = params;
+    auto job = new_job(std::move(prompt), params);
     job->sampler_ = sampler;
     job->pinned_slot_ = slot;
     job->start_pos_ = start_pos;
-    job->t_submit_ = clock::now();
-    job->stats_.n_prompt = int(job->prompt_.size());
     job->stats_.kv_end = start_pos;
     {
         std::lock_guard<std::mutex> lk(mu_);
@@ -193,14 +199,7 @@ std::shared_ptr<Job> Scheduler::submit_pinned(int slot, int start_pos, std::vect
         for (const auto& q : queue_)
             if (q->pinned_slot_ == slot) fail("slot %d already has a job.", slot);
         if (slots_[size_t(slot)].job) fail("slot %d already has a job.", slot);
-        totals_.jobs_submitted++;
-        if (params.max_tokens == 0) {
-            totals_.jobs_finished++;
-            totals_.finished_by_reason[int(FinishReason::Length)]++;
-            job->finish_ = FinishReason::Length;
-            return job;
-        }
-        queue_.push_back(job);
+        if (!enqueue_locked(job)) return job;
     }
     cv_.notify_all();
     return job;

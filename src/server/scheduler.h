@@ -182,6 +182,11 @@ class Scheduler {
     using clock = std::chrono::steady_clock;
 
     void validate(const std::vector<int32_t>& prompt, int start_pos) const;
+    // A job for `prompt` stamped with its submission time (no sampler, slot or position yet).
+    static std::shared_ptr<Job> new_job(std::vector<int32_t> prompt, const GenerationParams& params);
+    // Counts the job as submitted and queues it; with max_tokens 0 it finishes at once instead
+    // (no slot, no evaluation) and false is returned. Caller holds mu_.
+    bool enqueue_locked(const std::shared_ptr<Job>& job);
     void run();
     void admit_locked();
     void start_job_locked(const std::shared_ptr<Job>& job, int slot, int n_cached);
