@@ -3,9 +3,9 @@
 //
 // The reference multiplies in double with exactly what the GPU multiplies: int8-rounded
 // activations (the CPU backend's own quantization, which the GPU reproduces bit for bit) for
-// the quantized GEMV, FP16-rounded weights
-// and activations for the GEMM path, BF16-rounded activations for BF16 weights. What is left is
-// float accumulation, so the tolerance is tight: 5e-5 of sum |w * x| per output (a wrong
+// the quantized GEMV; for the quantized GEMM path the same int8-rounded activations stored as
+// FP16, and FP16-rounded weights; FP16/BF16-rounded activations for F16/BF16 weights. What is left
+// is float accumulation, so the tolerance is tight: 5e-5 of sum |w * x| per output (a wrong
 // sub-block scale or a dropped block shows up at 1e-3 or more). The GEMV is also held to the
 // rigorous bound of int8 activation rounding against the unrounded activations.
 #include <cuda_runtime.h>
@@ -243,13 +243,14 @@ double check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, uint64_t seed
     const bool gemv = n <= ncu::kGemvMaxBatch;
     const bool quantized = !is_float_type(t);
     ActRef act;
-    if (gemv && quantized) act = act_roundtrip(t, x, cols);
+    if (quantized) act = act_roundtrip(t, x, cols);
     const std::vector<float>& half_step = act.half_step;
     std::vector<float> xr =
-        gemv ? (quantized ? act.xr : x)
-             : (t == GgmlType::F32
-                    ? x
-                    : rounded(x, t == GgmlType::BF16 ? GgmlType::BF16 : GgmlType::F16));
+        quantized ? (gemv ? act.xr : rounded(act.xr, GgmlType::F16))
+        : gemv    ? x
+                  : (t == GgmlType::F32
+                         ? x
+                         : rounded(x, t == GgmlType::BF16 ? GgmlType::BF16 : GgmlType::F16));
     const bool w_f16 = !gemv && quantized;
 
     double worst = 0;
@@ -387,8 +388,8 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                          stream);
                 const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
                 int tried = 0;
-                for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream,
-                                  GemvKernel::Pipe})
+                for (auto kern :
+                     {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream, GemvKernel::Pipe})
                     for (int rw : {1, 2})
                         for (int ks : {1, 2, 4})
                             for (bool pers : {true, false}) {
@@ -419,7 +420,8 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                     const int64_t half = rows / 2;
                     const uint8_t* up = dw.p + size_t(half) * nt::row_bytes(t, cols);
                     ck(cudaMemsetAsync(dy.p, 0xFF, dy.n * sizeof(float), stream));
-                    ncu::detail::gemv_pair(t, dw.p, up, half, cols, xq.p, xd.p, n, dy.p, false, stream);
+                    ncu::detail::gemv_pair(t, dw.p, up, half, cols, xq.p, xd.p, n, dy.p, false,
+                                           stream);
                     ck(cudaStreamSynchronize(stream));
                     const std::vector<float> y = dy.get();
                     for (int i = 0; i < n; ++i)
@@ -427,9 +429,10 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                             const double g = ref[size_t(i) * rows + r];
                             const double u = ref[size_t(i) * rows + half + r];
                             const double sg = g / (1 + std::exp(-g));
-                            const double tol = 1e-4 * (mag[size_t(i) * rows + r] * std::fabs(u) +
-                                                       std::fabs(sg) * mag[size_t(i) * rows + half + r]) +
-                                               1e-6;
+                            const double tol =
+                                1e-4 * (mag[size_t(i) * rows + r] * std::fabs(u) +
+                                        std::fabs(sg) * mag[size_t(i) * rows + half + r]) +
+                                1e-6;
                             ASSERT_LE(std::fabs(y[size_t(i) * half + r] - sg * u), tol)
                                 << nt::type_name(t) << " pair " << rows << "x" << cols << " n=" << n
                                 << " row " << r << " batch " << i;
@@ -442,8 +445,9 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
 }
 
 // The activation quantizer is bit-exact with the CPU backend's (nt::quantize_row to Q8_0, Q8_1
-// and Q8_K), including ties after scaling, all-zero blocks and, for Q8_K, the sign of the scale
-// when two elements share the largest magnitude.
+// and Q8_K), in both of its output forms (int8 + scales, and FP16 for the GEMM path), including
+// ties after scaling, all-zero blocks and, for Q8_K, the sign of the scale when two elements share
+// the largest magnitude.
 TEST(MatmulQuantizer, BitExactWithCpu) {
     SKIP_WITHOUT_GPU();
     const int n = 3;
@@ -505,6 +509,16 @@ TEST(MatmulQuantizer, BitExactWithCpu) {
                 ASSERT_EQ(d[g].y, want_s) << nt::type_name(at) << " row " << i << " block " << b;
             }
         }
+        // The GEMM path's form of the same rounding: q * d as FP16, equal to the CPU's
+        // quantize-then-dequantize rounded to FP16.
+        Dev<uint16_t> xh(x.size());
+        ncu::detail::quantize_to_f16(dx.p, n, cols, ncu::detail::act_quant(wt),
+                                     reinterpret_cast<__half*>(xh.p), nullptr);
+        ck(cudaDeviceSynchronize());
+        const auto h = xh.get();
+        const std::vector<float> want = rounded(act_roundtrip(wt, x, cols).xr, GgmlType::F16);
+        for (size_t e = 0; e < x.size(); ++e)
+            ASSERT_EQ(nt::f16_to_f32(h[e]), want[e]) << nt::type_name(at) << " element " << e;
     }
 }
 

@@ -266,7 +266,8 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
             ws.bytes, n, (long long)rows, (long long)cols,
             need_x + size_t(std::min(rows, kMinSliceRows)) * row_f16);
     auto* wh = reinterpret_cast<__half*>(base + need_x);
-    detail::convert_to_f16(x, int64_t(n) * cols, reinterpret_cast<__half*>(xh), stream);
+    detail::quantize_to_f16(x, n, cols, detail::act_quant(w.type), reinterpret_cast<__half*>(xh),
+                            stream);
     const size_t row_q = row_bytes(w.type, cols);
     for (int64_t r0 = 0; r0 < rows; r0 += slice) {
         const int64_t m = std::min(slice, rows - r0);

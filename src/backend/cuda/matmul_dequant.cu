@@ -12,11 +12,28 @@ constexpr size_t align256(size_t b) {
     return (b + 255) & ~size_t(255);
 }
 
-// Q8_0 / Q8_1: 8 threads per 32-element block, 4 elements each (q8_block).
-template <bool VEC, bool Q81>
+// Stores 4 or 8 rounded activations, q * d, as FP16 (one 8- or 16-byte store).
+template <int E>
+__device__ __forceinline__ void store_dq_f16(__half* dst, const int (&q)[E], float d) {
+    uint32_t h[E / 2];
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {
+        const __half2 t =
+            __floats2half2_rn(mul_rn(float(q[2 * i]), d), mul_rn(float(q[2 * i + 1]), d));
+        h[i] = *reinterpret_cast<const uint32_t*>(&t);
+    }
+    if constexpr (E == 4)
+        *reinterpret_cast<uint2*>(dst) = make_uint2(h[0], h[1]);
+    else
+        *reinterpret_cast<uint4*>(dst) = make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// Q8_0 / Q8_1: 8 threads per 32-element block, 4 elements each (q8_block). With F16OUT the
+// block is written as FP16 values q * d to xh instead of (xq, xd): the GEMM path's activations.
+template <bool VEC, bool Q81, bool F16OUT = false>
 __global__ void __launch_bounds__(256)
     quantize_q8_kernel(const float* __restrict__ x, int64_t nblocks, int8_t* __restrict__ xq,
-                       float2* __restrict__ xd) {
+                       float2* __restrict__ xd, __half* __restrict__ xh = nullptr) {
     const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 3;
     const int sub = threadIdx.x & 7;
     const bool live = blk < nblocks;  // dead lanes still take part in the shuffles
@@ -33,17 +50,19 @@ __global__ void __launch_bounds__(256)
     }
     int q[4];
     const float2 dq = q8_block<4, Q81>(v, q);
-    if (live) {
+    if (F16OUT) {
+        if (live) store_dq_f16(xh + blk * 32 + sub * 4, q, dq.x);
+    } else if (live) {
         store_q8(xq + blk * 32 + sub * 4, q);
         if (sub == 0) xd[blk] = dq;
     }
 }
 
-// Q8_K: one warp per 256 elements, 8 per lane (q8k_block).
-template <bool VEC>
+// Q8_K: one warp per 256 elements, 8 per lane (q8k_block). F16OUT as above.
+template <bool VEC, bool F16OUT = false>
 __global__ void __launch_bounds__(256)
     quantize_q8k_kernel(const float* __restrict__ x, int64_t nblocks, int8_t* __restrict__ xq,
-                        float2* __restrict__ xd) {
+                        float2* __restrict__ xd, __half* __restrict__ xh = nullptr) {
     const int64_t blk = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (blk >= nblocks) return;  // whole warps: blk is uniform across the warp
@@ -60,6 +79,10 @@ __global__ void __launch_bounds__(256)
     }
     int q[8];
     const float2 dq = q8k_block(v, lane, q);
+    if constexpr (F16OUT) {
+        store_dq_f16(xh + blk * 256 + lane * 8, q, dq.x);
+        return;
+    }
     store_q8(xq + blk * 256 + lane * 8, q);
     if ((lane & 3) == 0) xd[blk * 8 + (lane >> 2)] = dq;
 }
@@ -169,8 +192,12 @@ ActQuant act_quant(GgmlType t) {
     }
 }
 
-void quantize_q8(const float* x, int n, int64_t cols, ActQuant mode, int8_t* xq, float2* xd,
-                 cudaStream_t stream) {
+namespace {
+
+// One launch of the quantize kernels for `mode`: to (xq, xd), or, with F16OUT, to xh.
+template <bool F16OUT>
+void launch_quantize(const float* x, int n, int64_t cols, ActQuant mode, int8_t* xq, float2* xd,
+                     __half* xh, cudaStream_t stream) {
     const int block = mode == ActQuant::Q8_K ? 256 : 32;
     if (cols % block != 0)
         nt::fail("quantize_q8: %lld columns are not a multiple of %d.", (long long)cols, block);
@@ -179,22 +206,40 @@ void quantize_q8(const float* x, int n, int64_t cols, ActQuant mode, int8_t* xq,
     if (mode == ActQuant::Q8_K) {
         const unsigned grid = unsigned((nblocks * 32 + 255) / 256);
         if (vec)
-            quantize_q8k_kernel<true><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+            quantize_q8k_kernel<true, F16OUT><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd, xh);
         else
-            quantize_q8k_kernel<false><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+            quantize_q8k_kernel<false, F16OUT><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd, xh);
     } else {
         const unsigned grid = unsigned((nblocks * 8 + 255) / 256);
         const bool q81 = mode == ActQuant::Q8_1;
         if (vec && q81)
-            quantize_q8_kernel<true, true><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+            quantize_q8_kernel<true, true, F16OUT>
+                <<<grid, 256, 0, stream>>>(x, nblocks, xq, xd, xh);
         else if (vec)
-            quantize_q8_kernel<true, false><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+            quantize_q8_kernel<true, false, F16OUT>
+                <<<grid, 256, 0, stream>>>(x, nblocks, xq, xd, xh);
         else if (q81)
-            quantize_q8_kernel<false, true><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+            quantize_q8_kernel<false, true, F16OUT>
+                <<<grid, 256, 0, stream>>>(x, nblocks, xq, xd, xh);
         else
-            quantize_q8_kernel<false, false><<<grid, 256, 0, stream>>>(x, nblocks, xq, xd);
+            quantize_q8_kernel<false, false, F16OUT>
+                <<<grid, 256, 0, stream>>>(x, nblocks, xq, xd, xh);
     }
     NT_CUDA_CHECK(cudaGetLastError(), "quantize activations");
+}
+
+}  // namespace
+
+void quantize_q8(const float* x, int n, int64_t cols, ActQuant mode, int8_t* xq, float2* xd,
+                 cudaStream_t stream) {
+    launch_quantize<false>(x, n, cols, mode, xq, xd, nullptr, stream);
+}
+
+void quantize_to_f16(const float* x, int n, int64_t cols, ActQuant mode, __half* out,
+                     cudaStream_t stream) {
+    if (reinterpret_cast<uintptr_t>(out) % 16 != 0)
+        nt::fail("quantize_to_f16: the output is not 16-byte aligned.");
+    launch_quantize<true>(x, n, cols, mode, nullptr, nullptr, out, stream);
 }
 
 void convert_to_f16(const float* x, int64_t count, __half* out, cudaStream_t stream) {

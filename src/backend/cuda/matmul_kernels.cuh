@@ -35,6 +35,13 @@ void quantize_q8(const float* x, int n, int64_t cols, ActQuant mode, int8_t* xq,
                  cudaStream_t stream);
 size_t q8_bytes(int n, int64_t cols);  // xq then xd, each 256-byte aligned
 
+// The GEMM path's activations: x rounded to quantize_q8's grid for `mode` and written as FP16
+// values q * d (out 16-byte aligned). The CPU multiplies a quantized weight by the 8-bit
+// activations, so this is what makes the tensor-core path compute the CPU's function (and the
+// GEMV's) to FP16 rounding rather than to the 8-bit grid's (docs/BENCHMARKS.md, GPU against CPU).
+void quantize_to_f16(const float* x, int n, int64_t cols, ActQuant mode, __half* out,
+                     cudaStream_t stream);
+
 // count fp32 -> fp16 / bf16 (round to nearest even).
 void convert_to_f16(const float* x, int64_t count, __half* out, cudaStream_t stream);
 void convert_to_bf16(const float* x, int64_t count, __nv_bfloat16* out, cudaStream_t stream);
