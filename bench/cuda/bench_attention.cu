@@ -43,6 +43,12 @@ T* dev_alloc(size_t n) {
     return static_cast<T*>(p);
 }
 template <class T>
+T* dev_zeros(size_t n) {
+    T* p = dev_alloc<T>(n);
+    NT_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(T)), "cudaMemset");
+    return p;
+}
+template <class T>
 T* dev_copy(const std::vector<T>& v) {
     T* p = dev_alloc<T>(v.size());
     NT_CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
@@ -200,12 +206,13 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
             int32_t* dpos = dev_copy(std::vector<int32_t>(size_t(rows), ctx - 1));
             const int splits = attn_decode_splits(s, rows, dev.sm_count);
             float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
+            int* done = dev_zeros<int>(size_t(rows) * s.n_head_kv);
             const double bytes = double(rows) * ctx * s.kv_dim() * 2 * sizeof(__half);
             for (int version : {1, 2}) {
                 if (version == 2 && !attn_has_fast_decode(s)) continue;
                 auto launch = [&](int i) {
                     attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots) * rows, drows,
-                                rows, splits, scratch, dout, nullptr, version);
+                                rows, splits, scratch, done, dout, nullptr, version);
                 };
                 launch(0);
                 std::vector<float> out(q.size());
@@ -225,6 +232,7 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
             }
             cudaFree(dpos);
             cudaFree(scratch);
+            cudaFree(done);
         }
         cudaFree(dq);
         cudaFree(dout);
@@ -258,6 +266,7 @@ void bench_prefill(const Opts& o, const CudaDeviceInfo& dev) {
         AttnTile* dtiles = dev_copy(tiles);
         const int splits = attn_decode_splits(s, n, dev.sm_count);
         float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, n, splits));
+        int* done = dev_zeros<int>(size_t(n) * s.n_head_kv);
         const double flops =
             4.0 * s.n_head * s.head_dim * (double(n) * (n + 1) / 2);  // QK^T and PV
         for (int version : {1, 2}) {
@@ -265,7 +274,7 @@ void bench_prefill(const Opts& o, const CudaDeviceInfo& dev) {
             auto launch = [&](int) {
                 if (version == 1)
                     attn_decode(s, dq, cache.k, cache.v, dpos, dseq, drows, n, splits, scratch,
-                                dout, nullptr);
+                                done, dout, nullptr);
                 else
                     attn_prefill(s, dq, cache.k, cache.v, dtiles, int(tiles.size()), dout, nullptr);
             };
@@ -292,6 +301,7 @@ void bench_prefill(const Opts& o, const CudaDeviceInfo& dev) {
         cudaFree(drows);
         cudaFree(dtiles);
         cudaFree(scratch);
+        cudaFree(done);
     }
 }
 

@@ -96,12 +96,27 @@ public:
     }
     // y[i][r] = sum_c W[r][c] * x[i][c] for n rows of x. Small n is a GEMV, large n a GEMM.
     virtual void matmul(const WeightView& w, const float* x, int n, float* y) = 0;
+    // The attention block's three projections of one normed input: q = wq x, k = wk x,
+    // v = wv x. One call, so a backend may run them concurrently (they are independent and each
+    // too small to fill a large GPU alone at decode). No output may alias x.
+    virtual void qkv(const WeightView& wq, const WeightView& wk, const WeightView& wv,
+                     const float* x, int n, float* q, float* k, float* v) {
+        matmul(wq, x, n, q);
+        matmul(wk, x, n, k);
+        matmul(wv, x, n, v);
+    }
     // Rotary embedding in place on q [B][n_head][head_dim] and k [B][n_head_kv][head_dim],
     // adjacent pairs (GGML's "normal" rope, which Llama GGUF files expect).
     virtual void rope(float* q, float* k) = 0;
     // Stores k and v of the current batch into layer `layer`'s cache, then computes causal
     // attention of every q row over its sequence's cached positions 0..pos (GQA).
     virtual void attention(int layer, const float* q, const float* k, const float* v, float* out) = 0;
+    // rope(q, k), then attention(layer, q, k, v, out): one call, so a backend may turn k on its
+    // way into the cache.
+    virtual void rope_attention(int layer, float* q, float* k, const float* v, float* out) {
+        rope(q, k);
+        attention(layer, q, k, v, out);
+    }
     // out[i] = silu(gate[i]) * up[i], n elements.
     virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
     // The feed-forward's first half: gate = silu(w_gate x) * (w_up x) for n rows of x; `up`

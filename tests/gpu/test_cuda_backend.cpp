@@ -487,7 +487,7 @@ TEST(CudaKernels, AddRmsNormQuantizesAsQuantizeQ8) {
 TEST(CudaBackend, AddRmsNorm) {
     NT_REQUIRE_GPU();
     ModelShape s = make_shape(128, 32, 8);  // n_embd 4096
-    Pair p(s, 100, 1, 128);  // rows at positions 0..99
+    Pair p(s, 100, 1, 128);                 // rows at positions 0..99
     for (int dim : {4096, 2048, 576}) {
         const HostWeight w = random_weight(GgmlType::F32, 1, dim, 12, 2.f);
         const WeightView gw = on_gpu(p.gpu, w);
@@ -679,12 +679,80 @@ TEST(CudaBackend, FfnGateUp) {
                     p.gpu.ffn_gate_up(gg, gu, p.gpu.acts().xn, n, p.gpu.acts().gate,
                                       p.gpu.acts().up);
                     p.gpu.end_step();
-                    const std::string what = std::string(type_name(t)) + " n " +
-                                             std::to_string(n) + (graphs ? " graph " : " eager ") +
-                                             std::to_string(rep);
+                    const std::string what = std::string(type_name(t)) + " n " + std::to_string(n) +
+                                             (graphs ? " graph " : " eager ") + std::to_string(rep);
                     expect_close(p.get_gpu(&Activations::gate, size_t(n) * ff),
-                                 p.get_cpu(&Activations::gate, size_t(n) * ff), 2e-4f, 2e-4f,
-                                 what);
+                                 p.get_cpu(&Activations::gate, size_t(n) * ff), 2e-4f, 2e-4f, what);
+                }
+            }
+        }
+    }
+    p.gpu.set_graphs(true);
+}
+
+// qkv: k and v on side streams beside q (one activation quantization for all three) where the
+// types allow, three matmuls otherwise; against the CPU, and bit for bit against three matmuls
+// on the GPU (the same kernels, only concurrent), eager and as a graph (capture, replays).
+TEST(CudaBackend, QkvForkJoin) {
+    NT_REQUIRE_GPU();
+    ModelShape s = make_shape(128, 32, 8);  // n_embd 4096: q 4096 rows, k and v 1024
+    Pair p(s, 8, 1, 64);
+    const int dim = s.n_embd, nq = s.n_head * s.head_dim, nkv = s.n_head_kv * s.head_dim;
+    struct Types {
+        GgmlType q, k, v;
+    };
+    // Q4_K_M's mix (forked); Q8_0 everywhere (forked); activation quantizations that differ.
+    for (Types t : {Types{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
+                    Types{GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0},
+                    Types{GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q4_1}}) {
+        const HostWeight wq = random_weight(t.q, nq, dim, 111),
+                         wk = random_weight(t.k, nkv, dim, 112),
+                         wv = random_weight(t.v, nkv, dim, 113);
+        const WeightView gq = on_gpu(p.gpu, wq), gk = on_gpu(p.gpu, wk), gv = on_gpu(p.gpu, wv);
+        for (int n : {1, 3, 8}) {
+            Batch b;
+            for (int i = 0; i < n; i++) b.add(0, i, 0, true);
+            p.set(&Activations::xn, random_floats(size_t(n) * dim, 121 + uint32_t(n), -2.f, 2.f));
+            // Reference: three matmuls on each backend, eagerly.
+            p.gpu.set_graphs(false);
+            p.begin(b);
+            Activations& c = p.cpu.acts();
+            Activations& g = p.gpu.acts();
+            p.cpu.matmul(wq.view, c.xn, n, c.q);
+            p.cpu.matmul(wk.view, c.xn, n, c.k);
+            p.cpu.matmul(wv.view, c.xn, n, c.v);
+            p.gpu.matmul(gq, g.xn, n, g.q);
+            p.gpu.matmul(gk, g.xn, n, g.k);
+            p.gpu.matmul(gv, g.xn, n, g.v);
+            p.gpu.end_step();
+            const size_t mq = size_t(n) * nq, mk = size_t(n) * nkv;
+            const auto seq_q = p.get_gpu(&Activations::q, mq),
+                       seq_k = p.get_gpu(&Activations::k, mk),
+                       seq_v = p.get_gpu(&Activations::v, mk);
+            const auto cpu_q = p.get_cpu(&Activations::q, mq),
+                       cpu_k = p.get_cpu(&Activations::k, mk),
+                       cpu_v = p.get_cpu(&Activations::v, mk);
+            for (bool graphs : {false, true}) {
+                p.gpu.set_graphs(graphs);
+                for (int rep = 0; rep < (graphs ? 3 : 1); rep++) {
+                    p.set(&Activations::q, std::vector<float>(mq, NAN));
+                    p.set(&Activations::k, std::vector<float>(mk, NAN));
+                    p.set(&Activations::v, std::vector<float>(mk, NAN));
+                    p.begin(b);
+                    p.gpu.qkv(gq, gk, gv, g.xn, n, g.q, g.k, g.v);
+                    p.gpu.end_step();
+                    const std::string what = std::string(type_name(t.q)) + "/" + type_name(t.v) +
+                                             " n " + std::to_string(n) +
+                                             (graphs ? " graph " : " eager ") + std::to_string(rep);
+                    expect_equal(p.get_gpu(&Activations::q, mq), seq_q, what + " q");
+                    expect_equal(p.get_gpu(&Activations::k, mk), seq_k, what + " k");
+                    expect_equal(p.get_gpu(&Activations::v, mk), seq_v, what + " v");
+                    expect_close(p.get_gpu(&Activations::q, mq), cpu_q, 2e-4f, 2e-4f,
+                                 what + " q cpu");
+                    expect_close(p.get_gpu(&Activations::v, mk), cpu_v, 2e-4f, 2e-4f,
+                                 what + " v cpu");
+                    expect_close(p.get_gpu(&Activations::k, mk), cpu_k, 2e-4f, 2e-4f,
+                                 what + " k cpu");
                 }
             }
         }
@@ -836,6 +904,47 @@ void gpu_attention_step(CudaBackend& gpu, const ModelShape& s, KvMirror& kv, con
         expect_close(
             got, want, atol, 0.f,
             what + " row " + std::to_string(i) + " pos " + std::to_string(b.pos[size_t(i)]));
+    }
+}
+
+// rope_attention (one kernel turns q and k and fills the cache, where every pair turns) against
+// the CPU's rope then attention: a prompt (prefill kernel) and decode steps that read what the
+// earlier steps stored, over more than one context slice (the decode kernel's own merge);
+// partial rotation takes the unfused path.
+TEST(CudaBackend, RopeAttention) {
+    NT_REQUIRE_GPU();
+    for (const RopeCase& c :
+         {RopeCase{128, 8, 2, 128, 1.f, false}, RopeCase{64, 4, 1, 64, 1.f, true},
+          RopeCase{64, 6, 3, 32, 1.f, false}}) {
+        ModelShape s = make_shape(c.head_dim, c.n_head, c.n_head_kv);
+        s.rope.n_rot = c.n_rot;
+        if (c.factors) s.rope.freq_factors = random_floats(size_t(c.n_rot / 2), 5, 1.f, 8.f);
+        Pair p(s, 128, 2, 256);
+        int pos = 0;
+        for (int step = 0; step < 6; step++) {
+            const int n = step == 0 ? 100 : 1;  // decode then reads 101.. positions: two slices
+            Batch b;
+            for (int i = 0; i < n; i++) b.add(1, pos++, 1, true);
+            const size_t nq = size_t(n) * size_t(s.n_head) * size_t(s.head_dim);
+            const size_t nk = size_t(n) * size_t(s.n_head_kv) * size_t(s.head_dim);
+            p.set(&Activations::q, random_floats(nq, 41 + uint32_t(step), -3.f, 3.f));
+            p.set(&Activations::k, random_floats(nk, 51 + uint32_t(step)));
+            p.set(&Activations::v, random_floats(nk, 61 + uint32_t(step)));
+            p.begin(b);
+            Activations& ca = p.cpu.acts();
+            Activations& ga = p.gpu.acts();
+            p.cpu.rope_attention(0, ca.q, ca.k, ca.v, ca.att);
+            p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att);
+            p.gpu.end_step();
+            const std::string what = "hd " + std::to_string(c.head_dim) + " n_rot " +
+                                     std::to_string(c.n_rot) + " step " + std::to_string(step);
+            expect_close(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), 1e-6f,
+                         1e-6f, what + " q");
+            expect_close(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), 1e-6f,
+                         1e-6f, what + " k");
+            expect_close(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq),
+                         step == 0 ? kPrefillTol : kDecodeTol, 0.f, what + " attention");
+        }
     }
 }
 

@@ -5,7 +5,10 @@
 // slice of the context; K/V tiles of 64 positions stream through shared memory with cp.async,
 // double-buffered; an online softmax keeps the partial (max, sum, acc) per head; a second kernel
 // merges the slices. The split count depends only on the row count, so the launch shape is fixed
-// for a CUDA graph; the slice bounds come from the positions read on the device.
+// for a CUDA graph; the slice bounds come from the positions read on the device. In the tiled
+// kernel the merge is done by the last slice of a (row, KV head) to finish (a counter per pair,
+// left at zero for the next launch), and a context that fits in one slice is written directly:
+// no second kernel, and at short contexts no partial results at all.
 //
 // Prompt (runs of consecutive positions of one sequence): flash attention on tensor cores.
 // A block takes 64 query rows of one head; each of its 4 warps owns 16 rows and keeps Q, the
@@ -115,17 +118,20 @@ struct DecodeArgs {
     float* part_acc;  // [n_rows][n_head][splits][head_dim]
     float2* part_ml;  // [n_rows][n_head][splits] (running max in log2 units, sum)
     float* out;
+    int* done;  // tiled: [n_rows][n_head_kv] slices finished, zero between launches
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
     float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
 };
 
 // Slice `split` of a context of `len` positions: slices of equal length rounded up to `align`.
-__device__ __forceinline__ void split_range(int len, int splits, int split, int align, int& start,
-                                            int& end) {
+// Returns how many slices are not empty (the first ones).
+__device__ __forceinline__ int split_range(int len, int splits, int split, int align, int& start,
+                                           int& end) {
     int chunk = (len + splits - 1) / splits;
     chunk = (chunk + align - 1) / align * align;
     start = split * chunk;
     end = min(len, start + chunk);
+    return (len + chunk - 1) / chunk;
 }
 
 // Generic: one block per (slice, query head, row); each warp walks every 4th position with a
@@ -233,13 +239,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     const int row = a.rows[z];
     const int h0 = kvh * G;
     int start, end;
-    split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
-    if (start >= end) {
-        if (t < G)
-            a.part_ml[(size_t(z) * a.n_head + h0 + t) * a.splits + split] =
-                make_float2(-INFINITY, 0.f);
-        return;
-    }
+    const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
+    if (start >= end) return;  // past the sequence's end: not counted, not merged
     const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
@@ -373,7 +374,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         const int g = pg + C::SETS_PV * j;
         if (g >= G) continue;
         const int h = h0 + g;
-        if (a.splits == 1) {
+        if (live == 1) {  // the whole context in this slice: its softmax is complete
             const float inv = 1.f / ls[g];
             *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h) * HD +
                                        2 * d2) = make_float2(acc[j].x * inv, acc[j].y * inv);
@@ -382,6 +383,45 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
             *reinterpret_cast<float2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
             if (d2 == 0) a.part_ml[idx] = make_float2(ms[g], ls[g]);
         }
+    }
+    if (live == 1) return;
+
+    // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
+    // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
+    __shared__ int last;
+    __threadfence();  // this slice's partials are visible before its count is
+    __syncthreads();
+    if (t == 0) {
+        int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
+        last = atomicAdd(done, 1) == live - 1;
+        if (last) *done = 0;  // every other slice has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float* wts = ps;  // [G][TP] slice weights (live <= splits <= kMaxSplits = TP)
+    for (int g = warp; g < G; g += kThreads / 32) {
+        const size_t idx0 = (size_t(z) * a.n_head + h0 + g) * a.splits;
+        float M = -INFINITY;
+        for (int s = lane; s < live; s += 32) M = fmaxf(M, __ldcg(&a.part_ml[idx0 + s]).x);
+        M = warp_max(M);
+        float L = 0.f;
+        for (int s = lane; s < live; s += 32) {
+            const float2 ml = __ldcg(&a.part_ml[idx0 + s]);
+            wts[g * TP + s] = exp2f(ml.x - M);
+            L += ml.y * wts[g * TP + s];
+        }
+        L = warp_sum(L);
+        if (lane == 0) ls[g] = 1.f / L;
+    }
+    __syncthreads();
+    for (int e = t; e < G * HD; e += kThreads) {
+        const int g = e / HD, d = e % HD;
+        const size_t idx0 = (size_t(z) * a.n_head + h0 + g) * a.splits;
+        float o = 0.f;
+        for (int s = 0; s < live; s++)
+            o += __ldcg(&a.part_acc[(idx0 + s) * HD + d]) * wts[g * TP + s];
+        a.out[size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d] = o * ls[g];
     }
 }
 
@@ -687,7 +727,8 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
 
 void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
-                 int splits, float* scratch, float* out, cudaStream_t stream, int version) {
+                 int splits, float* scratch, int* done, float* out, cudaStream_t stream,
+                 int version) {
     if (n_rows <= 0) return;
     check_shape(s);
     if (splits < 1 || splits > kMaxSplits)
@@ -704,6 +745,7 @@ void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
     a.part_ml =
         reinterpret_cast<float2*>(scratch + size_t(n_rows) * s.n_head * splits * s.head_dim);
     a.out = out;
+    a.done = done;
     a.n_head = s.n_head;
     a.head_dim = s.head_dim;
     a.n_ctx = s.n_ctx;
@@ -715,6 +757,7 @@ void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
     if (tiled && !attn_has_fast_decode(s))
         fail("attention: no tiled decode kernel for head_dim %d.", s.head_dim);
     if (tiled) {
+        if (splits > 1 && !done) fail("attention: the split decode kernel needs its counters.");
         const dim3 grid(unsigned(splits), unsigned(s.n_head_kv), unsigned(n_rows));
         if (s.head_dim == 64)
             attn_decode_tiled<64>
@@ -723,11 +766,11 @@ void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
             attn_decode_tiled<128>
                 <<<grid, kThreads, DecodeTile<128>::smem_bytes(a.group), stream>>>(a);
         NT_CUDA_CHECK(cudaGetLastError(), "attention decode kernel (tiled)");
-    } else {
-        const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));
-        attn_decode_generic<<<grid, kThreads, 0, stream>>>(a);
-        NT_CUDA_CHECK(cudaGetLastError(), "attention decode kernel (generic)");
+        return;  // merged by the kernel itself
     }
+    const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));
+    attn_decode_generic<<<grid, kThreads, 0, stream>>>(a);
+    NT_CUDA_CHECK(cudaGetLastError(), "attention decode kernel (generic)");
     if (splits > 1) {
         attn_merge_kernel<<<dim3(unsigned(n_rows), unsigned(s.n_head)), kThreads, 0, stream>>>(
             a.part_acc, a.part_ml, rows, s.n_head, s.head_dim, splits, out);

@@ -42,7 +42,8 @@ bool CudaBackend::Op::operator==(const Op& o) const {
            p[1] == o.p[1] && p[2] == o.p[2] && p[3] == o.p[3] && w.type == o.w.type &&
            w.cols == o.w.cols && w.rows == o.w.rows && w.data == o.w.data &&
            w.nbytes == o.w.nbytes && w2.type == o.w2.type && w2.cols == o.w2.cols &&
-           w2.rows == o.w2.rows && w2.data == o.w2.data && next == o.next;
+           w2.rows == o.w2.rows && w2.data == o.w2.data && w3.type == o.w3.type &&
+           w3.cols == o.w3.cols && w3.rows == o.w3.rows && w3.data == o.w3.data && next == o.next;
 }
 
 CudaBackend::CudaBackend(int device) {
@@ -52,6 +53,11 @@ CudaBackend::CudaBackend(int device) {
                   "cudaStreamCreate");
     NT_CUDA_CHECK(cudaEventCreateWithFlags(&step_uploaded_, cudaEventDisableTiming),
                   "cudaEventCreate");
+    for (auto& s : side_)
+        NT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    NT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
+    for (auto& e : join_)
+        NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     for (auto& e : upload_done_)
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     const char* env = std::getenv("NT_CUDA_GRAPHS");
@@ -77,6 +83,11 @@ CudaBackend::~CudaBackend() {
     for (auto& e : upload_done_)
         if (e) cudaEventDestroy(e);
     if (step_uploaded_) cudaEventDestroy(step_uploaded_);
+    if (fork_) cudaEventDestroy(fork_);
+    for (auto& e : join_)
+        if (e) cudaEventDestroy(e);
+    for (auto& s : side_)
+        if (s) cudaStreamDestroy(s);
     if (copy_stream_) cudaStreamDestroy(copy_stream_);
     if (stream_) cudaStreamDestroy(stream_);
     (void)cudaGetLastError();
@@ -186,11 +197,13 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
         attn_floats =
             std::max(attn_floats, cuda::attn_decode_scratch_floats(as, r, decode_splits(r)));
     const size_t attn_bytes = align_up(std::max<size_t>(attn_floats, 1) * sizeof(float));
+    const size_t done_bytes = align_up(B * size_t(shape.n_head_kv) * sizeof(int));
     const int64_t max_cols = std::max({int64_t(shape.n_embd), int64_t(shape.n_ff), qdim});
     const int64_t max_rows =
         std::max({int64_t(shape.n_vocab), int64_t(shape.n_ff), int64_t(shape.n_embd), qdim});
     const size_t mm_bytes = align_up(cuda::matmul_workspace_bytes(max_cols, max_rows, max_batch));
-    const size_t scratch_bytes = act_bytes + step_bytes_ + rope_bytes + attn_bytes + mm_bytes;
+    const size_t scratch_bytes =
+        act_bytes + step_bytes_ + rope_bytes + attn_bytes + done_bytes + mm_bytes;
 
     size_t free_b = 0, total_b = 0;
     NT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
@@ -224,6 +237,8 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     d_step_ = reinterpret_cast<int32_t*>(take(step_bytes_));
     rope_inv_freq_ = reinterpret_cast<float*>(take(rope_bytes));
     attn_scratch_ = reinterpret_cast<float*>(take(attn_bytes));
+    attn_done_ = reinterpret_cast<int*>(take(done_bytes));
+    NT_CUDA_CHECK(cudaMemsetAsync(attn_done_, 0, done_bytes, stream_), "cudaMemsetAsync");
     void* mm_buf = take(mm_bytes);
     cuda::matmul_init(*mm_, mm_buf, mm_bytes, stream_);
     pdl_supported_ = mm_->pdl;
@@ -494,17 +509,37 @@ void CudaBackend::run(const Op& op) {
                 cuda::swiglu(f(1), f(2), int64_t(op.i0) * op.w.rows, f(1), stream_);
             }
             return;
+        case OpKind::Qkv: {
+            const WeightView w[3] = {op.w, op.w2, op.w3};
+            float* const y[3] = {f(1), f(2), f(3)};
+            const cuda::Fork3 fork{{side_[0], side_[1]}, fork_, {join_[0], join_[1]}};
+            if (!cuda::matmul_fork3(w, f(0), op.i0, y, *mm_, stream_, fork, x_unchanged))
+                for (int i = 0; i < 3; ++i)
+                    cuda::matmul(w[i], f(0), op.i0, y[i], *mm_, stream_, x_unchanged || i > 0);
+            after_matmul_ = true;
+            return;
+        }
         case OpKind::Rope:
             cuda::rope(f(0), f(1), d_pos, n_rows_, shape_.n_head, shape_.n_head_kv, shape_.head_dim,
                        n_rot_, rope_inv_freq_, stream_);
             return;
-        case OpKind::Attention: {
+        case OpKind::Attention:
+        case OpKind::RopeAttention: {
             const cuda::AttnShape as{shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_ctx_};
             __half* kc = static_cast<__half*>(kv_) + size_t(op.i0) * kv_layer_elems_;
             __half* vc = kc + size_t(shape_.n_layer) * kv_layer_elems_;
-            cuda::kv_store(as, f(1), f(2), d_pos, d_seq, n_rows_, kc, vc, stream_);
+            if (op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim) {
+                cuda::rope_kv_store(f(0), f(1), f(2), d_pos, d_seq, n_rows_, shape_.n_head,
+                                    shape_.n_head_kv, shape_.head_dim, rope_inv_freq_, n_ctx_, kc,
+                                    vc, stream_);
+            } else {
+                if (op.kind == OpKind::RopeAttention)
+                    cuda::rope(f(0), f(1), d_pos, n_rows_, shape_.n_head, shape_.n_head_kv,
+                               shape_.head_dim, n_rot_, rope_inv_freq_, stream_);
+                cuda::kv_store(as, f(1), f(2), d_pos, d_seq, n_rows_, kc, vc, stream_);
+            }
             cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
-                              attn_scratch_, f(3), stream_);
+                              attn_scratch_, attn_done_, f(3), stream_);
             cuda::attn_prefill(as, f(0), kc, vc, d_tiles, n_tiles_, f(3), stream_);
             return;
         }
@@ -587,6 +622,22 @@ void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y) {
     submit(op);
 }
 
+void CudaBackend::qkv(const WeightView& wq, const WeightView& wk, const WeightView& wv,
+                      const float* x, int n, float* q, float* k, float* v) {
+    require_init("qkv");
+    Op op;
+    op.kind = OpKind::Qkv;
+    op.w = wq;
+    op.w2 = wk;
+    op.w3 = wv;
+    op.i0 = n;
+    op.p[0] = x;
+    op.p[1] = q;
+    op.p[2] = k;
+    op.p[3] = v;
+    submit(op);
+}
+
 void CudaBackend::rope(float* q, float* k) {
     require_init("rope");
     Op op;
@@ -597,11 +648,20 @@ void CudaBackend::rope(float* q, float* k) {
 }
 
 void CudaBackend::attention(int layer, const float* q, const float* k, const float* v, float* out) {
+    attention_op(OpKind::Attention, layer, q, k, v, out);
+}
+
+void CudaBackend::rope_attention(int layer, float* q, float* k, const float* v, float* out) {
+    attention_op(OpKind::RopeAttention, layer, q, k, v, out);
+}
+
+void CudaBackend::attention_op(OpKind kind, int layer, const float* q, const float* k,
+                               const float* v, float* out) {
     require_init("attention");
     if (layer < 0 || layer >= shape_.n_layer)
         fail("attention: layer %d of %d.", layer, shape_.n_layer);
     Op op;
-    op.kind = OpKind::Attention;
+    op.kind = kind;
     op.i0 = layer;
     op.p[0] = q;
     op.p[1] = k;

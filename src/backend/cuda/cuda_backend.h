@@ -48,8 +48,13 @@ class CudaBackend : public Backend {
     void add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float* out,
                      GgmlType next) override;
     void matmul(const WeightView& w, const float* x, int n, float* y) override;
+    // Decode steps: k and v on two side streams, concurrently with q (cuda::matmul_fork3).
+    void qkv(const WeightView& wq, const WeightView& wk, const WeightView& wv, const float* x,
+             int n, float* q, float* k, float* v) override;
     void rope(float* q, float* k) override;
     void attention(int layer, const float* q, const float* k, const float* v, float* out) override;
+    // One kernel turns q and k and stores k and v in the cache (cuda::rope_kv_store).
+    void rope_attention(int layer, float* q, float* k, const float* v, float* out) override;
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
     void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x, int n,
                      float* gate, float* up) override;
@@ -98,8 +103,10 @@ class CudaBackend : public Backend {
         Matmul,
         Rope,
         Attention,
+        RopeAttention,
         Swiglu,
         GateUp,
+        Qkv,
         Add,
         Gather
     };
@@ -111,7 +118,8 @@ class CudaBackend : public Backend {
         int64_t n = 0;           // element count (swiglu, add)
         const void* p[4] = {};
         WeightView w;
-        WeightView w2;                  // gate_up: the up projection (w: the gate)
+        WeightView w2;                  // gate_up: the up projection (w: the gate); qkv: wk
+        WeightView w3;                  // qkv: wv
         GgmlType next = GgmlType::F32;  // add_rmsnorm: the next matmul's weight type
         bool operator==(const Op& o) const;
     };
@@ -124,6 +132,8 @@ class CudaBackend : public Backend {
     using GraphKey = std::pair<int, int>;  // (batch rows, logit rows)
 
     void submit(const Op& op);
+    void attention_op(OpKind kind, int layer, const float* q, const float* k, const float* v,
+                      float* out);
     void run(const Op& op);
     void flush();             // ends a capture or replays the graph; afterwards the stream is eager
     void capture_failed();    // a capture broke: give up graphs for this key, run the step eagerly
@@ -136,8 +146,10 @@ class CudaBackend : public Backend {
     void* alloc_weight(size_t bytes);
 
     CudaDeviceInfo dev_;
-    cudaStream_t stream_ = nullptr;       // every op
-    cudaStream_t copy_stream_ = nullptr;  // weight uploads
+    cudaStream_t stream_ = nullptr;              // every op
+    cudaStream_t copy_stream_ = nullptr;         // weight uploads
+    cudaStream_t side_[2] = {nullptr, nullptr};  // q/k/v: k and v beside q
+    cudaEvent_t fork_ = nullptr, join_[2] = {nullptr, nullptr};
     bool ready_ = false;
 
     ModelShape shape_;
@@ -149,6 +161,7 @@ class CudaBackend : public Backend {
     Activations acts_;
     float* rope_inv_freq_ = nullptr;
     float* attn_scratch_ = nullptr;
+    int* attn_done_ = nullptr;  // decode attention's slice counters (zero between launches)
     std::unique_ptr<cuda::MatmulWorkspace> mm_;
 
     // The step's tables: device copies at fixed addresses (graphs bake them in), filled from

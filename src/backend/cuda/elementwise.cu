@@ -369,15 +369,36 @@ __global__ void rope_kernel(float* q, float* k, const int32_t* pos, int n_head, 
 // double-precision sincos of the same float angle as version 1, so the same bits). Threads run
 // along the pairs of a head, then the heads (q's, then k's), then the rows: a warp reads and
 // writes consecutive pairs. VEC: q and k are 8-byte aligned (pairs as float2).
-template <bool VEC>
+// STORE (rope_kv_store): the turned k pairs also go to the F16 K cache and, as n_head_kv more
+// "heads" per row, the v pairs to the V cache (rounded as kv_store rounds them).
+struct KvStoreArgs {
+    const float* v = nullptr;
+    const int32_t* seq = nullptr;
+    int n_ctx = 0;
+    __half* kc = nullptr;
+    __half* vc = nullptr;
+};
+template <bool VEC, bool STORE = false>
 __global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t total, int n_head,
-                                 int n_head_kv, int head_dim, int half, const float* inv_freq) {
+                                 int n_head_kv, int head_dim, int half, const float* inv_freq,
+                                 KvStoreArgs st = {}) {
     const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t >= total) return;
-    const int per_row = (n_head + n_head_kv) * half;
+    const int per_row = (n_head + (STORE ? 2 : 1) * n_head_kv) * half;
     const int64_t i = t / per_row;
     const int r = int(t - i * per_row);
     const int h = r / half, j = r - h * half;
+    const int kv_dim = n_head_kv * head_dim;
+    // Cache cell offset of this pair (k and v heads), when storing.
+    const size_t cell = STORE ? (size_t(st.seq[i]) * size_t(st.n_ctx) + size_t(pos[i])) * kv_dim +
+                                    size_t(h - n_head) % size_t(n_head_kv) * head_dim + 2 * j
+                              : 0;
+    if (STORE && h >= n_head + n_head_kv) {  // a v pair: stored as it is
+        const float* vp = st.v + i * kv_dim + (h - n_head - n_head_kv) * head_dim + 2 * j;
+        const float2 p = VEC ? *reinterpret_cast<const float2*>(vp) : make_float2(vp[0], vp[1]);
+        *reinterpret_cast<__half2*>(st.vc + cell) = __float22half2_rn(p);
+        return;
+    }
     float* v = h < n_head ? q + (i * n_head + h) * head_dim
                           : k + (i * n_head_kv + (h - n_head)) * head_dim;
     v += 2 * j;
@@ -397,6 +418,8 @@ __global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t
     } else {
         v[0] = x0, v[1] = x1;
     }
+    if (STORE && h >= n_head)
+        *reinterpret_cast<__half2*>(st.kc + cell) = __float22half2_rn(make_float2(x0, x1));
 }
 
 __device__ __forceinline__ float silu_mul(float g, float u) {
@@ -582,6 +605,25 @@ void rope(float* q, float* k, const int32_t* pos, int n, int n_head, int n_head_
                 q, k, pos, total, n_head, n_head_kv, head_dim, half, inv_freq);
     }
     NT_CUDA_CHECK(cudaGetLastError(), "rope kernel");
+}
+
+void rope_kv_store(float* q, float* k, const float* v, const int32_t* pos, const int32_t* seq,
+                   int n, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int n_ctx,
+                   __half* k_cache, __half* v_cache, cudaStream_t stream) {
+    if (n <= 0) return;
+    if (head_dim % 2 != 0) fail("rope_kv_store: head_dim %d is odd.", head_dim);
+    const int half = head_dim / 2;
+    const int64_t total = int64_t(n) * (n_head + 2 * n_head_kv) * half;
+    constexpr int kRopeThreads = 128;
+    const unsigned blocks = unsigned((total + kRopeThreads - 1) / kRopeThreads);
+    const KvStoreArgs st{v, seq, n_ctx, k_cache, v_cache};
+    if (aligned8(q) && aligned8(k) && aligned8(v))
+        rope_pair_kernel<true, true><<<blocks, kRopeThreads, 0, stream>>>(
+            q, k, pos, total, n_head, n_head_kv, head_dim, half, inv_freq, st);
+    else
+        rope_pair_kernel<false, true><<<blocks, kRopeThreads, 0, stream>>>(
+            q, k, pos, total, n_head, n_head_kv, head_dim, half, inv_freq, st);
+    NT_CUDA_CHECK(cudaGetLastError(), "rope + kv store kernel");
 }
 
 void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {

@@ -176,8 +176,8 @@ ActivationSlot gemv_activations(GgmlType t, const float* x, int n, int64_t cols,
     a.xd = gemv_xd(ws, n, cols);
     a.mode = detail::act_quant(t);
     ActivationKey& held = ws.held;
-    const bool reuse = x_unchanged && held.x == x && held.n == n && held.cols == cols &&
-                       held.mode == int(a.mode);
+    const bool reuse =
+        x_unchanged && held.x == x && held.n == n && held.cols == cols && held.mode == int(a.mode);
     if (!reuse) {
         detail::quantize_q8(x, n, cols, a.mode, a.xq, a.xd, stream);
         held = {x, n, cols, int(a.mode)};
@@ -186,8 +186,8 @@ ActivationSlot gemv_activations(GgmlType t, const float* x, int n, int64_t cols,
 }
 
 // An output written over the activations it came from makes their quantized copy stale.
-void forget_if_overwritten(MatmulWorkspace& ws, const float* x, int n, int64_t cols,
-                           const float* y, int64_t rows) {
+void forget_if_overwritten(MatmulWorkspace& ws, const float* x, int n, int64_t cols, const float* y,
+                           int64_t rows) {
     const auto* xb = reinterpret_cast<const uint8_t*>(x);
     const auto* yb = reinterpret_cast<const uint8_t*>(y);
     if (yb < xb + size_t(n) * cols * sizeof(float) && xb < yb + size_t(n) * rows * sizeof(float))
@@ -196,8 +196,8 @@ void forget_if_overwritten(MatmulWorkspace& ws, const float* x, int n, int64_t c
 
 }  // namespace
 
-bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n,
-                   float* y, MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged) {
+bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n, float* y,
+                   MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged) {
     // One activation row only: at 2..8 rows the separate staged/direct GEMVs are faster than
     // the pipe kernel the pair runs on (bench_gemv).
     if (n != 1 || gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols ||
@@ -206,9 +206,38 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
     check_args(gate, x, n, y);
     check_args(up, x, n, y);
     const ActivationSlot a = gemv_activations(gate.type, x, n, gate.cols, ws, stream, x_unchanged);
-    detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols, a.xq, a.xd, n, y,
-                      ws.pdl, stream);
+    detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols, a.xq, a.xd, n, y, ws.pdl,
+                      stream);
     forget_if_overwritten(ws, x, n, gate.cols, y, gate.rows);
+    return true;
+}
+
+bool matmul_fork3(const WeightView (&w)[3], const float* x, int n, float* const (&y)[3],
+                  MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f, bool x_unchanged) {
+    if (n < 1 || n > kGemvMaxBatch || !f.side[0] || !f.side[1]) return false;
+    for (const WeightView& wi : w)
+        if (!is_quantized(wi.type) || wi.cols != w[0].cols ||
+            detail::act_quant(wi.type) != detail::act_quant(w[0].type))
+            return false;
+    for (int i = 0; i < 3; ++i) check_args(w[i], x, n, y[i]);
+    const int64_t cols = w[0].cols;
+    const ActivationSlot a = gemv_activations(w[0].type, x, n, cols, ws, stream, x_unchanged);
+    NT_CUDA_CHECK(cudaEventRecord(f.fork, stream), "cudaEventRecord (q/k/v fork)");
+    // The side GEMVs first, so the small ones are not queued behind the large one's CTAs; no
+    // programmatic launch there (their predecessor in the stream is the fork, not a kernel).
+    for (int i = 1; i < 3; ++i) {
+        cudaStream_t s = f.side[i - 1];
+        NT_CUDA_CHECK(cudaStreamWaitEvent(s, f.fork, 0), "cudaStreamWaitEvent (q/k/v fork)");
+        const GemvConfig c = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count);
+        detail::gemv_q8(w[i].type, w[i].data, w[i].rows, cols, a.xq, a.xd, n, y[i], c, s);
+        NT_CUDA_CHECK(cudaEventRecord(f.join[i - 1], s), "cudaEventRecord (q/k/v join)");
+    }
+    GemvConfig c = detail::gemv_default(w[0].type, w[0].rows, cols, n, ws.sm_count);
+    c.pdl = ws.pdl;
+    detail::gemv_q8(w[0].type, w[0].data, w[0].rows, cols, a.xq, a.xd, n, y[0], c, stream);
+    for (cudaEvent_t e : f.join)
+        NT_CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent (q/k/v join)");
+    for (int i = 0; i < 3; ++i) forget_if_overwritten(ws, x, n, cols, y[i], w[i].rows);
     return true;
 }
 
@@ -364,7 +393,7 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
         const char* e = std::getenv("NT_GEMV_KERNEL");
         if (!e) return -1;
         const std::string v = e;
-        return v == "staged" ? int(GemvKernel::Staged)
+        return v == "staged"   ? int(GemvKernel::Staged)
                : v == "direct" ? int(GemvKernel::Direct)
                : v == "stream" ? int(GemvKernel::Stream)
                : v == "pipe"   ? int(GemvKernel::Pipe)

@@ -40,6 +40,12 @@ bool add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, 
 // harness compares them; all give the same bits).
 void rope(float* q, float* k, const int32_t* pos, int n, int n_head, int n_head_kv, int head_dim,
           int n_rot, const float* inv_freq, cudaStream_t stream, int version = 0);
+// rope on q and k (every pair: n_rot = head_dim) and, in the same kernel, kv_store of the
+// turned k and of v into the F16 caches (k keeps its turned values too). The same bits as rope
+// then kv_store.
+void rope_kv_store(float* q, float* k, const float* v, const int32_t* pos, const int32_t* seq,
+                   int n, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int n_ctx,
+                   __half* k_cache, __half* v_cache, cudaStream_t stream);
 // out = silu(gate) * up; out may be gate or up.
 void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
 // x += y.
@@ -91,11 +97,14 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 
 // Causal attention for the batch rows listed in rows[0..n_rows): row r attends to positions
 // 0..pos[r] of sequence seq[r] in the cache (split-K flash decoding, then a reduction).
+// `done`: n_rows * n_head_kv ints, zero before the first call; each call leaves them zero (the
+// tiled kernel's count of finished slices per (row, KV head); unused with one split).
 // q and out are [batch][n_head * head_dim]. `version`: 0 = best for the shape, 1 = generic,
 // 2 = tiled (the harness compares them).
 void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
-                 int splits, float* scratch, float* out, cudaStream_t stream, int version = 0);
+                 int splits, float* scratch, int* done, float* out, cudaStream_t stream,
+                 int version = 0);
 
 // Causal attention for whole tiles of consecutive positions (flash attention on tensor cores,
 // online softmax, GQA). Needs attn_has_prefill(s).
