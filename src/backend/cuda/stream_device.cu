@@ -26,6 +26,9 @@ namespace {
 // slack the backend's weight reservation adds.
 constexpr uint64_t kHeadroom = uint64_t(512) << 20;
 
+double time_copies(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s,
+                   int reps);
+
 class CudaStreamDevice : public mem::StreamDevice {
 public:
     explicit CudaStreamDevice(CudaBackend& be) : be_(be) {
@@ -159,30 +162,17 @@ public:
         const size_t bytes = size_t(256) << 20;
         void* h = nullptr;
         void* d = nullptr;
-        cudaEvent_t e0 = nullptr, e1 = nullptr;
         double best = 0;
         try {
             NT_CUDA_CHECK(cudaHostAlloc(&h, bytes, 0), "cudaHostAlloc bandwidth buffer");
             NT_CUDA_CHECK(cudaMalloc(&d, bytes), "cudaMalloc bandwidth buffer");
             std::memset(h, 1, bytes);
-            NT_CUDA_CHECK(cudaEventCreate(&e0), "cudaEventCreate");
-            NT_CUDA_CHECK(cudaEventCreate(&e1), "cudaEventCreate");
-            for (int r = 0; r < 4; r++) {
-                NT_CUDA_CHECK(cudaEventRecord(e0, copy_), "cudaEventRecord");
-                NT_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, copy_), "cudaMemcpyAsync");
-                NT_CUDA_CHECK(cudaEventRecord(e1, copy_), "cudaEventRecord");
-                NT_CUDA_CHECK(cudaEventSynchronize(e1), "cudaEventSynchronize");
-                float ms = 0;
-                NT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-                if (r > 0 && ms > 0) best = std::max(best, double(bytes) / (double(ms) * 1e-3) / 1e9);
-            }
+            best = time_copies(d, h, bytes, cudaMemcpyHostToDevice, copy_, 3);
         } catch (...) {
             best = 0;
         }
         if (h) cudaFreeHost(h);
         if (d) cudaFree(d);
-        if (e0) cudaEventDestroy(e0);
-        if (e1) cudaEventDestroy(e1);
         (void)cudaGetLastError();
         return best;
     }
@@ -208,18 +198,24 @@ private:
 
 // Best GB/s of `reps` copies of `bytes` on `s`.
 double time_copies(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, int reps) {
-    cudaEvent_t e0, e1;
-    NT_CUDA_CHECK(cudaEventCreate(&e0), "cudaEventCreate");
-    NT_CUDA_CHECK(cudaEventCreate(&e1), "cudaEventCreate");
+    cudaEvent_t e0 = nullptr, e1 = nullptr;
     double best = 0;
-    for (int r = 0; r <= reps; r++) {  // the first is a warm-up
-        NT_CUDA_CHECK(cudaEventRecord(e0, s), "cudaEventRecord");
-        NT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s), "cudaMemcpyAsync");
-        NT_CUDA_CHECK(cudaEventRecord(e1, s), "cudaEventRecord");
-        NT_CUDA_CHECK(cudaEventSynchronize(e1), "cudaEventSynchronize");
-        float ms = 0;
-        NT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
-        if (r > 0 && ms > 0) best = std::max(best, double(bytes) / (double(ms) * 1e-3) / 1e9);
+    try {
+        NT_CUDA_CHECK(cudaEventCreate(&e0), "cudaEventCreate");
+        NT_CUDA_CHECK(cudaEventCreate(&e1), "cudaEventCreate");
+        for (int r = 0; r <= reps; r++) {  // the first is a warm-up
+            NT_CUDA_CHECK(cudaEventRecord(e0, s), "cudaEventRecord");
+            NT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s), "cudaMemcpyAsync");
+            NT_CUDA_CHECK(cudaEventRecord(e1, s), "cudaEventRecord");
+            NT_CUDA_CHECK(cudaEventSynchronize(e1), "cudaEventSynchronize");
+            float ms = 0;
+            NT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+            if (r > 0 && ms > 0) best = std::max(best, double(bytes) / (double(ms) * 1e-3) / 1e9);
+        }
+    } catch (...) {
+        if (e0) cudaEventDestroy(e0);
+        if (e1) cudaEventDestroy(e1);
+        throw;
     }
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
