@@ -112,8 +112,10 @@ public:
     // attention of every q row over its sequence's cached positions 0..pos (GQA).
     virtual void attention(int layer, const float* q, const float* k, const float* v, float* out) = 0;
     // rope(q, k), then attention(layer, q, k, v, out): one call, so a backend may turn k on its
-    // way into the cache.
-    virtual void rope_attention(int layer, float* q, float* k, const float* v, float* out) {
+    // way into the cache. `next`: the type of the weight the next matmul on `out` multiplies (a
+    // hint, as for add_rmsnorm: the CUDA backend quantizes out for it in the attention kernel).
+    virtual void rope_attention(int layer, float* q, float* k, const float* v, float* out,
+                                GgmlType /*next*/) {
         rope(q, k);
         attention(layer, q, k, v, out);
     }

@@ -910,7 +910,9 @@ void gpu_attention_step(CudaBackend& gpu, const ModelShape& s, KvMirror& kv, con
 // rope_attention (one kernel turns q and k and fills the cache, where every pair turns) against
 // the CPU's rope then attention: a prompt (prefill kernel) and decode steps that read what the
 // earlier steps stored, over more than one context slice (the decode kernel's own merge);
-// partial rotation takes the unfused path.
+// partial rotation takes the unfused path. Then the output projection: at decode the attention
+// kernel quantizes the output for it (Q8_K, Q8_0 and Q8_1 by the weight's type), which must be
+// bit for bit what the matmul's own quantization of the same floats gives.
 TEST(CudaBackend, RopeAttention) {
     NT_REQUIRE_GPU();
     for (const RopeCase& c :
@@ -920,9 +922,19 @@ TEST(CudaBackend, RopeAttention) {
         s.rope.n_rot = c.n_rot;
         if (c.factors) s.rope.freq_factors = random_floats(size_t(c.n_rot / 2), 5, 1.f, 8.f);
         Pair p(s, 128, 2, 256);
+        const int qd = s.n_head * s.head_dim;  // == n_embd: wo is qd x qd
+        std::vector<GgmlType> next = {GgmlType::Q8_0, GgmlType::Q4_1};
+        if (qd % 256 == 0) next.push_back(GgmlType::Q4_K);
+        std::vector<HostWeight> wo;
+        std::vector<WeightView> gwo;
+        for (GgmlType t : next) {
+            wo.push_back(random_weight(t, qd, qd, 71 + uint32_t(t)));
+            gwo.push_back(on_gpu(p.gpu, wo.back()));
+        }
         int pos = 0;
-        for (int step = 0; step < 6; step++) {
+        for (int step = 0; step < 7; step++) {
             const int n = step == 0 ? 100 : 1;  // decode then reads 101.. positions: two slices
+            const size_t o = size_t(step) % next.size();
             Batch b;
             for (int i = 0; i < n; i++) b.add(1, pos++, 1, true);
             const size_t nq = size_t(n) * size_t(s.n_head) * size_t(s.head_dim);
@@ -933,17 +945,26 @@ TEST(CudaBackend, RopeAttention) {
             p.begin(b);
             Activations& ca = p.cpu.acts();
             Activations& ga = p.gpu.acts();
-            p.cpu.rope_attention(0, ca.q, ca.k, ca.v, ca.att);
-            p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att);
+            p.cpu.rope_attention(0, ca.q, ca.k, ca.v, ca.att, next[o]);
+            p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att, next[o]);
+            p.gpu.matmul(gwo[o], ga.att, n, ga.xn);
             p.gpu.end_step();
             const std::string what = "hd " + std::to_string(c.head_dim) + " n_rot " +
-                                     std::to_string(c.n_rot) + " step " + std::to_string(step);
+                                     std::to_string(c.n_rot) + " step " + std::to_string(step) +
+                                     " then " + type_name(next[o]);
             expect_close(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), 1e-6f,
                          1e-6f, what + " q");
             expect_close(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), 1e-6f,
                          1e-6f, what + " k");
             expect_close(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq),
                          step == 0 ? kPrefillTol : kDecodeTol, 0.f, what + " attention");
+            // The projection again, on the attention output's floats quantized by the matmul
+            // itself (a new step forgets any quantization): the same bits.
+            const std::vector<float> fused = p.get_gpu(&Activations::xn, nq);
+            p.gpu.begin_step(b);
+            p.gpu.matmul(gwo[o], ga.att, n, ga.xn);
+            p.gpu.end_step();
+            expect_equal(fused, p.get_gpu(&Activations::xn, nq), what + " output projection");
         }
     }
 }

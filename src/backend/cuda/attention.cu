@@ -23,7 +23,9 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
+#include "backend/cuda/quantize_q8.cuh"
 #include "core/error.h"
 
 namespace nt::cuda {
@@ -119,6 +121,11 @@ struct DecodeArgs {
     float2* part_ml;  // [n_rows][n_head][splits] (running max in log2 units, sum)
     float* out;
     int* done;  // tiled: [n_rows][n_head_kv] slices finished, zero between launches
+    // tiled, optional: out's int8 activations for the next GEMV, as quantize_q8 makes them
+    // (qmode = int(detail::ActQuant), -1 for none): xq [row][n_head * head_dim], xd per 32
+    int8_t* xq;
+    float2* xd;
+    int qmode;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
     float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
 };
@@ -215,6 +222,46 @@ struct DecodeTile {
     }
 };
 
+// The G heads of a row one tiled block has finished (vals: G * HD floats in shared memory,
+// written before a __syncthreads), quantized as detail::quantize_q8 would quantize them in the
+// full row: they are whole blocks of it (G * HD a multiple of 256 for Q8_K, checked on the host).
+template <int HD>
+__device__ __forceinline__ void quantize_heads(const float* vals, int G, int row, int h0,
+                                               const DecodeArgs& a) {
+    const int t = threadIdx.x, lane = t % 32;
+    const size_t e0 = size_t(row) * a.n_head * HD + size_t(h0) * HD;  // first element in the row
+    int8_t* xq = a.xq + e0;
+    float2* xd = a.xd + e0 / 32;
+    const int n = G * HD;
+    if (a.qmode == int(detail::ActQuant::Q8_K)) {
+        for (int b = t / 32; b < n / 256; b += kThreads / 32) {  // a warp per 256 elements
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = vals[b * 256 + lane * 8 + i];
+            int q[8];
+            const float2 dq = detail::q8k_block(v, lane, q);
+            detail::store_q8(xq + b * 256 + lane * 8, q);
+            if ((lane & 3) == 0) xd[b * 8 + (lane >> 2)] = dq;
+        }
+        return;
+    }
+    const bool q81 = a.qmode == int(detail::ActQuant::Q8_1);
+    for (int b0 = 0; b0 < n / 32; b0 += kThreads / 8) {  // 8 threads per 32 elements
+        const int b = b0 + t / 8, sub = t % 8;
+        const bool live = b < n / 32;  // dead lanes still take part in the shuffles
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        if (live)
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = vals[b * 32 + sub * 4 + i];
+        int q[4];
+        const float2 dq = q81 ? detail::q8_block<4, true>(v, q) : detail::q8_block<4, false>(v, q);
+        if (live) {
+            detail::store_q8(xq + b * 32 + sub * 4, q);
+            if (sub == 0) xd[b] = dq;
+        }
+    }
+}
+
 // Tiled: one block per (slice, KV head, row) and all `group` query heads of that KV head.
 // Scores: thread t takes position t % 64 for heads t / 64, t / 64 + 2, ... (q broadcast from
 // shared memory, K rows read conflict-free thanks to the padding). Softmax: warp w takes heads
@@ -246,16 +293,17 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     const __half* vg = a.vc + base;
     const int n_tiles = (end - start + TP - 1) / TP;
 
-    // Positions past `end` are zero-filled: their weights are 0, and 0 * garbage could be NaN.
+    // Rows of a tile past `end` are neither loaded nor read: the scores skip them and P*V stops
+    // at the tile's last position (short contexts do a fraction of a tile's work).
     auto load_tile = [&](int tile, int buf) {
         constexpr int CH = HD / 8;
         const int p0 = start + tile * TP;
-        for (int c = t; c < TP * CH; c += kThreads) {
+        const int nrows = min(TP, end - p0);
+        for (int c = t; c < nrows * CH; c += kThreads) {
             const int r = c / CH, cc = c % CH;
-            const bool valid = p0 + r < end;
-            const size_t off = size_t(valid ? p0 + r : start) * a.kv_dim + cc * 8;
-            cp_async16(kbuf + (buf * TP + r) * ROW + cc * 8, kg + off, valid);
-            cp_async16(vbuf + (buf * TP + r) * ROW + cc * 8, vg + off, valid);
+            const size_t off = size_t(p0 + r) * a.kv_dim + cc * 8;
+            cp_async16(kbuf + (buf * TP + r) * ROW + cc * 8, kg + off, true);
+            cp_async16(vbuf + (buf * TP + r) * ROW + cc * 8, vg + off, true);
         }
         cp_async_commit();
     };
@@ -285,8 +333,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         }
         __syncthreads();
 
+        const int np = min(TP, end - (start + tile * TP));  // positions of this tile
         // scores
-        {
+        if (sp < np) {
             const __half* kr = kbuf + (buf * TP + sp) * ROW;
             float sc[C::MAXJ_S];
 #pragma unroll
@@ -309,11 +358,16 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
                     }
                 }
             }
-            const bool valid = start + tile * TP + sp < end;
 #pragma unroll
             for (int j = 0; j < C::MAXJ_S; j++) {
                 const int g = sg + C::SETS_S * j;
-                if (g < G) ps[g * TP + sp] = valid ? sc[j] : -INFINITY;
+                if (g < G) ps[g * TP + sp] = sc[j];
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < C::MAXJ_S; j++) {
+                const int g = sg + C::SETS_S * j;
+                if (g < G) ps[g * TP + sp] = -INFINITY;
             }
         }
         __syncthreads();
@@ -353,7 +407,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
                 }
             }
 #pragma unroll 8
-            for (int p = 0; p < TP; p++) {
+            for (int p = 0; p < np; p++) {
                 const float2 vf = __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
 #pragma unroll
                 for (int j = 0; j < C::MAXJ_PV; j++) {
@@ -376,15 +430,23 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         const int h = h0 + g;
         if (live == 1) {  // the whole context in this slice: its softmax is complete
             const float inv = 1.f / ls[g];
+            const float2 o = make_float2(acc[j].x * inv, acc[j].y * inv);
             *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h) * HD +
-                                       2 * d2) = make_float2(acc[j].x * inv, acc[j].y * inv);
+                                       2 * d2) = o;
+            if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + 2 * d2) = o;
         } else {
             const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
             *reinterpret_cast<float2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
             if (d2 == 0) a.part_ml[idx] = make_float2(ms[g], ls[g]);
         }
     }
-    if (live == 1) return;
+    if (live == 1) {
+        if (a.qmode >= 0) {
+            __syncthreads();
+            quantize_heads<HD>(qs, G, row, h0, a);
+        }
+        return;
+    }
 
     // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
     // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
@@ -399,7 +461,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    float* wts = ps;  // [G][TP] slice weights (live <= splits <= kMaxSplits = TP)
+    static_assert(kMaxSplits <= TP, "the slice weights reuse the scores' [G][TP] buffer");
+    float* wts = ps;  // [G][TP] slice weights (live <= splits <= kMaxSplits <= TP)
     for (int g = warp; g < G; g += kThreads / 32) {
         const size_t idx0 = (size_t(z) * a.n_head + h0 + g) * a.splits;
         float M = -INFINITY;
@@ -422,6 +485,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         for (int s = 0; s < live; s++)
             o += __ldcg(&a.part_acc[(idx0 + s) * HD + d]) * wts[g * TP + s];
         a.out[size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d] = o * ls[g];
+        if (a.qmode >= 0) qs[e] = o * ls[g];
+    }
+    if (a.qmode >= 0) {
+        __syncthreads();
+        quantize_heads<HD>(qs, G, row, h0, a);
     }
 }
 
@@ -725,11 +793,11 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
     return size_t(n_rows) * size_t(s.n_head) * size_t(splits) * size_t(s.head_dim + 2);
 }
 
-void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
+bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
-                 int version) {
-    if (n_rows <= 0) return;
+                 int version, const ActivationSlot* quant) {
+    if (n_rows <= 0) return false;
     check_shape(s);
     if (splits < 1 || splits > kMaxSplits)
         fail("attention: %d context slices (1..%d).", splits, kMaxSplits);
@@ -753,10 +821,20 @@ void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
     a.group = s.group();
     a.splits = splits;
     a.scale_log2 = scale_log2(s.head_dim);
+    a.xq = nullptr;
+    a.xd = nullptr;
+    a.qmode = -1;
     const bool tiled = version == 2 || (version == 0 && attn_has_fast_decode(s));
     if (tiled && !attn_has_fast_decode(s))
         fail("attention: no tiled decode kernel for head_dim %d.", s.head_dim);
     if (tiled) {
+        // A block's heads must be whole quantization blocks of the row.
+        const int heads = s.group() * s.head_dim;
+        if (quant && heads % (quant->mode == detail::ActQuant::Q8_K ? 256 : 32) == 0) {
+            a.xq = quant->xq;
+            a.xd = quant->xd;
+            a.qmode = int(quant->mode);
+        }
         if (splits > 1 && !done) fail("attention: the split decode kernel needs its counters.");
         const dim3 grid(unsigned(splits), unsigned(s.n_head_kv), unsigned(n_rows));
         if (s.head_dim == 64)
@@ -766,7 +844,7 @@ void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
             attn_decode_tiled<128>
                 <<<grid, kThreads, DecodeTile<128>::smem_bytes(a.group), stream>>>(a);
         NT_CUDA_CHECK(cudaGetLastError(), "attention decode kernel (tiled)");
-        return;  // merged by the kernel itself
+        return a.qmode >= 0;  // merged (and quantized) by the kernel itself
     }
     const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));
     attn_decode_generic<<<grid, kThreads, 0, stream>>>(a);
@@ -776,6 +854,7 @@ void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
             a.part_acc, a.part_ml, rows, s.n_head, s.head_dim, splits, out);
         NT_CUDA_CHECK(cudaGetLastError(), "attention merge kernel");
     }
+    return false;
 }
 
 void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,

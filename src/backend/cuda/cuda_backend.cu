@@ -538,8 +538,18 @@ void CudaBackend::run(const Op& op) {
                                shape_.head_dim, n_rot_, rope_inv_freq_, stream_);
                 cuda::kv_store(as, f(1), f(2), d_pos, d_seq, n_rows_, kc, vc, stream_);
             }
-            cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
-                              attn_scratch_, attn_done_, f(3), stream_);
+            // A decode-only step quantizes out for the next matmul in the attention kernel.
+            // Decided on the host from the op and the step's shape: the same in capture and replay.
+            cuda::ActivationSlot slot;
+            const bool quantize =
+                op.kind == OpKind::RopeAttention && n_dec_ == n_rows_ && n_tiles_ == 0 &&
+                cuda::matmul_activation_slot(*mm_, op.next, n_rows_, as.q_dim(), &slot);
+            if (cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
+                                  attn_scratch_, attn_done_, f(3), stream_, 0,
+                                  quantize ? &slot : nullptr)) {
+                cuda::matmul_adopt_activations(*mm_, f(3), n_rows_, as.q_dim(), slot);
+                after_matmul_ = true;
+            }
             cuda::attn_prefill(as, f(0), kc, vc, d_tiles, n_tiles_, f(3), stream_);
             return;
         }
@@ -648,15 +658,16 @@ void CudaBackend::rope(float* q, float* k) {
 }
 
 void CudaBackend::attention(int layer, const float* q, const float* k, const float* v, float* out) {
-    attention_op(OpKind::Attention, layer, q, k, v, out);
+    attention_op(OpKind::Attention, layer, q, k, v, out, GgmlType::F32);
 }
 
-void CudaBackend::rope_attention(int layer, float* q, float* k, const float* v, float* out) {
-    attention_op(OpKind::RopeAttention, layer, q, k, v, out);
+void CudaBackend::rope_attention(int layer, float* q, float* k, const float* v, float* out,
+                                 GgmlType next) {
+    attention_op(OpKind::RopeAttention, layer, q, k, v, out, next);
 }
 
 void CudaBackend::attention_op(OpKind kind, int layer, const float* q, const float* k,
-                               const float* v, float* out) {
+                               const float* v, float* out, GgmlType next) {
     require_init("attention");
     if (layer < 0 || layer >= shape_.n_layer)
         fail("attention: layer %d of %d.", layer, shape_.n_layer);
@@ -667,6 +678,7 @@ void CudaBackend::attention_op(OpKind kind, int layer, const float* q, const flo
     op.p[1] = k;
     op.p[2] = v;
     op.p[3] = out;
+    op.next = next;
     submit(op);
 }
 

@@ -53,8 +53,10 @@ class CudaBackend : public Backend {
              int n, float* q, float* k, float* v) override;
     void rope(float* q, float* k) override;
     void attention(int layer, const float* q, const float* k, const float* v, float* out) override;
-    // One kernel turns q and k and stores k and v in the cache (cuda::rope_kv_store).
-    void rope_attention(int layer, float* q, float* k, const float* v, float* out) override;
+    // One kernel turns q and k and stores k and v in the cache (cuda::rope_kv_store); at decode
+    // the attention kernel also quantizes out for the next matmul (`next`).
+    void rope_attention(int layer, float* q, float* k, const float* v, float* out,
+                        GgmlType next) override;
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
     void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x, int n,
                      float* gate, float* up) override;
@@ -133,7 +135,7 @@ class CudaBackend : public Backend {
 
     void submit(const Op& op);
     void attention_op(OpKind kind, int layer, const float* q, const float* k, const float* v,
-                      float* out);
+                      float* out, GgmlType next);
     void run(const Op& op);
     void flush();             // ends a capture or replays the graph; afterwards the stream is eager
     void capture_failed();    // a capture broke: give up graphs for this key, run the step eagerly

@@ -101,10 +101,14 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 // tiled kernel's count of finished slices per (row, KV head); unused with one split).
 // q and out are [batch][n_head * head_dim]. `version`: 0 = best for the shape, 1 = generic,
 // 2 = tiled (the harness compares them).
-void attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
+// quant (optional): the tiled kernel also writes out's int8 activations into the slot, exactly
+// as detail::quantize_q8(out, n_rows, q_dim, quant->mode) would, when every row of out is a
+// decode row listed in rows; returns whether it did (it cannot where a kernel block's heads are
+// not whole quantization blocks, or on the generic path).
+bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
-                 int version = 0);
+                 int version = 0, const ActivationSlot* quant = nullptr);
 
 // Causal attention for whole tiles of consecutive positions (flash attention on tensor cores,
 // online softmax, GQA). Needs attn_has_prefill(s).
