@@ -123,9 +123,10 @@ public:
     virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
     // The feed-forward's first half: gate = silu(w_gate x) * (w_up x) for n rows of x; `up`
     // is scratch of n x w_up.rows floats (a backend that fuses the two projections and the
-    // SwiGLU need not touch it). Neither may alias x.
+    // SwiGLU need not touch it). Neither may alias x. `next`: the type of the weight the next
+    // matmul on gate multiplies (a hint, as for add_rmsnorm).
     virtual void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x,
-                             int n, float* gate, float* up) {
+                             int n, float* gate, float* up, GgmlType /*next*/) {
         matmul(w_gate, x, n, gate);
         matmul(w_up, x, n, up);
         swiglu(gate, up, int64_t(n) * w_gate.rows, gate);

@@ -23,7 +23,7 @@ void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& 
         be.matmul(L.wo, a.att, B, a.xn);
         // feed-forward block (SwiGLU), after x += attention output
         be.add_rmsnorm(a.x, a.xn, L.ffn_norm, B, s.n_embd, a.xn, L.w1.type);
-        be.ffn_gate_up(L.w1, L.w3, a.xn, B, a.gate, a.up);
+        be.ffn_gate_up(L.w1, L.w3, a.xn, B, a.gate, a.up, L.w2.type);
         be.matmul(L.w2, a.gate, B, a.xn);
         residual = a.xn;
         layers.release(l);

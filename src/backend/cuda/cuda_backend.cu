@@ -501,14 +501,20 @@ void CudaBackend::run(const Op& op) {
         case OpKind::Matmul:
             cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
             return;
-        case OpKind::GateUp:
-            // Decided on the host from the op's fields alone, like every matmul choice.
-            if (!cuda::matmul_swiglu(op.w, op.w2, f(0), op.i0, f(1), *mm_, stream_, x_unchanged)) {
+        case OpKind::GateUp: {
+            // Decided on the host from the op's fields alone, like every matmul choice; with
+            // `next` the pair also quantizes gate for the down projection.
+            bool quantized = false;
+            if (cuda::matmul_swiglu(op.w, op.w2, f(0), op.i0, f(1), *mm_, stream_, x_unchanged,
+                                    op.next, &quantized)) {
+                after_matmul_ = quantized;
+            } else {
                 cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
                 cuda::matmul(op.w2, f(0), op.i0, f(2), *mm_, stream_, true);
                 cuda::swiglu(f(1), f(2), int64_t(op.i0) * op.w.rows, f(1), stream_);
             }
             return;
+        }
         case OpKind::Qkv: {
             const WeightView w[3] = {op.w, op.w2, op.w3};
             float* const y[3] = {f(1), f(2), f(3)};
@@ -694,7 +700,7 @@ void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* o
 }
 
 void CudaBackend::ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x,
-                              int n, float* gate, float* up) {
+                              int n, float* gate, float* up, GgmlType next) {
     require_init("ffn_gate_up");
     if (w_gate.rows != w_up.rows || w_gate.cols != w_up.cols)
         fail("ffn gate (%lld x %lld) and up (%lld x %lld) projections differ in shape.",
@@ -708,6 +714,7 @@ void CudaBackend::ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, 
     op.p[0] = x;
     op.p[1] = gate;
     op.p[2] = up;
+    op.next = next;
     submit(op);
 }
 

@@ -59,7 +59,7 @@ class CudaBackend : public Backend {
                         GgmlType next) override;
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
     void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x, int n,
-                     float* gate, float* up) override;
+                     float* gate, float* up, GgmlType next) override;
     void add(float* x, const float* y, int64_t n) override;
     void gather_logit_rows(const float* x, int dim, float* dst) override;
     void download(const float* src, float* host_dst, size_t n) override;

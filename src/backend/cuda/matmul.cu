@@ -17,6 +17,11 @@ using detail::GemvKernel;
 
 constexpr size_t kCublasWorkspace = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 constexpr int64_t kMinSliceRows = 128;
+// Counters of kernels that quantize their own output in groups of 256 rows (the SwiGLU pair):
+// at the end of a workspace of at least kCountersMinWorkspace bytes.
+constexpr int kQuantGroups = 1024;
+constexpr size_t kCountersBytes = kQuantGroups * sizeof(int);
+constexpr size_t kCountersMinWorkspace = size_t(1) << 20;
 
 constexpr size_t align256(size_t b) {
     return (b + 255) & ~size_t(255);
@@ -111,7 +116,8 @@ size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch)
     const size_t gemv = gemv_bytes(std::min(max_batch, kGemvMaxBatch), max_cols);
     if (max_batch <= kGemvMaxBatch) return gemv;
     const size_t slice = std::min(size_t(max_rows) * size_t(max_cols) * 2, kGemmSliceBytes);
-    return std::max(gemv, kCublasWorkspace + gemm_x_bytes(max_batch, max_cols) + slice);
+    return std::max(gemv, kCublasWorkspace + gemm_x_bytes(max_batch, max_cols) + slice) +
+           kCountersBytes;
 }
 
 void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stream) {
@@ -120,6 +126,12 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     ws.buf = buf;
     ws.bytes = bytes;
     ws.held = {};
+    ws.done = nullptr;
+    if (bytes >= kCountersMinWorkspace) {
+        ws.bytes = bytes - kCountersBytes;
+        ws.done = reinterpret_cast<int*>(static_cast<uint8_t*>(buf) + ws.bytes);
+        NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kCountersBytes, stream), "cudaMemsetAsync");
+    }
     int dev = 0;
     NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
     NT_CUDA_CHECK(cudaDeviceGetAttribute(&ws.sm_count, cudaDevAttrMultiProcessorCount, dev),
@@ -154,7 +166,7 @@ bool matmul_activation_slot(const MatmulWorkspace& ws, GgmlType t, int n, int64_
 
 void matmul_adopt_activations(MatmulWorkspace& ws, const float* x, int n, int64_t cols,
                               const ActivationSlot& slot) {
-    ws.held = {x, n, cols, int(slot.mode)};
+    ws.held = {x, n, cols, int(slot.mode), slot.xq, slot.xd};
 }
 
 void matmul_free(MatmulWorkspace& ws) {
@@ -178,9 +190,12 @@ ActivationSlot gemv_activations(GgmlType t, const float* x, int n, int64_t cols,
     ActivationKey& held = ws.held;
     const bool reuse =
         x_unchanged && held.x == x && held.n == n && held.cols == cols && held.mode == int(a.mode);
-    if (!reuse) {
+    if (reuse) {
+        a.xq = held.xq;
+        a.xd = held.xd;
+    } else {
         detail::quantize_q8(x, n, cols, a.mode, a.xq, a.xd, stream);
-        held = {x, n, cols, int(a.mode)};
+        held = {x, n, cols, int(a.mode), a.xq, a.xd};
     }
     return a;
 }
@@ -197,7 +212,9 @@ void forget_if_overwritten(MatmulWorkspace& ws, const float* x, int n, int64_t c
 }  // namespace
 
 bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n, float* y,
-                   MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged) {
+                   MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged, GgmlType next,
+                   bool* y_quantized) {
+    if (y_quantized) *y_quantized = false;
     // One activation row only: at 2..8 rows the separate staged/direct GEMVs are faster than
     // the pipe kernel the pair runs on (bench_gemv).
     if (n != 1 || gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols ||
@@ -206,9 +223,25 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
     check_args(gate, x, n, y);
     check_args(up, x, n, y);
     const ActivationSlot a = gemv_activations(gate.type, x, n, gate.cols, ws, stream, x_unchanged);
+    // y's own quantization goes to the slot after x's (which the kernel is still reading).
+    detail::PairQuant q;
+    const size_t y_at = gemv_bytes(n, gate.cols);
+    if (y_quantized && is_quantized(next) && ws.done && a.xq == gemv_xq(ws) &&
+        gate.rows % 256 == 0 && gate.rows / 256 <= kQuantGroups &&
+        y_at + gemv_bytes(n, gate.rows) <= ws.bytes) {
+        q.xq = reinterpret_cast<int8_t*>(static_cast<uint8_t*>(ws.buf) + y_at);
+        q.xd = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(q.xq) +
+                                         align256(size_t(n) * gate.rows));
+        q.done = ws.done;
+        q.mode = int(detail::act_quant(next));
+    }
     detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols, a.xq, a.xd, n, y, ws.pdl,
-                      stream);
+                      stream, q);
     forget_if_overwritten(ws, x, n, gate.cols, y, gate.rows);
+    if (q.mode >= 0) {
+        ws.held = {y, n, gate.rows, q.mode, q.xq, q.xd};
+        *y_quantized = true;
+    }
     return true;
 }
 
@@ -428,16 +461,17 @@ bool gemv_pair_available(GgmlType t) {
 }
 
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
-               const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t s) {
+               const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t s,
+               const PairQuant& q) {
     const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
     if (n < 1 || n > 8) nt::fail("gemv pair: batch %d is not in 1..8.", n);
     switch (t) {
         case GgmlType::Q4_K:
-            return launch_gemv_pair<GgmlType::Q4_K>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s);
+            return launch_gemv_pair<GgmlType::Q4_K>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s, q);
         case GgmlType::Q6_K:
-            return launch_gemv_pair<GgmlType::Q6_K>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s);
+            return launch_gemv_pair<GgmlType::Q6_K>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s, q);
         case GgmlType::Q8_0:
-            return launch_gemv_pair<GgmlType::Q8_0>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s);
+            return launch_gemv_pair<GgmlType::Q8_0>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s, q);
         default:
             nt::fail("gemv pair: no kernel for %s.", type_name(t));
     }

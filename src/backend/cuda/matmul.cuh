@@ -33,6 +33,8 @@ struct ActivationKey {
     int n = 0;
     int64_t cols = 0;
     int mode = -1;
+    int8_t* xq = nullptr;  // where they are: the workspace's first slot, or (the SwiGLU pair's
+    float2* xd = nullptr;  // quantized output) the one after its input's
 };
 
 // Scratch for one stream's matmuls. Calls sharing a workspace must be ordered (same stream).
@@ -42,6 +44,9 @@ struct MatmulWorkspace {
     cublasHandle_t cublas = nullptr;
     int sm_count = 0;    // multiprocessors of the current device (launch shapes)
     ActivationKey held;  // host-side record of what the last GEMV quantized into buf
+    // kQuantGroups counters at the end of buf (zero between launches), for kernels that quantize
+    // their own output in groups of 256 rows (the SwiGLU pair); null in a workspace under 1 MiB.
+    int* done = nullptr;
     // GEMVs as programmatic dependent launches (their weight loads overlap the end of the
     // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
     // whose weights are written by earlier work in the stream (streamed layers) turn it off.
@@ -83,9 +88,13 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
 // y[i][r] = silu(sum_c G[r][c] x[i][c]) * sum_c U[r][c] x[i][c]. Returns false, launching
 // nothing, where no fused kernel applies (the caller then runs two matmuls and swiglu): batches
 // other than 1, gate and up of different types or shapes, types without the pipe kernel.
-// x_unchanged as for matmul().
+// x_unchanged as for matmul(). `next` (a hint: the type of the weight the next matmul on y
+// multiplies): where it is quantized, the rows a multiple of 256 and the workspace has room,
+// the kernel also quantizes y for it (as quantize_q8 would, the last warp of each 256 rows
+// doing it) and the next matmul() on y with x_unchanged uses that; *y_quantized says so.
 bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n, float* y,
-                   MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged = false);
+                   MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged = false,
+                   GgmlType next = GgmlType::F32, bool* y_quantized = nullptr);
 
 // Three GEMVs of the same x (the attention's q, k and v projections) run concurrently: w[0] on
 // `stream`, w[1] and w[2] on the two side streams, which fork from `stream` after x's

@@ -393,15 +393,15 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
         if (c.kernel == GemvKernel::Pipe)
             return launch_pipe_nx<T>(w, nullptr, rows, cols, xq, xd, n, y, c.nx, c.pdl, stream);
     }
-#define NT_GEMV_CASE(NX, RW)                                                                    \
-    if (c.nx == NX && c.rows_per_warp == RW) {                                                  \
-        if constexpr (direct_compiled<T>() && direct_pair_compiled(NX, RW)) {                   \
-            if (c.kernel == GemvKernel::Direct)                                                 \
-                return launch_direct<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, c.pdl,   \
-                                                stream);                                        \
-        }                                                                                       \
-        return launch_staged<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, c.persistent,    \
-                                        c.pdl, stream);                                         \
+#define NT_GEMV_CASE(NX, RW)                                                                  \
+    if (c.nx == NX && c.rows_per_warp == RW) {                                                \
+        if constexpr (direct_compiled<T>() && direct_pair_compiled(NX, RW)) {                 \
+            if (c.kernel == GemvKernel::Direct)                                               \
+                return launch_direct<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, c.pdl, \
+                                                stream);                                      \
+        }                                                                                     \
+        return launch_staged<T, NX, RW>(w, rows, cols, xq, xd, n, y, c.ksplit, c.persistent,  \
+                                        c.pdl, stream);                                       \
     }
     NT_GEMV_CASE(1, 1)
     NT_GEMV_CASE(1, 2)
@@ -429,11 +429,11 @@ void prepare_gemv_q8() {
 
 // SwiGLU pair: y = silu(w x) * (w2 x) in one pipe launch (pipe_compiled<T>() types only).
 template <GgmlType T>
-void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
-                      const int8_t* xq, const float2* xd, int n, float* y, int nx, bool pdl,
-                      cudaStream_t stream) {
+void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
+                      const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
+                      const PairQuant& q) {
     if constexpr (pipe_compiled<T>())
-        return launch_pipe_nx<T>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, stream);
+        return launch_pipe_nx<T>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, stream, q);
     nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
 }
 
@@ -447,5 +447,5 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
                                               cudaStream_t);                                    \
     template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t,     \
                                                 const int8_t*, const float2*, int, float*, int, \
-                                                bool, cudaStream_t);                            \
+                                                bool, cudaStream_t, const PairQuant&);          \
     template void prepare_gemv_q8<GgmlType::T>();

@@ -25,6 +25,7 @@
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/quantize_q8.cuh"
 #include "core/error.h"
 
 namespace nt::cuda::detail {
@@ -42,7 +43,7 @@ constexpr bool pipe_compiled() {
 // activation count: deep enough to cover HBM latency, shallow enough not to spill.
 template <GgmlType T, int NX, int kXU = 0>
 struct PipeShape {
-    static constexpr int kDepth = kXU > 0       ? 4
+    static constexpr int kDepth = kXU > 0               ? 4
                                   : T == GgmlType::Q8_0 ? 6
                                   : NX >= 4             ? 2
                                   : T == GgmlType::Q6_K ? 3
@@ -61,11 +62,39 @@ __device__ __forceinline__ float pipe_silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.f, __expf(-g))), u);
 }
 
+// The pair's quantization of its output (one activation row, PairQuant): once a warp has
+// written its rows [r0, r1), it counts them into each 256-row group they touch; the warp that
+// completes a group quantizes it, as quantize_q8 would (a warp per 256 elements, 8 per lane),
+// and returns the group's counter to zero for the next launch.
+__device__ __forceinline__ void pipe_quantize_groups(const float* y, int64_t r0, int64_t r1,
+                                                     const PairQuant& pq, int lane) {
+    for (int64_t g = r0 / 256; g * 256 < r1; ++g) {
+        const int cnt = int(min(r1, (g + 1) * 256) - max(r0, g * 256));
+        int last = 0;
+        if (lane == 0) {
+            __threadfence();  // this warp's rows are visible before they are counted
+            last = atomicAdd(pq.done + g, cnt) + cnt == 256;
+            if (last) pq.done[g] = 0;  // all 256 rows counted: no other warp touches it now
+        }
+        if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+        __threadfence();
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __ldcg(y + g * 256 + lane * 8 + i);
+        int q[8];
+        const float2 dq = pq.mode == int(ActQuant::Q8_K)   ? q8k_block(v, lane, q)
+                          : pq.mode == int(ActQuant::Q8_1) ? q8_block<8, true>(v, q)
+                                                           : q8_block<8, false>(v, q);
+        store_q8(pq.xq + g * 256 + lane * 8, q);
+        if ((lane & 3) == 0) pq.xd[g * 8 + (lane >> 2)] = dq;
+    }
+}
+
 template <GgmlType T, int NX, bool kPair, int kXU>
 __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBlocks))
     gemv_q8_pipe(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2, int64_t rows,
-                 int nb, const int8_t* __restrict__ xq, const float2* __restrict__ xd,
-                 int64_t cols, int n, float* __restrict__ y) {
+                 int nb, const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols,
+                 int n, float* __restrict__ y, PairQuant pq) {
     using Q = Quant<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
     constexpr int kBPU = 32 / kLPB;
@@ -151,7 +180,7 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                         }
                     }
                 }
-                fetch(ring[s]);  // this slot is decoded: refill it kDepth units ahead
+                fetch(ring[s]);      // this slot is decoded: refill it kDepth units ahead
                 if (++c_u == upr) {  // a virtual row is done
                     c_u = 0;
                     const int64_t vr = r0 * kV + c_vr;
@@ -175,6 +204,8 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
             }
         }
     }
+    if constexpr (kPair && NX == 1)
+        if (pq.mode >= 0) pipe_quantize_groups(y, r0, r1, pq, lane);
 }
 
 // CTAs of one instantiation that fit on the GPU at once (host-side, computed once).
@@ -198,41 +229,43 @@ int pipe_resident_ctas() {
 template <GgmlType T, int NX, bool kPair, int kXU>
 void launch_pipe_k(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols,
                    const int8_t* xq, const float2* xd, int n, float* y, bool pdl,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, const PairQuant& q) {
     // One warp per output row at most; a whole GPU's worth of CTAs at most.
     const int64_t want = (rows + kPipeWarps - 1) / kPipeWarps;
     const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, kPair, kXU>());
     launch_kernel(pdl, gemv_q8_pipe<T, NX, kPair, kXU>, dim3(unsigned(grid)), dim3(kPipeThreads), 0,
                   stream, "gemv (pipe)", w, w2, rows, int(cols / Quant<T>::kBlockElems), xq, xd,
-                  cols, n, y);
+                  cols, n, y, q);
 }
 
 // w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`.
 template <GgmlType T, int NX, bool kPair>
-void launch_pipe(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols,
-                 const int8_t* xq, const float2* xd, int n, float* y, bool pdl,
-                 cudaStream_t stream) {
+void launch_pipe(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols, const int8_t* xq,
+                 const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
+                 const PairQuant& q) {
     constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
     const int64_t upr = (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
     if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
         static_assert(kMaxXUnits == 2, "instantiations below");
         if (upr == 1)
-            return launch_pipe_k<T, 1, kPair, 1>(w, w2, rows, cols, xq, xd, n, y, pdl, stream);
+            return launch_pipe_k<T, 1, kPair, 1>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
         if (upr == 2)
-            return launch_pipe_k<T, 1, kPair, 2>(w, w2, rows, cols, xq, xd, n, y, pdl, stream);
+            return launch_pipe_k<T, 1, kPair, 2>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
     }
-    launch_pipe_k<T, NX, kPair, 0>(w, w2, rows, cols, xq, xd, n, y, pdl, stream);
+    launch_pipe_k<T, NX, kPair, 0>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
 }
 
+// q: the pair's own output quantization (one activation row only; ignored otherwise).
 template <GgmlType T>
 void launch_pipe_nx(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
-                    const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream) {
+                    const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
+                    const PairQuant& q = {}) {
     const auto* a = static_cast<const uint8_t*>(w);
     const auto* b = static_cast<const uint8_t*>(w2);
     auto go = [&](auto nx_tag) {
         constexpr int NX = decltype(nx_tag)::value;
-        if (b) return launch_pipe<T, NX, true>(a, b, rows, cols, xq, xd, n, y, pdl, stream);
-        launch_pipe<T, NX, false>(a, a, rows, cols, xq, xd, n, y, pdl, stream);
+        if (b) return launch_pipe<T, NX, true>(a, b, rows, cols, xq, xd, n, y, pdl, stream, q);
+        launch_pipe<T, NX, false>(a, a, rows, cols, xq, xd, n, y, pdl, stream, PairQuant{});
     };
     switch (nx) {
         case 1:

@@ -94,19 +94,27 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
 // One-time host-side setup of every GEMV kernel of type T (shared-memory limits, occupancy).
 template <GgmlType T>
 void prepare_gemv_q8();
+// The SwiGLU pair's own quantization of its output y (one activation row): mode =
+// int(ActQuant), -1 for none; y's rows a multiple of 256; done: rows / 256 counters, zero.
+struct PairQuant {
+    int8_t* xq = nullptr;
+    float2* xd = nullptr;
+    int* done = nullptr;
+    int mode = -1;
+};
 // SwiGLU pair: y = silu(w x) * (w2 x), both rows x cols of type T, in one launch (types with
 // the pipe kernel only: gemv_pair_available).
 template <GgmlType T>
-void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
-                      const int8_t* xq, const float2* xd, int n, float* y, int nx, bool pdl,
-                      cudaStream_t stream);
+void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
+                      const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
+                      const PairQuant& q);
 #define NT_GEMV_EXTERN(T)                                                                          \
     extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
                                                      const float2*, int, float*,                   \
                                                      const GemvConfig&, cudaStream_t);             \
     extern template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t, \
                                                        const int8_t*, const float2*, int, float*,  \
-                                                       int, bool, cudaStream_t);                   \
+                                                       int, bool, cudaStream_t, const PairQuant&); \
     extern template void prepare_gemv_q8<GgmlType::T>();
 NT_GEMV_EXTERN(Q4_0)
 NT_GEMV_EXTERN(Q4_1)
@@ -127,8 +135,8 @@ void prepare_gemv_all();
 bool gemv_pair_available(GgmlType t);
 // y = silu(w x) * (w2 x) for n <= 8 activation rows (quantize_q8 output), nx as GemvConfig.
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
-               const int8_t* xq, const float2* xd, int n, float* y, bool pdl,
-               cudaStream_t stream);
+               const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
+               const PairQuant& q = {});
 
 // The same for F32, F16 and BF16 weights with float activations (any cols).
 void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,
