@@ -61,16 +61,18 @@ NT_HD uint32_t ld_u32(const uint8_t* p) {  // p 4-byte aligned
 NT_HD uint32_t ld_u32_a2(const uint8_t* p) {  // p only 2-byte aligned
     return ld_u16(p) | (ld_u16(p + 2) << 16);
 }
-// Four consecutive little-endian words from an address that is only 2-byte aligned: five
-// aligned word loads and funnel shifts rather than eight 16-bit loads (the load/store unit is
-// what the unaligned types' blocks, Q8_0's 34 bytes and Q6_K's 210, spend most of their
-// instructions on).
+// Four consecutive little-endian words from an address that is only 2-byte aligned: four
+// aligned word loads, a fifth half-word and funnel shifts rather than eight 16-bit loads (the
+// load/store unit is what the unaligned types' blocks, Q8_0's 34 bytes and Q6_K's 210, spend
+// most of their instructions on). The fifth load takes only the two bytes still inside the 16
+// (none when p is 4-byte aligned): a whole word would read past a matrix's last block.
 NT_HD void ld_u32x4_a2(const uint8_t* p, uint32_t v[4]) {
 #ifdef __CUDA_ARCH__
     const uint32_t* w =
         reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
     const uint32_t sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
-    const uint32_t w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3], w4 = w[4];
+    const uint32_t w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    const uint32_t w4 = sh ? ld_u16(reinterpret_cast<const uint8_t*>(w + 4)) : 0u;
     v[0] = __funnelshift_r(w0, w1, sh);
     v[1] = __funnelshift_r(w1, w2, sh);
     v[2] = __funnelshift_r(w2, w3, sh);
@@ -90,7 +92,8 @@ NT_HD void ld_a2x4_raw(const uint8_t* p, A2x4& r) {
     const uint32_t* w =
         reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
     r.sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
-    for (int i = 0; i < 5; ++i) r.w[i] = w[i];
+    for (int i = 0; i < 4; ++i) r.w[i] = w[i];
+    r.w[4] = r.sh ? ld_u16(reinterpret_cast<const uint8_t*>(w + 4)) : 0u;  // as in ld_u32x4_a2
 #else
     std::memcpy(r.w, p, 16);
     r.w[4] = 0;
