@@ -18,6 +18,7 @@
 #include "engine/engine.h"
 #include "quant/kernels.h"
 #include "quant/quant.h"
+#include "quant_test_util.h"
 #include "smol_model_test.h"
 
 namespace nt {
@@ -25,17 +26,8 @@ namespace {
 
 using quant_detail::SimdLevel;
 
-const GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
-                                 GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                                 GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-                                 GgmlType::Q6_K};
+using testing_quant::kWeightTypes;
 const int kBatchSizes[] = {1, 2, 3, 7, 16, 33};
-
-std::vector<SimdLevel> levels() {
-    std::vector<SimdLevel> v;
-    for (int l = 0; l <= int(quant_detail::cpu_level()); ++l) v.push_back(SimdLevel(l));
-    return v;
-}
 
 // Runs the process at one SIMD level for a scope.
 struct AtLevel {
@@ -145,7 +137,7 @@ TEST(BatchInvariance, TileColumnsEqualTheOneColumnResult) {
             const std::vector<uint8_t> w = random_weights(t, n, rows, rng);
             const size_t ws = row_bytes(t, n);
             const Acts a = random_acts(t, n, pool, rng);
-            for (SimdLevel l : levels()) {
+            for (SimdLevel l : testing_quant::simd_levels()) {
                 SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n) +
                              " level=" + quant_detail::level_name(l));
                 const quant_detail::TileFn tile = quant_detail::tile_kernel(l, t);
@@ -204,7 +196,7 @@ TEST(BatchInvariance, CpuMatmulRowsEqualTheOneRowResult) {
     const int pool = 80;
     CpuBackend one(1), two(2), three(3);
     CpuBackend* backends[] = {&one, &two, &three};
-    for (SimdLevel l : levels()) {
+    for (SimdLevel l : testing_quant::simd_levels()) {
         const AtLevel at(l);
         for (GgmlType t : kWeightTypes) {
             const int64_t n = lengths_for(t)[0];
@@ -281,7 +273,7 @@ TEST_F(ModelBatchInvariance, SequenceAloneEqualsInsideABatch) {
     const std::vector<int32_t> c = tokens("List three colors:\n1.");
     const int n_vocab = model_->hp.shape.n_vocab;
     const int steps = 6;
-    for (SimdLevel l : levels()) {
+    for (SimdLevel l : testing_quant::simd_levels()) {
         const AtLevel at(l);
         SCOPED_TRACE(std::string("level=") + quant_detail::level_name(l));
 

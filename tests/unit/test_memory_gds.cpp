@@ -34,6 +34,7 @@ namespace {
 using testing_mem::HostStreamDevice;
 using testing_mem::SynthSpec;
 using testing_mem::TempPath;
+using testing_mem::tier_plan;
 
 // ---- a fake libcufile ------------------------------------------------------------------------
 
@@ -174,13 +175,6 @@ protected:
     }
     void TearDown() override { g_fake = nullptr; }
 
-    TierPlan plan(const std::string& tiers, int slots, int staging) const {
-        TierPlan p;
-        for (char c : tiers) p.tier.push_back(c == 'V' ? Tier::Vram : c == 'P' ? Tier::Pinned : Tier::Disk);
-        p.slots = slots;
-        p.staging = staging;
-        return p;
-    }
     StreamOptions options(const CuFileApi* api = &kFake) {
         StreamOptions so;
         so.io.threads = 3;
@@ -192,7 +186,7 @@ protected:
     }
     std::unique_ptr<WeightStreamer> streamer(HostStreamDevice& dev, const std::string& tiers, int slots,
                                              const StreamOptions& so) {
-        return std::make_unique<WeightStreamer>(dev, tp_->path, file_->base(), w_.layers, plan(tiers, slots, 2), so);
+        return std::make_unique<WeightStreamer>(dev, tp_->path, file_->base(), w_.layers, tier_plan(tiers, slots, 2), so);
     }
     Logits run(WeightStreamer& ws, int n_decode = 4) { return run_steps(hp_, w_, ws, *be_, n_decode); }
     uint64_t bytes_of(WeightStreamer& ws, const std::string& tiers, char tier) const {

@@ -21,6 +21,7 @@ namespace nt::mem {
 namespace {
 
 using testing_mem::HostStreamDevice;
+using testing_mem::tier_plan;
 using testing_mem::SynthSpec;
 using testing_mem::TempPath;
 
@@ -81,13 +82,6 @@ struct Fixture {
         ResidentWeights res(w);
         reference = run_steps(hp, w, res, be, n_decode);
     }
-    TierPlan plan(const std::string& tiers, int slots, int staging) const {
-        TierPlan p;
-        for (char c : tiers) p.tier.push_back(c == 'V' ? Tier::Vram : c == 'P' ? Tier::Pinned : Tier::Disk);
-        p.slots = slots;
-        p.staging = staging;
-        return p;
-    }
 };
 
 struct Config {
@@ -113,7 +107,7 @@ TEST_P(MemoryStreamerMix, LogitsEqualResidentAndOneCopyPerLayerPerStep) {
     so.io.threads = 3;
     so.io.chunk_bytes = 64 * 1024;
     so.trace = c.trace;
-    WeightStreamer ws(dev, fx->tp->path, fx->file->base(), fx->w.layers, fx->plan(c.tiers, c.slots, c.staging), so);
+    WeightStreamer ws(dev, fx->tp->path, fx->file->base(), fx->w.layers, tier_plan(c.tiers, c.slots, c.staging), so);
     const StepLogits got = run_steps(fx->hp, fx->w, ws, fx->be, 4);
     expect_same(got, fx->reference, c.tiers);
 
@@ -181,7 +175,7 @@ TEST(MemoryStreamer, DiskTierOnTmpfsAndEveryQuantType) {
         spec.tied = t == GgmlType::Q8_0;
         Fixture fx(spec, filesystem_name("/dev/shm") == "tmpfs" ? "/dev/shm" : "", 2);
         HostStreamDevice dev(50);
-        WeightStreamer ws(dev, fx.tp->path, fx.file->base(), fx.w.layers, fx.plan("DPVD", 2, 2), {});
+        WeightStreamer ws(dev, fx.tp->path, fx.file->base(), fx.w.layers, tier_plan("DPVD", 2, 2), {});
         expect_same(run_steps(fx.hp, fx.w, ws, fx.be, 2), fx.reference, type_name(t));
     }
 }
@@ -194,7 +188,7 @@ TEST(MemoryStreamer, RefusedPinningMovesLayersToDisk) {
     uint64_t blob = 0;
     for (const LayerWeights& l : fx.w.layers) blob = std::max(blob, layout_layer(layer_ranges(l, fx.file->base())).bytes);
     dev.pin_limit_ = 3 * blob;
-    WeightStreamer ws(dev, fx.tp->path, fx.file->base(), fx.w.layers, fx.plan("PPPPVV", 2, 2), {});
+    WeightStreamer ws(dev, fx.tp->path, fx.file->base(), fx.w.layers, tier_plan("PPPPVV", 2, 2), {});
     EXPECT_NE(ws.notices().find("could not pin"), std::string::npos) << ws.notices();
     EXPECT_EQ(ws.plan().layers[1], 1);
     EXPECT_EQ(ws.plan().layers[2], 3);
@@ -205,7 +199,7 @@ TEST(MemoryStreamer, RefusedPinningMovesLayersToDisk) {
     HostStreamDevice dev2(0);
     dev2.pin_limit_ = blob / 2;
     try {
-        WeightStreamer ws2(dev2, fx.tp->path, fx.file->base(), fx.w.layers, fx.plan("PPPPVV", 2, 2), {});
+        WeightStreamer ws2(dev2, fx.tp->path, fx.file->base(), fx.w.layers, tier_plan("PPPPVV", 2, 2), {});
         FAIL() << "no error";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("could not pin 2 staging buffers"), std::string::npos) << e.what();
@@ -220,7 +214,7 @@ TEST(MemoryStreamer, RecoversFromAnAbandonedStepAndFromReadErrors) {
     HostStreamDevice dev(100);
     StreamOptions so;
     so.io.chunk_bytes = 32 * 1024;
-    WeightStreamer ws(dev, fx.tp->path, fx.file->base(), fx.w.layers, fx.plan("PDVDPD", 2, 2), so);
+    WeightStreamer ws(dev, fx.tp->path, fx.file->base(), fx.w.layers, tier_plan("PDVDPD", 2, 2), so);
     expect_same(run_steps(fx.hp, fx.w, ws, fx.be, 4), fx.reference, "first");
     // A step that stopped half-way (an exception between acquire and release).
     ws.acquire(0);
@@ -249,7 +243,7 @@ TEST(MemoryStreamer, MeasuresDiskBandwidth) {
     SynthSpec spec;
     Fixture fx(spec);
     HostStreamDevice dev(0);
-    WeightStreamer ws(dev, fx.tp->path, fx.file->base(), fx.w.layers, fx.plan("DDDPPV", 2, 2), {});
+    WeightStreamer ws(dev, fx.tp->path, fx.file->base(), fx.w.layers, tier_plan("DDDPPV", 2, 2), {});
     EXPECT_GT(ws.measure_disk_gbs(4 << 20), 0.0);
     expect_same(run_steps(fx.hp, fx.w, ws, fx.be, 4), fx.reference, "after measuring");
     EXPECT_EQ(ws.measure_disk_gbs(), 0.0);  // not once the pipeline runs

@@ -26,6 +26,7 @@
 #include "core/f16.h"
 #include "gguf/gguf.h"
 #include "memory/clock.h"
+#include "memory/planner.h"
 #include "memory/stream_device.h"
 #include "quant/quant.h"
 #include "quant/types.h"
@@ -370,5 +371,15 @@ private:
     bool bad_source_ = false;
     std::thread worker_;
 };
+
+// A plan with one tier per layer, from one letter each (V: VRAM, P: pinned RAM, D: disk).
+inline mem::TierPlan tier_plan(const std::string& tiers, int slots, int staging) {
+    mem::TierPlan p;
+    for (char c : tiers)
+        p.tier.push_back(c == 'V' ? mem::Tier::Vram : c == 'P' ? mem::Tier::Pinned : mem::Tier::Disk);
+    p.slots = slots;
+    p.staging = staging;
+    return p;
+}
 
 }  // namespace nt::testing_mem

@@ -19,22 +19,15 @@
 #include "core/f16.h"
 #include "quant/kernels.h"
 #include "quant/quant.h"
+#include "quant_test_util.h"
 
 namespace nt {
 namespace {
 
 using quant_detail::SimdLevel;
 
-const GgmlType kWeightTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0,
-                                 GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                                 GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
-                                 GgmlType::Q6_K};
+using testing_quant::kWeightTypes;
 
-std::vector<SimdLevel> levels_to_test() {
-    std::vector<SimdLevel> v;
-    for (int l = 0; l <= int(quant_detail::cpu_level()); ++l) v.push_back(SimdLevel(l));
-    return v;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Bit-exact against gguf-py: tests/python/gen_quant_fixtures.py writes the fixtures.
@@ -197,7 +190,7 @@ TEST(Quantize, SimdLevelsAreBitExact) {
         const int64_t n = int64_t(x.size());
         std::vector<uint8_t> want(row_bytes(t, n));
         quant_detail::quantize_row_scalar(t, x.data(), want.data(), n);
-        for (SimdLevel l : levels_to_test()) {
+        for (SimdLevel l : testing_quant::simd_levels()) {
             const quant_detail::QuantizeFn f = quant_detail::quantize_kernel(l, t);
             if (!f) continue;
             SCOPED_TRACE(std::string(type_name(t)) + " level=" + quant_detail::level_name(l));
@@ -419,7 +412,7 @@ TEST(VecDot, MatchesFloatDotOfDequantizedRows) {
                         mag_x += std::fabs(double(wf[size_t(i)]) * ax[i]);
                     }
                     const Magnitude mag_q = term_magnitude(t, wr, aq, n);
-                    for (SimdLevel l : levels_to_test()) {
+                    for (SimdLevel l : testing_quant::simd_levels()) {
                         SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n) +
                                      " level=" + quant_detail::level_name(l));
                         float got = 0;
@@ -456,7 +449,7 @@ TEST(VecDot, SimdLevelsAgreeWithScalar) {
             quant_detail::tile_kernel(SimdLevel::Scalar, t)(n, rows, 64, w.data.data(), w.stride,
                                                             a.data.data(), a.stride, ref.data(),
                                                             out_stride);
-            for (SimdLevel l : levels_to_test()) {
+            for (SimdLevel l : testing_quant::simd_levels()) {
                 for (int cols : col_counts) {
                     SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n) + " cols=" +
                                  std::to_string(cols) + " level=" + quant_detail::level_name(l));
