@@ -25,6 +25,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
 #include "core/error.h"
 
@@ -281,13 +282,16 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     float* ls = ms + G;                                         // [G] running sum
     float* cs = ls + G;                                         // [G] this tile's rescale factor
 
+    pdl_trigger();
     const int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
     const int t = threadIdx.x;
-    const int row = a.rows[z];
+    const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
     const int h0 = kvh * G;
     int start, end;
     const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     if (start >= end) return;  // past the sequence's end: not counted, not merged
+    // q and the cache come from the kernels before (this may be a programmatic dependent launch)
+    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd);
     const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
@@ -796,7 +800,7 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
 bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
-                 int version, const ActivationSlot* quant) {
+                 int version, const ActivationSlot* quant, bool pdl) {
     if (n_rows <= 0) return false;
     check_shape(s);
     if (splits < 1 || splits > kMaxSplits)
@@ -838,12 +842,13 @@ bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
         if (splits > 1 && !done) fail("attention: the split decode kernel needs its counters.");
         const dim3 grid(unsigned(splits), unsigned(s.n_head_kv), unsigned(n_rows));
         if (s.head_dim == 64)
-            attn_decode_tiled<64>
-                <<<grid, kThreads, DecodeTile<64>::smem_bytes(a.group), stream>>>(a);
+            launch_kernel(pdl, attn_decode_tiled<64>, grid, dim3(kThreads),
+                          DecodeTile<64>::smem_bytes(a.group), stream,
+                          "attention decode kernel (tiled)", a);
         else
-            attn_decode_tiled<128>
-                <<<grid, kThreads, DecodeTile<128>::smem_bytes(a.group), stream>>>(a);
-        NT_CUDA_CHECK(cudaGetLastError(), "attention decode kernel (tiled)");
+            launch_kernel(pdl, attn_decode_tiled<128>, grid, dim3(kThreads),
+                          DecodeTile<128>::smem_bytes(a.group), stream,
+                          "attention decode kernel (tiled)", a);
         return a.qmode >= 0;  // merged (and quantized) by the kernel itself
     }
     const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));

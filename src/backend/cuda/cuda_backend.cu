@@ -492,7 +492,7 @@ void CudaBackend::run(const Op& op) {
             cuda::ActivationSlot slot;
             const bool quantize = cuda::matmul_activation_slot(*mm_, op.next, op.i0, op.i1, &slot);
             if (cuda::add_rmsnorm(f(0), f(1), op.w, op.i0, op.i1, shape_.norm_eps, f(2),
-                                  quantize ? &slot : nullptr, stream_)) {
+                                  quantize ? &slot : nullptr, stream_, mm_->pdl)) {
                 cuda::matmul_adopt_activations(*mm_, f(2), op.i0, op.i1, slot);
                 after_matmul_ = true;
             }
@@ -537,7 +537,7 @@ void CudaBackend::run(const Op& op) {
             if (op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim) {
                 cuda::rope_kv_store(f(0), f(1), f(2), d_pos, d_seq, n_rows_, shape_.n_head,
                                     shape_.n_head_kv, shape_.head_dim, rope_inv_freq_, n_ctx_, kc,
-                                    vc, stream_);
+                                    vc, stream_, mm_->pdl);
             } else {
                 if (op.kind == OpKind::RopeAttention)
                     cuda::rope(f(0), f(1), d_pos, n_rows_, shape_.n_head, shape_.n_head_kv,
@@ -552,7 +552,7 @@ void CudaBackend::run(const Op& op) {
                 cuda::matmul_activation_slot(*mm_, op.next, n_rows_, as.q_dim(), &slot);
             if (cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
                                   attn_scratch_, attn_done_, f(3), stream_, 0,
-                                  quantize ? &slot : nullptr)) {
+                                  quantize ? &slot : nullptr, mm_->pdl)) {
                 cuda::matmul_adopt_activations(*mm_, f(3), n_rows_, as.q_dim(), slot);
                 after_matmul_ = true;
             }

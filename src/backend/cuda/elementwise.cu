@@ -294,6 +294,18 @@ __global__ void __launch_bounds__(1024)
     const int t = threadIdx.x;
     const int64_t e0 = int64_t(blockIdx.x) * dim + t * 8;  // this thread's first element
     float v[8], wv[8];
+    // The norm's weights before the wait (nothing in the stream writes them; their latency
+    // hides behind the kernel before when this one is a programmatic dependent launch).
+    if constexpr (WT == GgmlType::F32) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(w) + t * 2);
+        const float4 b = __ldg(reinterpret_cast<const float4*>(w) + t * 2 + 1);
+        wv[0] = a.x, wv[1] = a.y, wv[2] = a.z, wv[3] = a.w, wv[4] = b.x, wv[5] = b.y, wv[6] = b.z,
+        wv[7] = b.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) wv[i] = elem<WT>(w, t * 8 + i);
+    }
+    pdl_wait(x, y, out, xq, xd);
     {
         const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
         const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
@@ -308,16 +320,6 @@ __global__ void __launch_bounds__(1024)
         v[6] = addf(v[6], b.z), v[7] = addf(v[7], b.w);
         reinterpret_cast<float4*>(x + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
         reinterpret_cast<float4*>(x + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-    // The weights are loaded before the reduction so that their latency hides behind it.
-    if constexpr (WT == GgmlType::F32) {
-        const float4 a = __ldg(reinterpret_cast<const float4*>(w) + t * 2);
-        const float4 b = __ldg(reinterpret_cast<const float4*>(w) + t * 2 + 1);
-        wv[0] = a.x, wv[1] = a.y, wv[2] = a.z, wv[3] = a.w, wv[4] = b.x, wv[5] = b.y, wv[6] = b.z,
-        wv[7] = b.w;
-    } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) wv[i] = elem<WT>(w, t * 8 + i);
     }
     float s = 0.f;
 #pragma unroll
@@ -382,6 +384,7 @@ template <bool VEC, bool STORE = false>
 __global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t total, int n_head,
                                  int n_head_kv, int head_dim, int half, const float* inv_freq,
                                  KvStoreArgs st = {}) {
+    pdl_trigger();
     const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (t >= total) return;
     const int per_row = (n_head + (STORE ? 2 : 1) * n_head_kv) * half;
@@ -393,6 +396,12 @@ __global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t
     const size_t cell = STORE ? (size_t(st.seq[i]) * size_t(st.n_ctx) + size_t(pos[i])) * kv_dim +
                                     size_t(h - n_head) % size_t(n_head_kv) * head_dim + 2 * j
                               : 0;
+    // The angle needs only the step's positions (uploaded before the step's first kernel), so
+    // as a programmatic dependent launch its double-precision sincos runs under the tail of the
+    // GEMV before; q, k, v and the cache are touched after the wait.
+    double sd = 0, cd = 1;
+    if (!STORE || h < n_head + n_head_kv) sincos(double(mul(float(pos[i]), inv_freq[j])), &sd, &cd);
+    pdl_wait(q, k, st.v, st.kc, st.vc);
     if (STORE && h >= n_head + n_head_kv) {  // a v pair: stored as it is
         const float* vp = st.v + i * kv_dim + (h - n_head - n_head_kv) * head_dim + 2 * j;
         const float2 p = VEC ? *reinterpret_cast<const float2*>(vp) : make_float2(vp[0], vp[1]);
@@ -402,8 +411,6 @@ __global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t
     float* v = h < n_head ? q + (i * n_head + h) * head_dim
                           : k + (i * n_head_kv + (h - n_head)) * head_dim;
     v += 2 * j;
-    double sd, cd;
-    sincos(double(mul(float(pos[i]), inv_freq[j])), &sd, &cd);
     const float c = float(cd), s = float(sd);
     float a, b;
     if constexpr (VEC) {
@@ -501,22 +508,22 @@ bool aligned8(const void* p) {
 
 template <GgmlType WT>
 void launch_add_rmsnorm(int mode, float* x, const float* y, const uint8_t* w, int n, int dim,
-                        float eps, float* out, int8_t* xq, float2* xd, cudaStream_t stream) {
-    const unsigned threads = unsigned(dim / 8);
+                        float eps, float* out, int8_t* xq, float2* xd, bool pdl,
+                        cudaStream_t stream) {
+    const dim3 grid{unsigned(n)}, threads{unsigned(dim / 8)};
+    auto go = [&](auto kernel) {
+        launch_kernel(pdl, kernel, grid, threads, 0, stream, "add_rmsnorm kernel", x, y, w, dim,
+                      eps, out, xq, xd);
+    };
     switch (mode) {
         case kNoQuant:
-            add_rmsnorm_kernel<WT, kNoQuant>
-                <<<n, threads, 0, stream>>>(x, y, w, dim, eps, out, xq, xd);
-            return;
+            return go(add_rmsnorm_kernel<WT, kNoQuant>);
         case kQ80:
-            add_rmsnorm_kernel<WT, kQ80><<<n, threads, 0, stream>>>(x, y, w, dim, eps, out, xq, xd);
-            return;
+            return go(add_rmsnorm_kernel<WT, kQ80>);
         case kQ81:
-            add_rmsnorm_kernel<WT, kQ81><<<n, threads, 0, stream>>>(x, y, w, dim, eps, out, xq, xd);
-            return;
+            return go(add_rmsnorm_kernel<WT, kQ81>);
         case kQ8K:
-            add_rmsnorm_kernel<WT, kQ8K><<<n, threads, 0, stream>>>(x, y, w, dim, eps, out, xq, xd);
-            return;
+            return go(add_rmsnorm_kernel<WT, kQ8K>);
         default:
             fail("add_rmsnorm: unknown activation quantization %d.", mode);
     }
@@ -566,7 +573,7 @@ bool add_rmsnorm_fusable(const float* x, const float* y, const WeightView& w, in
 }
 
 bool add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float eps,
-                 float* out, const ActivationSlot* quant, cudaStream_t stream) {
+                 float* out, const ActivationSlot* quant, cudaStream_t stream, bool pdl) {
     if (n <= 0) return false;
     if (!add_rmsnorm_fusable(x, y, w, dim, out)) {
         if (y) add(x, y, int64_t(n) * dim, stream);
@@ -578,9 +585,9 @@ bool add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, 
     float2* xd = quant ? quant->xd : nullptr;
     const auto* wd = static_cast<const uint8_t*>(w.data);
     if (w.type == GgmlType::F32)
-        launch_add_rmsnorm<GgmlType::F32>(mode, x, y, wd, n, dim, eps, out, xq, xd, stream);
+        launch_add_rmsnorm<GgmlType::F32>(mode, x, y, wd, n, dim, eps, out, xq, xd, pdl, stream);
     else
-        launch_add_rmsnorm<GgmlType::F16>(mode, x, y, wd, n, dim, eps, out, xq, xd, stream);
+        launch_add_rmsnorm<GgmlType::F16>(mode, x, y, wd, n, dim, eps, out, xq, xd, pdl, stream);
     NT_CUDA_CHECK(cudaGetLastError(), "add_rmsnorm kernel");
     return quant != nullptr;
 }
@@ -609,7 +616,7 @@ void rope(float* q, float* k, const int32_t* pos, int n, int n_head, int n_head_
 
 void rope_kv_store(float* q, float* k, const float* v, const int32_t* pos, const int32_t* seq,
                    int n, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int n_ctx,
-                   __half* k_cache, __half* v_cache, cudaStream_t stream) {
+                   __half* k_cache, __half* v_cache, cudaStream_t stream, bool pdl) {
     if (n <= 0) return;
     if (head_dim % 2 != 0) fail("rope_kv_store: head_dim %d is odd.", head_dim);
     const int half = head_dim / 2;
@@ -617,13 +624,11 @@ void rope_kv_store(float* q, float* k, const float* v, const int32_t* pos, const
     constexpr int kRopeThreads = 128;
     const unsigned blocks = unsigned((total + kRopeThreads - 1) / kRopeThreads);
     const KvStoreArgs st{v, seq, n_ctx, k_cache, v_cache};
-    if (aligned8(q) && aligned8(k) && aligned8(v))
-        rope_pair_kernel<true, true><<<blocks, kRopeThreads, 0, stream>>>(
-            q, k, pos, total, n_head, n_head_kv, head_dim, half, inv_freq, st);
-    else
-        rope_pair_kernel<false, true><<<blocks, kRopeThreads, 0, stream>>>(
-            q, k, pos, total, n_head, n_head_kv, head_dim, half, inv_freq, st);
-    NT_CUDA_CHECK(cudaGetLastError(), "rope + kv store kernel");
+    launch_kernel(pdl,
+                  aligned8(q) && aligned8(k) && aligned8(v) ? rope_pair_kernel<true, true>
+                                                            : rope_pair_kernel<false, true>,
+                  dim3(blocks), dim3(kRopeThreads), 0, stream, "rope + kv store kernel", q, k, pos,
+                  total, n_head, n_head_kv, head_dim, half, inv_freq, st);
 }
 
 void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {

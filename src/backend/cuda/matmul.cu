@@ -120,6 +120,14 @@ size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch)
            kCountersBytes;
 }
 
+bool pdl_prefetch_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("NT_PDL_PREFETCH");
+        return !(e && std::string(e) == "0");
+    }();
+    return on;
+}
+
 void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stream) {
     if (reinterpret_cast<uintptr_t>(buf) % 256 != 0)
         nt::fail("CUDA matmul workspace must be 256-byte aligned.");

@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
     pdl_trigger();
 #pragma unroll
     for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
-    pdl_wait();  // weights only above
+    pdl_wait(xq, xd, y);  // weights only above
 
     const int part = lane % kLPB;
     const int64_t xd_stride = cols / 32;
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
     const int64_t xd_stride = cols / 32;
     const int nunits = (nb + kBPU - 1) / kBPU;
     pdl_trigger();
-    pdl_wait();
+    pdl_wait(xq, xd, y);
     for (int u0 = kpart; u0 < nunits; u0 += kDirectUnroll * ksplit) {
         typename Q::W wr[kDirectUnroll][RW];
 #pragma unroll

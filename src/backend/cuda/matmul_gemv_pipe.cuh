@@ -94,7 +94,7 @@ template <GgmlType T, int NX, bool kPair, int kXU>
 __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBlocks))
     gemv_q8_pipe(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2, int64_t rows,
                  int nb, const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols,
-                 int n, float* __restrict__ y, PairQuant pq) {
+                 int n, float* __restrict__ y, PairQuant pq, bool early) {
     using Q = Quant<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
     constexpr int kBPU = 32 / kLPB;
@@ -131,14 +131,18 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
             if (++f_u == upr) f_u = 0, ++f_vr;
         }
     };
-    // Waits for the kernel before at once, like the direct kernel: prefetching the first
-    // weights before the wait gave wrong results on the H200 inside CUDA graphs for the
-    // single-matrix launches (Streaming.ResidentStreamedAndCpuAgreeForEveryType, Q4_K; fine
-    // without graphs, without PDL, and for the direct kernel), cause not yet found.
+    // early: the first kDepth units of weights are fetched before waiting for the kernel before
+    // (a programmatic dependent launch starts while it finishes), so this grid's weight stream
+    // starts under that kernel's tail. Only the weights: activations and outputs are touched
+    // after the wait, through pointers that pdl_wait orders after it, and activations with
+    // coherent loads (ld_x16). An earlier version that read them through the read-only path
+    // (__ldg, which the compiler may move above the wait) gave wrong Q4_K logits inside CUDA
+    // graphs once its weights were fetched early (NT_PDL_PREFETCH=0 restores waiting first).
     pdl_trigger();
-    pdl_wait();
+    if (!early) pdl_wait(xq, xd, y);
 #pragma unroll
     for (int s = 0; s < D; ++s) fetch(ring[s]);
+    if (early) pdl_wait(xq, xd, y);
 
     const int64_t xd_stride = cols / 32;
     // kXU: this lane's activations for every unit of a row (upr == kXU), loaded once.
@@ -235,7 +239,7 @@ void launch_pipe_k(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t co
     const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, kPair, kXU>());
     launch_kernel(pdl, gemv_q8_pipe<T, NX, kPair, kXU>, dim3(unsigned(grid)), dim3(kPipeThreads), 0,
                   stream, "gemv (pipe)", w, w2, rows, int(cols / Quant<T>::kBlockElems), xq, xd,
-                  cols, n, y, q);
+                  cols, n, y, q, pdl && pdl_prefetch_enabled());
 }
 
 // w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`.

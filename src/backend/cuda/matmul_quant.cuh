@@ -116,14 +116,24 @@ NT_HD void ld_u32x4(const uint8_t* p, uint32_t v[4]) {
     std::memcpy(v, p, 16);
 #endif
 }
-// 16 activation quants (16-byte aligned, read-only for the kernel's lifetime). kAny: p may
-// point to shared memory (a generic load) rather than only global memory (__ldg).
+// 16 activation quants (16-byte aligned). kAny: p may point to shared memory (a generic load)
+// rather than only global memory. Global activations are read with coherent, L1-cached loads
+// (ld.global.ca), never the read-only path (ld.global.nc, __ldg): under a programmatic
+// dependent launch (pdl.cuh) the kernel that writes them may still be running when this one
+// starts, so they are not read-only for this kernel's lifetime, and the compiler may move
+// read-only loads above the wait for it. Pointers come through pdl_wait(p...) for the same
+// reason at the compiler's level.
 template <bool kAny = false>
 NT_HD void ld_x16(const int8_t* p, int v[4]) {
 #ifdef __CUDA_ARCH__
-    const int4* q = reinterpret_cast<const int4*>(p);
-    const int4 t = kAny ? *q : __ldg(q);
-    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    if constexpr (kAny) {
+        const int4 t = *reinterpret_cast<const int4*>(p);
+        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    } else {
+        asm("ld.global.ca.v4.s32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+            : "l"(p));
+    }
 #else
     std::memcpy(v, p, 16);
 #endif
@@ -131,7 +141,13 @@ NT_HD void ld_x16(const int8_t* p, int v[4]) {
 template <bool kAny = false>
 NT_HD float2 ld_xd(const float2* p) {
 #ifdef __CUDA_ARCH__
-    return kAny ? *p : __ldg(p);
+    if constexpr (kAny) {
+        return *p;
+    } else {
+        float2 r;
+        asm("ld.global.ca.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "l"(p));
+        return r;
+    }
 #else
     return *p;
 #endif

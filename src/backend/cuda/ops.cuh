@@ -30,10 +30,13 @@ void rmsnorm(const float* x, const WeightView& w, int n, int dim, float eps, flo
 // as detail::quantize_q8(out, n, dim, quant->mode) would; it then returns true. Otherwise it
 // runs add() and rmsnorm(), ignores `quant` and returns false. The choice depends only on the
 // arguments, so it is the same whenever the same call is captured or run.
+// pdl (here, for rope_kv_store and for attn_decode): the fused kernel is launched as a
+// programmatic dependent (pdl.cuh): it starts while the kernel before finishes and waits for it
+// before touching activations; only where nothing earlier in the stream writes its weights.
 bool add_rmsnorm_fusable(const float* x, const float* y, const WeightView& w, int dim,
                          const float* out);
 bool add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float eps,
-                 float* out, const ActivationSlot* quant, cudaStream_t stream);
+                 float* out, const ActivationSlot* quant, cudaStream_t stream, bool pdl = false);
 // GGML "normal" rope in place on n rows of q [n_head][head_dim] and k [n_head_kv][head_dim]:
 // pair (2j, 2j+1), j < n_rot/2, turns by pos[i] * inv_freq[j]. inv_freq is in device memory.
 // `version`: 0 = best, 1 = a block per row looping over the pairs, 2 = a thread per pair (the
@@ -45,7 +48,7 @@ void rope(float* q, float* k, const int32_t* pos, int n, int n_head, int n_head_
 // then kv_store.
 void rope_kv_store(float* q, float* k, const float* v, const int32_t* pos, const int32_t* seq,
                    int n, int n_head, int n_head_kv, int head_dim, const float* inv_freq, int n_ctx,
-                   __half* k_cache, __half* v_cache, cudaStream_t stream);
+                   __half* k_cache, __half* v_cache, cudaStream_t stream, bool pdl = false);
 // out = silu(gate) * up; out may be gate or up.
 void swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
 // x += y.
@@ -108,7 +111,7 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
-                 int version = 0, const ActivationSlot* quant = nullptr);
+                 int version = 0, const ActivationSlot* quant = nullptr, bool pdl = false);
 
 // Causal attention for whole tiles of consecutive positions (flash attention on tensor cores,
 // online softmax, GQA). Needs attn_has_prefill(s).

@@ -19,11 +19,29 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// pdl_wait(), then each pointer passed through an asm statement ordered after the wait, so that
+// no load through it can be scheduled before the wait: the compiler takes __ldg and __restrict__
+// data to be unchanging for the whole kernel and may otherwise hoist such loads above it, where
+// they would read what the kernel before has not written yet (it may still be running). Every
+// pointer to what an earlier kernel writes goes through here.
+template <class P>
+__device__ __forceinline__ void pdl_order(P& p) {
+    asm volatile("" : "+l"(p)::"memory");
+}
+template <class... P>
+__device__ __forceinline__ void pdl_wait(P&... p) {
+    pdl_wait();
+    (pdl_order(p), ...);
+}
 __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+// Whether kernels launched with PDL may also load their first weights before pdl_wait() (on
+// unless NT_PDL_PREFETCH=0, for A/B runs; read once).
+bool pdl_prefetch_enabled();
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when
 // `pdl`; `what` names the kernel in the error.

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Resident decode on a GPU machine (issue 3's decode targets), in stages:
+#   bench/cuda/decode_device.sh build    # configure + build ntransformer, nt_gpu_tests and the harnesses
+#   bench/cuda/decode_device.sh models   # synthetic Llama-3 8B in Q4_K_M, Q8_0 and Q6_K (written in the background)
+#   bench/cuda/decode_device.sh ab       # 8B Q4_K_M tg128 with PDL as shipped, without weight prefetch, without PDL
+#   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
+#   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
+#   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
+# Env: NT_BUILD_DIR (build-gpu), MODELS (models/synth), SYNTH (../shared/tools/synth_gguf.py), OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+build=${NT_BUILD_DIR:-build-gpu}
+models=${MODELS:-models/synth}
+synth=${SYNTH:-../shared/tools/synth_gguf.py}
+nt="$build/ntransformer"
+out=${OUT:-/tmp}
+
+run() {
+    echo "+ $*"
+    "$@"
+}
+model() { echo "$models/llama-8b-$1.gguf"; }
+wait_model() {  # the models stage writes in the background
+    while [ ! -f "$(model "$1")" ]; do sleep 2; done
+}
+
+stage() {
+    case "$1" in
+    build)
+        run cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${NT_CUDA_ARCH:-90} >/dev/null &&
+            run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests bench_gemv bench_attention 2>&1 |
+            grep -E "error|warning: .*spill"
+        test "${PIPESTATUS[0]}" = 0
+        ;;
+    models)
+        mkdir -p "$models"
+        (for t in q4_k_m q8_0 q6_k; do
+            m=$(model $t)
+            [ -f "$m" ] || { python3 "$synth" "$m.tmp" --shape 8b --ftype $t --repeat-layers >/dev/null && mv "$m.tmp" "$m"; }
+        done) &
+        ;;
+    ab)
+        wait_model q4_k_m
+        for env in NT_PDL=1 NT_PDL_PREFETCH=0 NT_PDL=0; do
+            echo "+ $env $nt bench -m $(model q4_k_m) --device cuda -p 0 -n 128 -r 3"
+            env $env "$nt" bench -m "$(model q4_k_m)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\|"
+        done
+        ;;
+    types)
+        for t in q4_k_m q8_0 q6_k; do
+            wait_model $t
+            run "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\|"
+        done
+        ;;
+    tests)
+        "$build/tests/nt_gpu_tests" --gtest_brief=1 2>&1 | tee "$out/gpu_tests.log" | tail -n 40
+        failed=$(grep -E "^\[  FAILED  \] [A-Za-z_]+\.[A-Za-z_0-9/]+" "$out/gpu_tests.log" | awk '{print $4}' | sort -u | paste -sd: -)
+        if [ -n "$failed" ]; then
+            for env in NT_PDL_PREFETCH=0 NT_PDL=0; do
+                echo "+ $env nt_gpu_tests --gtest_filter=$failed"
+                env $env "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter="$failed" 2>&1 | tail -n 5
+            done
+            return 1
+        fi
+        ;;
+    profile)
+        wait_model q4_k_m
+        run ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu.csv" \
+            "$nt" bench -m "$(model q4_k_m)" --device cuda -p 0 -n 1 -r 1 >/dev/null 2>&1
+        python3 - "$out/ncu.csv" <<'EOF'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head, rows = rows[0], rows[1:]
+name, val = head.index("Kernel Name"), head.index("Metric Value")
+t = collections.defaultdict(float); c = collections.Counter()
+for r in rows:
+    k = r[name].split("(")[0].split("<")[0]
+    t[k] += float(r[val].replace(",", "")) / 1000; c[k] += 1
+for k, v in sorted(t.items(), key=lambda kv: -kv[1]):
+    print(f"{v:9.1f} us {c[k]:5d} x  {k}")
+print(f"{sum(t.values()):9.1f} us total")
+EOF
+        ;;
+    *)
+        echo "unknown stage '$1'" >&2
+        return 1
+        ;;
+    esac
+}
+
+rc=0
+for s in "$@"; do
+    echo "== $s"
+    stage "$s" || rc=1
+done
+wait
+exit $rc
