@@ -2,7 +2,8 @@
 # Resident decode on a GPU machine (issue 3's decode targets), in stages:
 #   bench/cuda/decode_device.sh build    # configure + build ntransformer, nt_gpu_tests and the harnesses
 #   bench/cuda/decode_device.sh models   # synthetic Llama-3 8B in Q4_K_M, Q8_0 and Q6_K (written in the background)
-#   bench/cuda/decode_device.sh ab       # 8B Q4_K_M tg128 with PDL as shipped, without weight prefetch, without PDL
+#   bench/cuda/decode_device.sh ab       # 8B Q4_K_M tg128 as shipped, then without two-row GEMV groups, weight prefetch, PDL
+#   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (Q4_K, Q6_K, Q8_0; n = 1, 2), two-row groups on and off
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
 #   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
@@ -41,9 +42,17 @@ stage() {
         ;;
     ab)
         wait_model q4_k_m
-        for env in NT_PDL=1 NT_PDL_PREFETCH=0 NT_PDL=0; do
+        for env in NT_PDL=1 NT_PIPE_TWO_ROWS=0 NT_PDL_PREFETCH=0 NT_PDL=0; do
             echo "+ $env $nt bench -m $(model q4_k_m) --device cuda -p 0 -n 128 -r 3"
             env $env "$nt" bench -m "$(model q4_k_m)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\|"
+        done
+        ;;
+    gemv)
+        for env in NT_PIPE_TWO_ROWS=1 NT_PIPE_TWO_ROWS=0; do
+            echo "+ $env bench_gemv --types q4_K,q6_K,q8_0 --shapes 8b,70b --n 1,2 --pdl"
+            env $env "$build/bench/bench_gemv" --types q4_K,q6_K,q8_0 --shapes 8b,70b --n 1,2 --pdl \
+                >"$out/gemv_$env.txt" 2>&1 || echo "bench_gemv FAILED"
+            grep -E "\*|FAIL" "$out/gemv_$env.txt"
         done
         ;;
     types)
@@ -65,20 +74,21 @@ stage() {
         ;;
     profile)
         wait_model q4_k_m
-        run ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu.csv" \
+        run timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu.csv" \
             "$nt" bench -m "$(model q4_k_m)" --device cuda -p 0 -n 1 -r 1 >/dev/null 2>&1
         python3 - "$out/ncu.csv" <<'EOF'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head, rows = rows[0], rows[1:]
-name, val = head.index("Kernel Name"), head.index("Metric Value")
+name, unit, val = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
+scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
 t = collections.defaultdict(float); c = collections.Counter()
 for r in rows:
-    k = r[name].split("(")[0].split("<")[0]
-    t[k] += float(r[val].replace(",", "")) / 1000; c[k] += 1
-for k, v in sorted(t.items(), key=lambda kv: -kv[1]):
-    print(f"{v:9.1f} us {c[k]:5d} x  {k}")
-print(f"{sum(t.values()):9.1f} us total")
+    k = r[name].split("(")[0]
+    t[k] += float(r[val].replace(",", "")) * scale.get(r[unit], 1.0); c[k] += 1
+for k, v in sorted(t.items(), key=lambda kv: -kv[1])[:25]:
+    print(f"{v:9.1f} us {c[k]:5d} x  {k[:150]}")
+print(f"{sum(t.values()):9.1f} us total, {sum(c.values())} kernels")
 EOF
         ;;
     *)

@@ -351,6 +351,14 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
 
 namespace nt::cuda::detail {
 
+bool pipe_two_rows_enabled() {
+    static const bool on = [] {
+        const char* e = std::getenv("NT_PIPE_TWO_ROWS");
+        return !(e && std::string(e) == "0");
+    }();
+    return on;
+}
+
 namespace {
 
 // Blocks per staged chunk: the unit in which warps of a row group share the columns.

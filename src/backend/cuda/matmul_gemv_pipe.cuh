@@ -14,8 +14,11 @@
 //    then always holds the same unit of a row, so each slot meets the same registers. The
 //    activation loads cost as much as the weights' otherwise (256 bytes per 144-byte Q4_K
 //    block; measured on the H200: 55% of HBM with them, 72% without, on 128256 x 4096).
-//  - kPair: SwiGLU. The warp takes row r of `w` and row r of `w2` as virtual rows 2r and 2r+1
-//    and writes silu(w.x) * (w2.x) for row r: gate and up projections in one pass, one launch.
+//  - Rows go in groups of kV (1 or 2): a slot holds the same unit of every row of the group,
+//    and one load of the unit's activations serves them all (two rows halve the activation
+//    loads of rows too long to keep their activations in registers).
+//  - kPair: SwiGLU. A group is row r of `w` and row r of `w2`; the warp writes
+//    silu(w.x) * (w2.x) for row r: gate and up projections in one pass, one launch.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -57,6 +60,10 @@ constexpr bool pipe_x_in_registers() {
     return T == GgmlType::Q4_K || T == GgmlType::Q6_K;
 }
 
+// Whether rows whose activations are loaded unit by unit go two at a time (on unless
+// NT_PIPE_TWO_ROWS=0, for A/B runs; matmul.cu).
+bool pipe_two_rows_enabled();
+
 // silu(g) * u rounded as the CPU backend's SwiGLU (and elementwise.cu's kernel) rounds it.
 __device__ __forceinline__ float pipe_silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.f, __expf(-g))), u);
@@ -90,7 +97,7 @@ __device__ __forceinline__ void pipe_quantize_groups(const float* y, int64_t r0,
     }
 }
 
-template <GgmlType T, int NX, bool kPair, int kXU>
+template <GgmlType T, int NX, bool kPair, int kXU, int kV>
 __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBlocks))
     gemv_q8_pipe(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2, int64_t rows,
                  int nb, const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols,
@@ -99,7 +106,12 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     constexpr int kLPB = Q::kLanesPerBlock;
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
-    constexpr int D = PipeShape<T, NX, kXU>::kDepth;
+    static_assert(!kPair || kV == 2, "a pair is a group of two rows");
+    static_assert(kV == 1 || kV == 2, "groups of one or two rows");
+    // Slots of kV rows' raw bytes: about kDepth units in flight either way (Q6_K's large raw
+    // registers allow one slot of two rows at two or more activation rows without spilling).
+    constexpr int kDepth = PipeShape<T, NX, kXU>::kDepth;
+    constexpr int D = kV == 1 ? kDepth : T == GgmlType::Q6_K && NX >= 2 ? 1 : (kDepth + 1) / 2;
     static_assert(kXU == 0 || (NX == 1 && D % (kXU > 0 ? kXU : 1) == 0),
                   "slot s must hold unit s % kXU");
 
@@ -107,31 +119,34 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     const int part = lane % kLPB, sub = lane / kLPB;
     const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + (threadIdx.x >> 5);
     const int64_t nw = int64_t(gridDim.x) * kPipeWarps;
-    // Output rows [r0, r1) of this warp; with kPair each is two virtual rows.
-    const int64_t r0 = rows * gw / nw, r1 = rows * (gw + 1) / nw;
-    constexpr int kV = kPair ? 2 : 1;
+    // Row groups [g0, g1) of this warp: a pair's group is row r of w and of w2 (output row r);
+    // otherwise rows kV g .. kV g + kV - 1 of w (rows is a multiple of kV).
+    const int64_t groups = kPair ? rows : rows / kV;
+    const int64_t g0 = groups * gw / nw, g1 = groups * (gw + 1) / nw;
     const int upr = (nb + kBPU - 1) / kBPU;  // units per row
-    const int64_t total = (r1 - r0) * kV * upr;
+    const int64_t total = (g1 - g0) * upr;   // units of this warp, each of kV rows
     const size_t row_bytes = size_t(nb) * kBB;
+    auto row_of = [&](int64_t g, int h) {
+        return kPair ? (h ? w2 : w) + size_t(g) * row_bytes : w + size_t(g * kV + h) * row_bytes;
+    };
 
-    // Unit index -> weight address of this lane's block (virtual row vr = i / upr).
-    // A lane whose block lies past the row's end (last unit of a short row) loads nothing.
-    typename Q::Raw ring[D];
-    int64_t f_vr = 0;  // fetch cursor: virtual row (relative to r0 * kV) and unit
+    // Unit index -> weight addresses of this lane's block in each row of the group. A lane
+    // whose block lies past the row's end (last unit of a short row) loads nothing.
+    typename Q::Raw ring[D][kV];
+    int64_t f_g = 0;  // fetch cursor: group (relative to g0) and unit
     int f_u = 0;
-    auto fetch = [&](typename Q::Raw& r) {
-        if (f_vr < (r1 - r0) * kV) {
+    auto fetch = [&](typename Q::Raw (&r)[kV]) {
+        if (f_g < g1 - g0) {
             const int kb = f_u * kBPU + sub;
             if (kb < nb) {
-                const int64_t vr = r0 * kV + f_vr;
-                const uint8_t* base = kPair && (vr & 1) ? w2 : w;
-                Q::load_raw(base + size_t(kPair ? vr >> 1 : vr) * row_bytes + size_t(kb) * kBB,
-                            part, r);
+#pragma unroll
+                for (int h = 0; h < kV; ++h)
+                    Q::load_raw(row_of(g0 + f_g, h) + size_t(kb) * kBB, part, r[h]);
             }
-            if (++f_u == upr) f_u = 0, ++f_vr;
+            if (++f_u == upr) f_u = 0, ++f_g;
         }
     };
-    // early: the first kDepth units of weights are fetched before waiting for the kernel before
+    // early: the first D units of weights are fetched before waiting for the kernel before
     // (a programmatic dependent launch starts while it finishes), so this grid's weight stream
     // starts under that kernel's tail. Only the weights: activations and outputs are touched
     // after the wait, through pointers that pdl_wait orders after it, and activations with
@@ -156,11 +171,12 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                           xd + int64_t(kb) * (Q::kBlockElems / 32), part, xr[u]);
         }
     }
-    float acc[NX];
+    float acc[kV][NX];
 #pragma unroll
-    for (int k = 0; k < NX; ++k) acc[k] = 0.f;
-    float gate[NX];  // kPair: the finished gate row
-    int64_t c_vr = 0;
+    for (int h = 0; h < kV; ++h)
+#pragma unroll
+        for (int k = 0; k < NX; ++k) acc[h][k] = 0.f;
+    int64_t c_g = 0;
     int c_u = 0;
     for (int64_t i0 = 0; i0 < total; i0 += D) {
 #pragma unroll
@@ -168,11 +184,14 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
             if (i0 + s < total) {  // uniform across the warp
                 const int kb = c_u * kBPU + sub;
                 if (kb < nb) {
-                    typename Q::W wr;
-                    Q::decode(ring[s], part, wr);
+                    typename Q::W wr[kV];
+#pragma unroll
+                    for (int h = 0; h < kV; ++h) Q::decode(ring[s][h], part, wr[h]);
                     if constexpr (kXU > 0) {
-                        acc[0] += Q::dot(wr, xr[s % kXU]);
+#pragma unroll
+                        for (int h = 0; h < kV; ++h) acc[h][0] += Q::dot(wr[h], xr[s % kXU]);
                     } else {
+                        // One load of the activations serves every row of the group.
 #pragma unroll
                         for (int k = 0; k < NX; ++k) {
                             const int64_t row_x = k < n ? k : n - 1;
@@ -180,40 +199,46 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                             Q::load_x(xq + row_x * cols + int64_t(kb) * Q::kBlockElems,
                                       xd + row_x * xd_stride + int64_t(kb) * (Q::kBlockElems / 32),
                                       part, xv);
-                            acc[k] += Q::dot(wr, xv);
+#pragma unroll
+                            for (int h = 0; h < kV; ++h) acc[h][k] += Q::dot(wr[h], xv);
                         }
                     }
                 }
-                fetch(ring[s]);      // this slot is decoded: refill it kDepth units ahead
-                if (++c_u == upr) {  // a virtual row is done
+                fetch(ring[s]);      // this slot is decoded: refill it D units ahead
+                if (++c_u == upr) {  // a group is done
                     c_u = 0;
-                    const int64_t vr = r0 * kV + c_vr;
-                    ++c_vr;
+                    const int64_t g = g0 + c_g;
+                    ++c_g;
 #pragma unroll
                     for (int k = 0; k < NX; ++k) {
-                        float v = acc[k];
+                        float v[kV];
 #pragma unroll
-                        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                        acc[k] = 0.f;
-                        if constexpr (kPair) {
-                            if ((vr & 1) == 0) {
-                                gate[k] = v;
-                                continue;
-                            }
-                            v = pipe_silu_mul(gate[k], v);
+                        for (int h = 0; h < kV; ++h) {
+                            v[h] = acc[h][k];
+#pragma unroll
+                            for (int o = 16; o > 0; o >>= 1)
+                                v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
+                            acc[h][k] = 0.f;
                         }
-                        if (lane == 0 && k < n) y[int64_t(k) * rows + (kPair ? vr >> 1 : vr)] = v;
+                        if (lane == 0 && k < n) {
+                            if constexpr (kPair) {
+                                y[int64_t(k) * rows + g] = pipe_silu_mul(v[0], v[1]);
+                            } else {
+#pragma unroll
+                                for (int h = 0; h < kV; ++h) y[int64_t(k) * rows + g * kV + h] = v[h];
+                            }
+                        }
                     }
                 }
             }
         }
     }
     if constexpr (kPair && NX == 1)
-        if (pq.mode >= 0) pipe_quantize_groups(y, r0, r1, pq, lane);
+        if (pq.mode >= 0) pipe_quantize_groups(y, g0, g1, pq, lane);
 }
 
 // CTAs of one instantiation that fit on the GPU at once (host-side, computed once).
-template <GgmlType T, int NX, bool kPair, int kXU>
+template <GgmlType T, int NX, bool kPair, int kXU, int kV>
 int pipe_resident_ctas() {
     static const int resident = [] {
         int dev = 0, sms = 0, per_sm = 0;
@@ -221,7 +246,7 @@ int pipe_resident_ctas() {
         NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
                       "device attribute");
         NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                          &per_sm, gemv_q8_pipe<T, NX, kPair, kXU>, kPipeThreads, 0),
+                          &per_sm, gemv_q8_pipe<T, NX, kPair, kXU, kV>, kPipeThreads, 0),
                       "gemv pipe occupancy");
         if (per_sm < 1)
             nt::fail("gemv: the pipe kernel for %s does not fit on this GPU.", type_name(T));
@@ -230,33 +255,42 @@ int pipe_resident_ctas() {
     return resident;
 }
 
-template <GgmlType T, int NX, bool kPair, int kXU>
+template <GgmlType T, int NX, bool kPair, int kXU, int kV>
 void launch_pipe_k(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols,
                    const int8_t* xq, const float2* xd, int n, float* y, bool pdl,
                    cudaStream_t stream, const PairQuant& q) {
-    // One warp per output row at most; a whole GPU's worth of CTAs at most.
-    const int64_t want = (rows + kPipeWarps - 1) / kPipeWarps;
-    const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, kPair, kXU>());
-    launch_kernel(pdl, gemv_q8_pipe<T, NX, kPair, kXU>, dim3(unsigned(grid)), dim3(kPipeThreads), 0,
-                  stream, "gemv (pipe)", w, w2, rows, int(cols / Quant<T>::kBlockElems), xq, xd,
-                  cols, n, y, q, pdl && pdl_prefetch_enabled());
+    // One warp per row group at most; a whole GPU's worth of CTAs at most.
+    const int64_t groups = kPair ? rows : rows / kV;
+    const int64_t want = (groups + kPipeWarps - 1) / kPipeWarps;
+    const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, kPair, kXU, kV>());
+    launch_kernel(pdl, gemv_q8_pipe<T, NX, kPair, kXU, kV>, dim3(unsigned(grid)),
+                  dim3(kPipeThreads), 0, stream, "gemv (pipe)", w, w2, rows,
+                  int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y, q,
+                  pdl && pdl_prefetch_enabled());
 }
 
-// w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`.
+// w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`. Rows of more
+// than kMaxXUnits units, whose activations are loaded unit by unit, go two at a time (an even
+// row count), so that one activation load serves both (not Q6_K: its raw registers spill).
 template <GgmlType T, int NX, bool kPair>
 void launch_pipe(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols, const int8_t* xq,
                  const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
                  const PairQuant& q) {
     constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
+    constexpr int kV = kPair ? 2 : 1;
     const int64_t upr = (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
     if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
         static_assert(kMaxXUnits == 2, "instantiations below");
         if (upr == 1)
-            return launch_pipe_k<T, 1, kPair, 1>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
+            return launch_pipe_k<T, 1, kPair, 1, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream,
+                                                     q);
         if (upr == 2)
-            return launch_pipe_k<T, 1, kPair, 2>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
+            return launch_pipe_k<T, 1, kPair, 2, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream,
+                                                     q);
     }
-    launch_pipe_k<T, NX, kPair, 0>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
+    if (!kPair && T != GgmlType::Q6_K && rows % 2 == 0 && pipe_two_rows_enabled())
+        return launch_pipe_k<T, NX, kPair, 0, 2>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
+    launch_pipe_k<T, NX, kPair, 0, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
 }
 
 // q: the pair's own output quantization (one activation row only; ignored otherwise).
@@ -290,13 +324,14 @@ template <GgmlType T>
 void prepare_pipe() {
     auto each = [](auto nx_tag) {
         constexpr int NX = decltype(nx_tag)::value;
-        pipe_resident_ctas<T, NX, false, 0>();
-        pipe_resident_ctas<T, NX, true, 0>();
+        pipe_resident_ctas<T, NX, false, 0, 1>();
+        pipe_resident_ctas<T, NX, false, 0, 2>();
+        pipe_resident_ctas<T, NX, true, 0, 2>();
         if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
-            pipe_resident_ctas<T, 1, false, 1>();
-            pipe_resident_ctas<T, 1, true, 1>();
-            pipe_resident_ctas<T, 1, false, 2>();
-            pipe_resident_ctas<T, 1, true, 2>();
+            pipe_resident_ctas<T, 1, false, 1, 1>();
+            pipe_resident_ctas<T, 1, true, 1, 2>();
+            pipe_resident_ctas<T, 1, false, 2, 1>();
+            pipe_resident_ctas<T, 1, true, 2, 2>();
         }
     };
     each(std::integral_constant<int, 1>{});
