@@ -202,7 +202,7 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
         for (int i = 0; i < n_seq; i++) seq_all[size_t(i)] = i;
         int32_t* drows = dev_copy(rows_v);
         int32_t* dseq = dev_copy(seq_all);
-        for (int ctx : {512, 1024, 2048, 4096, 8192}) {
+        for (int ctx : {8, 64, 128, 512, 1024, 2048, 4096, 8192}) {
             int32_t* dpos = dev_copy(std::vector<int32_t>(size_t(rows), ctx - 1));
             const int splits = attn_decode_splits(s, rows, dev.sm_count);
             float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));

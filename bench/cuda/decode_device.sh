@@ -4,6 +4,7 @@
 #   bench/cuda/decode_device.sh models   # synthetic Llama-3 8B in Q4_K_M, Q8_0 and Q6_K (written in the background)
 #   bench/cuda/decode_device.sh ab       # 8B Q4_K_M tg128 as shipped, then without two-row GEMV groups, weight prefetch, PDL
 #   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (Q4_K, Q6_K, Q8_0; n = 1, 2), two-row groups on and off
+#   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions, prefill
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
 #   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
@@ -41,19 +42,25 @@ stage() {
         done) &
         ;;
     ab)
+        # One line per setting (AB: space-separated VAR=VALUE settings, "-" for as shipped).
         wait_model q4_k_m
-        for env in NT_PDL=1 NT_PIPE_TWO_ROWS=0 NT_PDL_PREFETCH=0 NT_PDL=0; do
-            echo "+ $env $nt bench -m $(model q4_k_m) --device cuda -p 0 -n 128 -r 3"
-            env $env "$nt" bench -m "$(model q4_k_m)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "^\|"
+        for env in ${AB:-- NT_PIPE_TWO_ROWS=0 NT_PDL_PREFETCH=0 NT_PDL=0}; do
+            [ "$env" = - ] && env=NT_AS_SHIPPED=1
+            r=$(env $env "$nt" bench -m "$(model q4_k_m)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')
+            echo "ab: $env tg128 $r"
         done
         ;;
     gemv)
-        for env in NT_PIPE_TWO_ROWS=1 NT_PIPE_TWO_ROWS=0; do
-            echo "+ $env bench_gemv --types q4_K,q6_K,q8_0 --shapes 8b,70b --n 1,2 --pdl"
-            env $env "$build/bench/bench_gemv" --types q4_K,q6_K,q8_0 --shapes 8b,70b --n 1,2 --pdl \
-                >"$out/gemv_$env.txt" 2>&1 || echo "bench_gemv FAILED"
-            grep -E "\*|FAIL" "$out/gemv_$env.txt"
+        for v in 1 0; do
+            echo "+ NT_PIPE_TWO_ROWS=$v bench_gemv --types q4_K,q8_0 --shapes 8b,70b --n 1 --pdl"
+            NT_PIPE_TWO_ROWS=$v "$build/bench/bench_gemv" --types q4_K,q8_0 --shapes 8b,70b --n 1 --pdl \
+                >"$out/gemv_two_rows_$v.txt" 2>&1 || echo "bench_gemv FAILED"
+            grep -E "^\*" "$out/gemv_two_rows_$v.txt" | awk '{print "gemv'$v':", $2, $3, $4, $5, $9, $11}'
         done
+        ;;
+    attention)
+        "$build/bench/bench_attention" --iters 200 >"$out/attention.txt" 2>&1 || echo "bench_attention FAILED"
+        grep -E "^ +(8|64|128|512|4096) +1 " "$out/attention.txt"
         ;;
     types)
         for t in q4_k_m q8_0 q6_k; do

@@ -245,6 +245,7 @@ int pipe_resident_ctas() {
         NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
         NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
                       "device attribute");
+        set_decode_carveout(gemv_q8_pipe<T, NX, kPair, kXU, kV>);
         NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                           &per_sm, gemv_q8_pipe<T, NX, kPair, kXU, kV>, kPipeThreads, 0),
                       "gemv pipe occupancy");
