@@ -757,8 +757,6 @@ bool attn_has_prefill(const AttnShape& s) {
 }
 
 void attn_init() {
-    set_decode_carveout(attn_decode_tiled<64>);
-    set_decode_carveout(attn_decode_tiled<128>);
     NT_CUDA_CHECK(
         cudaFuncSetAttribute(attn_decode_tiled<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              int(DecodeTile<64>::smem_bytes(kMaxGroup))),

@@ -244,7 +244,6 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     pdl_supported_ = mm_->pdl;
     mm_->pdl = pdl_supported_ && pdl_allowed_;
     cuda::attn_init();
-    cuda::elementwise_init();
 
     NT_CUDA_CHECK(cudaMallocHost(&h_step_, step_bytes_), "cudaMallocHost");
     std::memset(h_step_, 0, step_bytes_);

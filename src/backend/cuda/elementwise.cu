@@ -531,16 +531,6 @@ void launch_add_rmsnorm(int mode, float* x, const float* y, const uint8_t* w, in
 
 }  // namespace
 
-void elementwise_init() {
-    for (auto* k : {add_rmsnorm_kernel<GgmlType::F32, kNoQuant>, add_rmsnorm_kernel<GgmlType::F32, kQ80>,
-                    add_rmsnorm_kernel<GgmlType::F32, kQ81>, add_rmsnorm_kernel<GgmlType::F32, kQ8K>,
-                    add_rmsnorm_kernel<GgmlType::F16, kNoQuant>, add_rmsnorm_kernel<GgmlType::F16, kQ80>,
-                    add_rmsnorm_kernel<GgmlType::F16, kQ81>, add_rmsnorm_kernel<GgmlType::F16, kQ8K>})
-        set_decode_carveout(k);
-    set_decode_carveout(rope_pair_kernel<true, true>);
-    set_decode_carveout(rope_pair_kernel<false, true>);
-}
-
 bool elementwise_supports(GgmlType t) {
     return dispatch_type(t, [](auto) {});
 }

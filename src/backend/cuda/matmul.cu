@@ -128,14 +128,6 @@ bool pdl_prefetch_enabled() {
     return on;
 }
 
-int decode_carveout() {
-    static const int c = [] {
-        const char* e = std::getenv("NT_SMEM_CARVEOUT");
-        return e ? std::clamp(std::atoi(e), 0, 100) : -1;
-    }();
-    return c;
-}
-
 void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stream) {
     if (reinterpret_cast<uintptr_t>(buf) % 256 != 0)
         nt::fail("CUDA matmul workspace must be 256-byte aligned.");

@@ -325,7 +325,6 @@ int staged_resident_ctas() {
             NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                int(smem)),
                           "gemv shared memory limit");
-        set_decode_carveout(kernel);
         int dev = 0, sms = 0, per_sm = 0;
         NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
         NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),

@@ -245,7 +245,6 @@ int pipe_resident_ctas() {
         NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
         NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
                       "device attribute");
-        set_decode_carveout(gemv_q8_pipe<T, NX, kPair, kXU, kV>);
         NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                           &per_sm, gemv_q8_pipe<T, NX, kPair, kXU, kV>, kPipeThreads, 0),
                       "gemv pipe occupancy");
@@ -273,6 +272,8 @@ void launch_pipe_k(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t co
 // w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`. Rows of more
 // than kMaxXUnits units, whose activations are loaded unit by unit, go two at a time (an even
 // row count), so that one activation load serves both (not Q6_K: its raw registers spill).
+// H200, bench_gemv --pdl, Q4_K at one activation row, one row -> two: 4096 x 14336 2129 ->
+// 2683 GB/s, 8192 x 8192 2159 -> 2778, 28672 x 8192 2403 -> 3315, 8192 x 28672 2325 -> 2945.
 template <GgmlType T, int NX, bool kPair>
 void launch_pipe(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols, const int8_t* xq,
                  const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
@@ -289,7 +290,10 @@ void launch_pipe(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols
             return launch_pipe_k<T, 1, kPair, 2, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream,
                                                      q);
     }
-    if (!kPair && T != GgmlType::Q6_K && rows % 2 == 0 && pipe_two_rows_enabled())
+    // Two rows a warp only where the matrix has a row for every resident warp: a short one
+    // (70B's 1024-row k/v) would leave warps idle (H200: 911 vs 1076 GB/s).
+    if (!kPair && T != GgmlType::Q6_K && rows % 2 == 0 && pipe_two_rows_enabled() &&
+        rows >= int64_t(pipe_resident_ctas<T, NX, kPair, 0, 2>()) * kPipeWarps)
         return launch_pipe_k<T, NX, kPair, 0, 2>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
     launch_pipe_k<T, NX, kPair, 0, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
 }

@@ -16,8 +16,6 @@ namespace nt::cuda {
 
 // ---- elementwise.cu ----------------------------------------------------------------------------
 
-// Called once per process and device before the first launch (kernel attributes).
-void elementwise_init();
 // True when embed/rmsnorm can read weights of this type.
 bool elementwise_supports(GgmlType t);
 

@@ -43,20 +43,6 @@ __device__ __forceinline__ void pdl_trigger() {
 // unless NT_PDL_PREFETCH=0, for A/B runs; read once).
 bool pdl_prefetch_enabled();
 
-// The shared-memory carveout (percent of the most a multiprocessor can give) of the kernels of
-// the decode chain, from NT_SMEM_CARVEOUT (read once); -1 when unset (the driver's choice per
-// kernel). A multiprocessor changes its L1/shared split only when idle, so two kernels that
-// want different splits cannot share it, programmatic dependent launches included.
-int decode_carveout();
-template <typename... Params>
-void set_decode_carveout(void (*kernel)(Params...)) {
-    const int c = decode_carveout();
-    if (c >= 0)
-        NT_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, c),
-            "cudaFuncSetAttribute (shared-memory carveout)");
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when
 // `pdl`; `what` names the kernel in the error.
 template <typename... Params, typename... Args>
