@@ -6,6 +6,7 @@
 #   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (Q4_K, Q6_K, Q8_0; n = 1, 2), two-row groups on and off
 #   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions, prefill
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
+#   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64 (after types: needs the disk)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
 #   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
 # Env: NT_BUILD_DIR (build-gpu), MODELS (models/synth), SYNTH (../shared/tools/synth_gguf.py), OUT.
@@ -65,11 +66,18 @@ stage() {
     types)
         for t in q4_k_m q8_0 q6_k; do
             wait_model $t
-            run "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\|"
+            run "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\||^decode:"
         done
         ;;
+    70b)
+        # Resident 70B Q4_K_M (42.5 GB): the 8B Q8_0 and Q6_K files make room on a 64 GB disk.
+        rm -f "$(model q8_0)" "$(model q6_k)"
+        m70="$models/llama-70b-q4_k_m.gguf"
+        [ -f "$m70" ] || run python3 "$synth" "$m70" --shape 70b --ftype q4_k_m --repeat-layers >/dev/null
+        run "$nt" bench -m "$m70" --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E "^\||^decode:"
+        ;;
     tests)
-        "$build/tests/nt_gpu_tests" --gtest_brief=1 2>&1 | tee "$out/gpu_tests.log" | tail -n 40
+        "$build/tests/nt_gpu_tests" --gtest_brief=1 ${TESTS:+--gtest_filter="$TESTS"} 2>&1 | tee "$out/gpu_tests.log" | tail -n 40
         failed=$(grep -E "^\[  FAILED  \] [A-Za-z_]+\.[A-Za-z_0-9/]+" "$out/gpu_tests.log" | awk '{print $4}' | sort -u | paste -sd: -)
         if [ -n "$failed" ]; then
             for env in NT_PDL_PREFETCH=0 NT_PDL=0; do

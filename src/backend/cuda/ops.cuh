@@ -82,7 +82,7 @@ constexpr int kPrefillTileRows = 64;
 // Whether the fast kernels (tiled split-K decode, tensor-core prefill) handle this shape; the
 // generic decode kernel handles any head_dim <= 256 (even) and any group size.
 bool attn_has_fast_decode(const AttnShape& s);
-// Whether the warp decode kernel (no K/V staging; the default where it exists) handles it.
+// Whether the warp decode kernel (no K/V staging; attn_decode version 3) handles it.
 bool attn_has_warp_decode(const AttnShape& s);
 bool attn_has_prefill(const AttnShape& s);
 
