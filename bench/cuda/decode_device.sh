@@ -64,7 +64,7 @@ stage() {
         grep -E "^ +(8|64|128|512|4096) +1 " "$out/attention.txt"
         ;;
     types)
-        for t in q4_k_m q8_0 q6_k; do
+        for t in ${TYPES:-q4_k_m q8_0 q6_k}; do
             wait_model $t
             run "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\||^decode:"
         done

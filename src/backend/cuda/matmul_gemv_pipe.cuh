@@ -109,11 +109,12 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     static_assert(!kPair || kV == 2, "a pair is a group of two rows");
     static_assert(kV == 1 || kV == 2, "groups of one or two rows");
     // Slots of kV rows' raw bytes: about kDepth units in flight either way (Q6_K's large raw
-    // registers allow one slot of two rows at two or more activation rows without spilling).
+    // registers allow one slot of two rows without spilling).
     constexpr int kDepth = PipeShape<T, NX, kXU>::kDepth;
-    constexpr int D = kV == 1 ? kDepth : T == GgmlType::Q6_K && NX >= 2 ? 1 : (kDepth + 1) / 2;
-    static_assert(kXU == 0 || (NX == 1 && D % (kXU > 0 ? kXU : 1) == 0),
-                  "slot s must hold unit s % kXU");
+    constexpr int D = kV == 1 ? kDepth : T == GgmlType::Q6_K ? 1 : (kDepth + 1) / 2;
+    static_assert(kXU == 0 || (NX == 1 && kXU <= kMaxXUnits), "register-held activations");
+    // Slot s holds unit s % kXU when D is a multiple of kXU; else the unit is c_u (below).
+    constexpr bool kSlotUnit = kXU == 0 || D % (kXU > 0 ? kXU : 1) == 0;
 
     const int lane = threadIdx.x & 31;
     const int part = lane % kLPB, sub = lane / kLPB;
@@ -188,8 +189,16 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
 #pragma unroll
                     for (int h = 0; h < kV; ++h) Q::decode(ring[s][h], part, wr[h]);
                     if constexpr (kXU > 0) {
+                        static_assert(kSlotUnit || kXU == 2, "units chosen by c_u below");
 #pragma unroll
-                        for (int h = 0; h < kV; ++h) acc[h][0] += Q::dot(wr[h], xr[s % kXU]);
+                        for (int h = 0; h < kV; ++h) {
+                            if constexpr (kSlotUnit)
+                                acc[h][0] += Q::dot(wr[h], xr[s % kXU]);
+                            else if (c_u == 0)  // uniform across the warp
+                                acc[h][0] += Q::dot(wr[h], xr[0]);
+                            else
+                                acc[h][0] += Q::dot(wr[h], xr[kXU - 1]);
+                        }
                     } else {
                         // One load of the activations serves every row of the group.
 #pragma unroll
