@@ -13,18 +13,10 @@
 # Env: NT_BUILD_DIR (build-gpu), MODELS (models/synth), SYNTH (../shared/tools/synth_gguf.py), OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=${NT_BUILD_DIR:-build-gpu}
-models=${MODELS:-models/synth}
-synth=${SYNTH:-../shared/tools/synth_gguf.py}
-nt="$build/ntransformer"
+source bench/device_env.sh
 out=${OUT:-}
 m70="$models/llama-70b-q4_k_m.gguf"
 m8="$models/llama-8b-q4_k_m.gguf"
-
-run() {
-    echo "+ $*"
-    "$@"
-}
 
 stage() {
     case "$1" in

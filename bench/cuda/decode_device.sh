@@ -12,16 +12,8 @@
 # Env: NT_BUILD_DIR (build-gpu), MODELS (models/synth), SYNTH (../shared/tools/synth_gguf.py), OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-build=${NT_BUILD_DIR:-build-gpu}
-models=${MODELS:-models/synth}
-synth=${SYNTH:-../shared/tools/synth_gguf.py}
-nt="$build/ntransformer"
+source bench/device_env.sh
 out=${OUT:-/tmp}
-
-run() {
-    echo "+ $*"
-    "$@"
-}
 model() { echo "$models/llama-8b-$1.gguf"; }
 wait_model() {  # the models stage writes in the background
     while [ ! -f "$(model "$1")" ]; do sleep 2; done

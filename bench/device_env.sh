@@ -1,0 +1,13 @@
+# Sourced by the GPU machine scripts (bench/streaming_device.sh, bench/cuda/decode_device.sh),
+# from the repository root: where the build, the synthetic models and the generator live, and
+# run(), which prints a command before running it.
+#   NT_BUILD_DIR (build-gpu), MODELS (models/synth), SYNTH (../shared/tools/synth_gguf.py)
+build=${NT_BUILD_DIR:-build-gpu}
+models=${MODELS:-models/synth}
+synth=${SYNTH:-../shared/tools/synth_gguf.py}
+nt="$build/ntransformer"
+
+run() {
+    echo "+ $*"
+    "$@"
+}
