@@ -7,8 +7,8 @@
 //
 // Versions: decode v1 = generic kernel (a warp per position), v2 = tiled (cp.async double-
 // buffered K/V tiles, all heads of a GQA group per block), v3 = warp (no staging: lanes over
-// head dims, warps over positions, all heads of a group per block); prefill v1 = the decode kernel run
-// on every row, v2 = flash attention on tensor cores (mma.sync m16n8k16).
+// head dims, warps over positions, all heads of a group per block); prefill v1 = the decode kernel
+// run on every row, v2 = flash attention on tensor cores (mma.sync m16n8k16).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -230,8 +230,10 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
                 const double gbs = bytes / (us * 1e-6) / 1e9;
                 std::printf("%6d %5d %6d | v%d %-6s %9.1f %9.0f %6.0f%% | %.1e%s\n", ctx, rows,
                             splits, version,
-                            version == 1 ? "generic" : version == 2 ? "tiled" : "warp", us, gbs,
-                            100 * gbs / hbm, err, err > 2e-5 ? "  <-- WRONG" : "");
+                            version == 1   ? "generic"
+                            : version == 2 ? "tiled"
+                                           : "warp",
+                            us, gbs, 100 * gbs / hbm, err, err > 2e-5 ? "  <-- WRONG" : "");
             }
             cudaFree(dpos);
             cudaFree(scratch);

@@ -518,7 +518,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
 // latency with little to hide it.
 template <int HD, int GB>
 __global__ void __launch_bounds__(kThreads) attn_decode_warp(DecodeArgs a) {
-    constexpr int E = HD / 32;  // 4 (head_dim 128) or 2 (64): E / 2 half2 per lane
+    constexpr int E = HD / 32;               // 4 (head_dim 128) or 2 (64): E / 2 half2 per lane
     constexpr int kBatch = GB <= 4 ? 8 : 4;  // positions in flight per warp (registers)
     constexpr int kWarps = kThreads / 32;
     extern __shared__ __align__(16) float wsm[];
@@ -571,7 +571,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_warp(DecodeArgs a) {
             for (int i = 0; i < kBatch; i++) {
                 float d = 0.f;
 #pragma unroll
-                for (int j = 0; j < E / 2; j++) d += q[g][2 * j] * kf[i][j].x + q[g][2 * j + 1] * kf[i][j].y;
+                for (int j = 0; j < E / 2; j++)
+                    d += q[g][2 * j] * kf[i][j].x + q[g][2 * j + 1] * kf[i][j].y;
                 sc[i] = p0 + i < end ? warp_sum(d) : -INFINITY;
                 mb = fmaxf(mb, sc[i]);  // finite: position p0 is in the slice
             }

@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     typename Q::Raw ring[D][kV];
     int64_t f_g = 0;  // fetch cursor: group (relative to g0) and unit
     int f_u = 0;
-    auto fetch = [&](typename Q::Raw (&r)[kV]) {
+    auto fetch = [&](typename Q::Raw(&r)[kV]) {
         if (f_g < g1 - g0) {
             const int kb = f_u * kBPU + sub;
             if (kb < nb) {
@@ -234,7 +234,8 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                                 y[int64_t(k) * rows + g] = pipe_silu_mul(v[0], v[1]);
                             } else {
 #pragma unroll
-                                for (int h = 0; h < kV; ++h) y[int64_t(k) * rows + g * kV + h] = v[h];
+                                for (int h = 0; h < kV; ++h)
+                                    y[int64_t(k) * rows + g * kV + h] = v[h];
                             }
                         }
                     }
