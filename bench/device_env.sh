@@ -6,6 +6,7 @@ build=${NT_BUILD_DIR:-build-gpu}
 models=${MODELS:-models/synth}
 synth=${SYNTH:-../shared/tools/synth_gguf.py}
 nt="$build/ntransformer"
+m70="$models/llama-70b-q4_k_m.gguf"  # synthetic Llama-3 70B Q4_K_M, 42.5 GB
 
 run() {
     echo "+ $*"

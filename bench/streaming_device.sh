@@ -15,7 +15,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source bench/device_env.sh
 out=${OUT:-}
-m70="$models/llama-70b-q4_k_m.gguf"
 m8="$models/llama-8b-q4_k_m.gguf"
 
 stage() {

@@ -6,9 +6,8 @@
 //   bench_attention [--hd 128] [--heads 32] [--kv-heads 8] [--iters 50] [--peak-tflops 790]
 //
 // Versions: decode v1 = generic kernel (a warp per position), v2 = tiled (cp.async double-
-// buffered K/V tiles, all heads of a GQA group per block), v3 = warp (no staging: lanes over
-// head dims, warps over positions, all heads of a group per block); prefill v1 = the decode kernel
-// run on every row, v2 = flash attention on tensor cores (mma.sync m16n8k16).
+// buffered K/V tiles, all heads of a GQA group per block); prefill v1 = the decode kernel run
+// on every row, v2 = flash attention on tensor cores (mma.sync m16n8k16).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -209,9 +208,8 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
             float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
             int* done = dev_zeros<int>(size_t(rows) * s.n_head_kv);
             const double bytes = double(rows) * ctx * s.kv_dim() * 2 * sizeof(__half);
-            for (int version : {1, 2, 3}) {
+            for (int version : {1, 2}) {
                 if (version == 2 && !attn_has_fast_decode(s)) continue;
-                if (version == 3 && !attn_has_warp_decode(s)) continue;
                 auto launch = [&](int i) {
                     attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots) * rows, drows,
                                 rows, splits, scratch, done, dout, nullptr, version);
@@ -229,11 +227,8 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
                 const double us = time_us(o.iters, launch);
                 const double gbs = bytes / (us * 1e-6) / 1e9;
                 std::printf("%6d %5d %6d | v%d %-6s %9.1f %9.0f %6.0f%% | %.1e%s\n", ctx, rows,
-                            splits, version,
-                            version == 1   ? "generic"
-                            : version == 2 ? "tiled"
-                                           : "warp",
-                            us, gbs, 100 * gbs / hbm, err, err > 2e-5 ? "  <-- WRONG" : "");
+                            splits, version, version == 1 ? "generic" : "tiled", us, gbs,
+                            100 * gbs / hbm, err, err > 2e-5 ? "  <-- WRONG" : "");
             }
             cudaFree(dpos);
             cudaFree(scratch);

@@ -64,7 +64,6 @@ stage() {
     70b)
         # Resident 70B Q4_K_M (42.5 GB): the 8B Q8_0 and Q6_K files make room on a 64 GB disk.
         rm -f "$(model q8_0)" "$(model q6_k)"
-        m70="$models/llama-70b-q4_k_m.gguf"
         [ -f "$m70" ] || run python3 "$synth" "$m70" --shape 70b --ftype q4_k_m --repeat-layers >/dev/null
         run "$nt" bench -m "$m70" --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E "^\||^decode:"
         ;;
@@ -88,7 +87,7 @@ import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head, rows = rows[0], rows[1:]
 name, unit, val = head.index("Kernel Name"), head.index("Metric Unit"), head.index("Metric Value")
-scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}
+scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
 t = collections.defaultdict(float); c = collections.Counter()
 for r in rows:
     k = r[name].split("(")[0]

@@ -263,57 +263,6 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
     }
 }
 
-// The end of a decode block whose slice is one of `live` > 1 slices of (row z, KV head kvh),
-// after it has written its partials: the last of them to finish merges them all, out =
-// sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M) per head, slices in order (what a separate
-// merge kernel computed), and quantizes out when asked. Shared memory: wts [G][kMaxSplits],
-// ls [G], vals [G][HD].
-template <int HD>
-__device__ void merge_slices(const DecodeArgs& a, int z, int row, int kvh, int live, float* wts,
-                             float* ls, float* vals) {
-    const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-    const int G = a.group, h0 = kvh * G;
-    __shared__ int last;
-    __threadfence();  // this slice's partials are visible before its count is
-    __syncthreads();
-    if (t == 0) {
-        int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
-        last = atomicAdd(done, 1) == live - 1;
-        if (last) *done = 0;  // every other slice has counted: ready for the next launch
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int g = warp; g < G; g += kThreads / 32) {
-        const size_t idx0 = (size_t(z) * a.n_head + h0 + g) * a.splits;
-        float M = -INFINITY;
-        for (int s = lane; s < live; s += 32) M = fmaxf(M, __ldcg(&a.part_ml[idx0 + s]).x);
-        M = warp_max(M);
-        float L = 0.f;
-        for (int s = lane; s < live; s += 32) {
-            const float2 ml = __ldcg(&a.part_ml[idx0 + s]);
-            wts[g * kMaxSplits + s] = exp2f(ml.x - M);
-            L += ml.y * wts[g * kMaxSplits + s];
-        }
-        L = warp_sum(L);
-        if (lane == 0) ls[g] = 1.f / L;
-    }
-    __syncthreads();
-    for (int e = t; e < G * HD; e += kThreads) {
-        const int g = e / HD, d = e % HD;
-        const size_t idx0 = (size_t(z) * a.n_head + h0 + g) * a.splits;
-        float o = 0.f;
-        for (int s = 0; s < live; s++)
-            o += __ldcg(&a.part_acc[(idx0 + s) * HD + d]) * wts[g * kMaxSplits + s];
-        a.out[size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d] = o * ls[g];
-        if (a.qmode >= 0) vals[e] = o * ls[g];
-    }
-    if (a.qmode >= 0) {
-        __syncthreads();
-        quantize_heads<HD>(vals, G, row, h0, a);
-    }
-}
-
 // Tiled: one block per (slice, KV head, row) and all `group` query heads of that KV head.
 // Scores: thread t takes position t % 64 for heads t / 64, t / 64 + 2, ... (q broadcast from
 // shared memory, K rows read conflict-free thanks to the padding). Softmax: warp w takes heads
@@ -503,148 +452,49 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         return;
     }
 
-    static_assert(kMaxSplits <= TP, "the slice weights reuse the scores' [G][TP] buffer");
-    merge_slices<HD>(a, z, row, kvh, live, ps, ls, qs);
-}
-
-// Warp decode (no K/V staging): one block per (slice, KV head, row) over the tiled kernel's
-// slices, all `group` <= GB query heads of the KV head. Warp w takes positions in batches of
-// kBatch (batches w, w + 4, ...); lane l holds dims [E l, E l + E) of q, K, V and the
-// accumulators, so a position's K or V row is one coalesced read of HD halves and its G
-// scores are warp sums. The batch's loads are all issued before its first use. The 4 warps'
-// (max, sum, acc) merge through shared memory; then, as in the tiled kernel, a context held by
-// one slice is written (and quantized) directly, else the slice's partials are written and the
-// last slice merges. Built for short contexts, where the tiled kernel's phases and barriers are
-// latency with little to hide it.
-template <int HD, int GB>
-__global__ void __launch_bounds__(kThreads) attn_decode_warp(DecodeArgs a) {
-    constexpr int E = HD / 32;               // 4 (head_dim 128) or 2 (64): E / 2 half2 per lane
-    constexpr int kBatch = GB <= 4 ? 8 : 4;  // positions in flight per warp (registers)
-    constexpr int kWarps = kThreads / 32;
-    extern __shared__ __align__(16) float wsm[];
-    pdl_trigger();
-    const int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
-    const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-    const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
-    const int G = a.group, h0 = kvh * G;
-    int start, end;
-    const int live = split_range(a.pos[row] + 1, a.splits, split, DecodeTile<HD>::TP, start, end);
-    if (start >= end) return;  // past the sequence's end: not counted, not merged
-    // q and the cache come from the kernels before (this may be a programmatic dependent launch)
-    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd);
-
-    const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD + lane * E;
-    const __half* kg = a.kc + base;
-    const __half* vg = a.vc + base;
-    float q[GB][E], acc[GB][E], m[GB], l[GB];
-    {
-        const float* qrow = a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD + lane * E;
-#pragma unroll
-        for (int g = 0; g < GB; g++) {
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                q[g][e] = g < G ? qrow[g * HD + e] * a.scale_log2 : 0.f;
-                acc[g][e] = 0.f;
-            }
-            m[g] = -INFINITY;
-            l[g] = 0.f;
-        }
-    }
-    for (int p0 = start + warp * kBatch; p0 < end; p0 += kWarps * kBatch) {
-        float2 kf[kBatch][E / 2], vf[kBatch][E / 2];
-#pragma unroll
-        for (int i = 0; i < kBatch; i++) {
-            const bool in = p0 + i < end;
-            const size_t off = size_t(in ? p0 + i : p0) * a.kv_dim;
-#pragma unroll
-            for (int j = 0; j < E / 2; j++) {
-                kf[i][j] = __half22float2(reinterpret_cast<const __half2*>(kg + off)[j]);
-                vf[i][j] = __half22float2(reinterpret_cast<const __half2*>(vg + off)[j]);
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < GB; g++) {
-            if (g >= G) break;
-            float sc[kBatch];
-            float mb = m[g];
-#pragma unroll
-            for (int i = 0; i < kBatch; i++) {
-                float d = 0.f;
-#pragma unroll
-                for (int j = 0; j < E / 2; j++)
-                    d += q[g][2 * j] * kf[i][j].x + q[g][2 * j + 1] * kf[i][j].y;
-                sc[i] = p0 + i < end ? warp_sum(d) : -INFINITY;
-                mb = fmaxf(mb, sc[i]);  // finite: position p0 is in the slice
-            }
-            const float c = exp2f(m[g] - mb);
-            l[g] *= c;
-#pragma unroll
-            for (int e = 0; e < E; e++) acc[g][e] *= c;
-#pragma unroll
-            for (int i = 0; i < kBatch; i++) {
-                const float w = exp2f(sc[i] - mb);
-                l[g] += w;
-#pragma unroll
-                for (int j = 0; j < E / 2; j++) {
-                    acc[g][2 * j] += w * vf[i][j].x;
-                    acc[g][2 * j + 1] += w * vf[i][j].y;
-                }
-            }
-            m[g] = mb;
-        }
-    }
-
-    // The warps' partial softmaxes -> the block's: sacc [warp][G][HD], sm/sl [warp][G]. A warp
-    // that saw no position has m = -inf and weighs 0 (warp 0 always saw `start`).
-    float* sacc = wsm;
-    float* sm = sacc + kWarps * G * HD;
-    float* sl = sm + kWarps * G;
-    float* wts = sl + kWarps * G;  // [G][kMaxSplits], for merge_slices
-    float* ls = wts + G * kMaxSplits;
-#pragma unroll
-    for (int g = 0; g < GB; g++) {
-        if (g >= G) break;
-#pragma unroll
-        for (int e = 0; e < E; e++) sacc[(warp * G + g) * HD + lane * E + e] = acc[g][e];
-        if (lane == 0) sm[warp * G + g] = m[g], sl[warp * G + g] = l[g];
+    // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
+    // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
+    __shared__ int last;
+    __threadfence();  // this slice's partials are visible before its count is
+    __syncthreads();
+    if (t == 0) {
+        int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
+        last = atomicAdd(done, 1) == live - 1;
+        if (last) *done = 0;  // every other slice has counted: ready for the next launch
     }
     __syncthreads();
-    // Element e of [G][HD]: its thread reads the 4 warps' values and writes warp 0's slot, which
-    // then holds the block's result (vals for quantize_heads / merge_slices).
+    if (!last) return;
+    __threadfence();
+    static_assert(kMaxSplits <= TP, "the slice weights reuse the scores' [G][TP] buffer");
+    float* wts = ps;  // [G][TP] slice weights (live <= splits <= kMaxSplits <= TP)
+    for (int g = warp; g < G; g += kThreads / 32) {
+        const size_t idx0 = (size_t(z) * a.n_head + h0 + g) * a.splits;
+        float M = -INFINITY;
+        for (int s = lane; s < live; s += 32) M = fmaxf(M, __ldcg(&a.part_ml[idx0 + s]).x);
+        M = warp_max(M);
+        float L = 0.f;
+        for (int s = lane; s < live; s += 32) {
+            const float2 ml = __ldcg(&a.part_ml[idx0 + s]);
+            wts[g * TP + s] = exp2f(ml.x - M);
+            L += ml.y * wts[g * TP + s];
+        }
+        L = warp_sum(L);
+        if (lane == 0) ls[g] = 1.f / L;
+    }
+    __syncthreads();
     for (int e = t; e < G * HD; e += kThreads) {
         const int g = e / HD, d = e % HD;
-        float M = sm[g];
-#pragma unroll
-        for (int w = 1; w < kWarps; w++) M = fmaxf(M, sm[w * G + g]);
-        float o = 0.f, L = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; w++) {
-            const float f = exp2f(sm[w * G + g] - M);
-            o += sacc[(w * G + g) * HD + d] * f;
-            L += sl[w * G + g] * f;
-        }
-        if (live == 1) {  // the whole context in this slice: its softmax is complete
-            const float v = o / L;
-            a.out[size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d] = v;
-            sacc[e] = v;
-        } else {
-            const size_t idx = (size_t(z) * a.n_head + h0 + g) * a.splits + split;
-            a.part_acc[idx * HD + d] = o;
-            if (d == 0) a.part_ml[idx] = make_float2(M, L);
-        }
+        const size_t idx0 = (size_t(z) * a.n_head + h0 + g) * a.splits;
+        float o = 0.f;
+        for (int s = 0; s < live; s++)
+            o += __ldcg(&a.part_acc[(idx0 + s) * HD + d]) * wts[g * TP + s];
+        a.out[size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d] = o * ls[g];
+        if (a.qmode >= 0) qs[e] = o * ls[g];
     }
-    if (live == 1) {
-        if (a.qmode >= 0) {
-            __syncthreads();
-            quantize_heads<HD>(sacc, G, row, h0, a);
-        }
-        return;
+    if (a.qmode >= 0) {
+        __syncthreads();
+        quantize_heads<HD>(qs, G, row, h0, a);
     }
-    merge_slices<HD>(a, z, row, kvh, live, wts, ls, sacc);
-}
-
-size_t warp_decode_smem_bytes(int hd, int group) {
-    return size_t(4 * group * hd + 8 * group + group * kMaxSplits + group) * sizeof(float);
 }
 
 // Merges the slices of one (row, head): out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M).
@@ -902,9 +752,6 @@ void check_shape(const AttnShape& s) {
 bool attn_has_fast_decode(const AttnShape& s) {
     return (s.head_dim == 64 || s.head_dim == 128) && s.group() <= kMaxGroup;
 }
-bool attn_has_warp_decode(const AttnShape& s) {
-    return (s.head_dim == 64 || s.head_dim == 128) && s.group() <= 8;
-}
 bool attn_has_prefill(const AttnShape& s) {
     return s.head_dim == 64 || s.head_dim == 128;
 }
@@ -981,17 +828,10 @@ bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
     a.xq = nullptr;
     a.xd = nullptr;
     a.qmode = -1;
-    // The tiled kernel is the default: the warp kernel measured no faster (H200, 8B, one row:
-    // 7.2 vs 8.0 us at 8 positions, 11.6 vs 10.6 at 64, 33.7 vs 30.4 at 4096; whole 8B Q4_K_M
-    // tg128 388.8 vs 392.3 tok/s).
-    const bool warp = version == 3;
     const bool tiled = version == 2 || (version == 0 && attn_has_fast_decode(s));
     if (tiled && !attn_has_fast_decode(s))
         fail("attention: no tiled decode kernel for head_dim %d.", s.head_dim);
-    if (warp && !attn_has_warp_decode(s))
-        fail("attention: no warp decode kernel for head_dim %d and %d query heads per KV head.",
-             s.head_dim, s.group());
-    if (tiled || warp) {
+    if (tiled) {
         // A block's heads must be whole quantization blocks of the row.
         const int heads = s.group() * s.head_dim;
         if (quant && heads % (quant->mode == detail::ActQuant::Q8_K ? 256 : 32) == 0) {
@@ -1001,18 +841,6 @@ bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
         }
         if (splits > 1 && !done) fail("attention: the split decode kernel needs its counters.");
         const dim3 grid(unsigned(splits), unsigned(s.n_head_kv), unsigned(n_rows));
-        if (warp) {
-            const size_t smem = warp_decode_smem_bytes(s.head_dim, a.group);
-            auto go = [&](auto kernel) {
-                launch_kernel(pdl, kernel, grid, dim3(kThreads), smem, stream,
-                              "attention decode kernel (warp)", a);
-            };
-            if (s.head_dim == 64)
-                a.group <= 4 ? go(attn_decode_warp<64, 4>) : go(attn_decode_warp<64, 8>);
-            else
-                a.group <= 4 ? go(attn_decode_warp<128, 4>) : go(attn_decode_warp<128, 8>);
-            return a.qmode >= 0;
-        }
         if (s.head_dim == 64)
             launch_kernel(pdl, attn_decode_tiled<64>, grid, dim3(kThreads),
                           DecodeTile<64>::smem_bytes(a.group), stream,

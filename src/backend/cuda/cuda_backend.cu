@@ -5,29 +5,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/ops.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace nt {
-
-namespace {
-// NT_ATTN_DECODE=generic|tiled|warp forces a decode attention kernel (A/B measurements of whole
-// models; bench_attention compares them kernel by kernel; a shape without that kernel fails);
-// 0, the default: the best kernel for the shape.
-int attn_decode_version() {
-    static const int v = [] {
-        const char* e = std::getenv("NT_ATTN_DECODE");
-        const std::string s = e ? e : "";
-        return s == "generic" ? 1 : s == "tiled" ? 2 : s == "warp" ? 3 : 0;
-    }();
-    return v;
-}
-}  // namespace
 
 namespace {
 
@@ -75,8 +61,7 @@ CudaBackend::CudaBackend(int device) {
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     for (auto& e : upload_done_)
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-    const char* env = std::getenv("NT_CUDA_GRAPHS");
-    graphs_on_ = !(env && std::strcmp(env, "0") == 0);
+    graphs_on_ = env_switch("NT_CUDA_GRAPHS");
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
 }
 
@@ -566,7 +551,7 @@ void CudaBackend::run(const Op& op) {
                 op.kind == OpKind::RopeAttention && n_dec_ == n_rows_ && n_tiles_ == 0 &&
                 cuda::matmul_activation_slot(*mm_, op.next, n_rows_, as.q_dim(), &slot);
             if (cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
-                                  attn_scratch_, attn_done_, f(3), stream_, attn_decode_version(),
+                                  attn_scratch_, attn_done_, f(3), stream_, 0,
                                   quantize ? &slot : nullptr, mm_->pdl)) {
                 cuda::matmul_adopt_activations(*mm_, f(3), n_rows_, as.q_dim(), slot);
                 after_matmul_ = true;

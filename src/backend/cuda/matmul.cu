@@ -7,6 +7,7 @@
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_gemv.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace nt::cuda {
@@ -120,14 +121,6 @@ size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch)
            kCountersBytes;
 }
 
-bool pdl_prefetch_enabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("NT_PDL_PREFETCH");
-        return !(e && std::string(e) == "0");
-    }();
-    return on;
-}
-
 void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stream) {
     if (reinterpret_cast<uintptr_t>(buf) % 256 != 0)
         nt::fail("CUDA matmul workspace must be 256-byte aligned.");
@@ -147,8 +140,7 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     int major = 0;
     NT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
                   "cudaDeviceGetAttribute");
-    const char* pdl_env = std::getenv("NT_PDL");
-    ws.pdl = major >= 9 && !(pdl_env && std::string(pdl_env) == "0");
+    ws.pdl = major >= 9 && env_switch("NT_PDL");
     NT_CUDA_CHECK(cublasCreate(&ws.cublas), "cublasCreate");
     NT_CUDA_CHECK(cublasSetStream(ws.cublas, stream), "cublasSetStream");
     detail::prepare_gemv_all();
@@ -350,14 +342,6 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
 }  // namespace nt::cuda
 
 namespace nt::cuda::detail {
-
-bool pipe_two_rows_enabled() {
-    static const bool on = [] {
-        const char* e = std::getenv("NT_PIPE_TWO_ROWS");
-        return !(e && std::string(e) == "0");
-    }();
-    return on;
-}
 
 namespace {
 

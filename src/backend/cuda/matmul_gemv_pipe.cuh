@@ -29,6 +29,7 @@
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace nt::cuda::detail {
@@ -61,8 +62,11 @@ constexpr bool pipe_x_in_registers() {
 }
 
 // Whether rows whose activations are loaded unit by unit go two at a time (on unless
-// NT_PIPE_TWO_ROWS=0, for A/B runs; matmul.cu).
-bool pipe_two_rows_enabled();
+// NT_PIPE_TWO_ROWS=0, for A/B runs).
+inline bool pipe_two_rows_enabled() {
+    static const bool on = env_switch("NT_PIPE_TWO_ROWS");
+    return on;
+}
 
 // silu(g) * u rounded as the CPU backend's SwiGLU (and elementwise.cu's kernel) rounds it.
 __device__ __forceinline__ float pipe_silu_mul(float g, float u) {

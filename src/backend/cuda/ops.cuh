@@ -82,8 +82,6 @@ constexpr int kPrefillTileRows = 64;
 // Whether the fast kernels (tiled split-K decode, tensor-core prefill) handle this shape; the
 // generic decode kernel handles any head_dim <= 256 (even) and any group size.
 bool attn_has_fast_decode(const AttnShape& s);
-// Whether the warp decode kernel (no K/V staging; attn_decode version 3) handles it.
-bool attn_has_warp_decode(const AttnShape& s);
 bool attn_has_prefill(const AttnShape& s);
 
 // Called once per process and device before the first launch (raises shared-memory limits).
@@ -105,7 +103,7 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 // `done`: n_rows * n_head_kv ints, zero before the first call; each call leaves them zero (the
 // tiled kernel's count of finished slices per (row, KV head); unused with one split).
 // q and out are [batch][n_head * head_dim]. `version`: 0 = best for the shape, 1 = generic,
-// 2 = tiled, 3 = warp (the harness compares them).
+// 2 = tiled (the harness compares them).
 // quant (optional): the tiled kernel also writes out's int8 activations into the slot, exactly
 // as detail::quantize_q8(out, n_rows, q_dim, quant->mode) would, when every row of out is a
 // decode row listed in rows; returns whether it did (it cannot where a kernel block's heads are

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "core/env.h"
 
 namespace nt::cuda {
 
@@ -40,8 +41,11 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Whether kernels launched with PDL may also load their first weights before pdl_wait() (on
-// unless NT_PDL_PREFETCH=0, for A/B runs; read once).
-bool pdl_prefetch_enabled();
+// unless NT_PDL_PREFETCH=0, for A/B runs).
+inline bool pdl_prefetch_enabled() {
+    static const bool on = env_switch("NT_PDL_PREFETCH");
+    return on;
+}
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when
 // `pdl`; `what` names the kernel in the error.
