@@ -25,6 +25,7 @@
 #include "backend/cuda/ops.cuh"
 #include "core/error.h"
 #include "core/f16.h"
+#include "matmul_harness.h"
 
 using namespace nt;
 using namespace nt::cuda;
@@ -183,8 +184,10 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
         "\n== decode: %d heads / %d KV heads, head_dim %d (KV bytes that must be read; ceiling "
         "%.0f GB/s)\n",
         o.heads, o.kv_heads, o.hd, hbm);
-    std::printf("%6s %5s %6s | %-9s %9s %9s %7s | %s\n", "ctx", "rows", "splits", "version", "us",
-                "GB/s", "of HBM", "max err");
+    std::printf("%6s %5s %6s | %-9s %9s %9s %7s | %9s %9s | %s\n", "ctx", "rows", "splits",
+                "version", "us", "GB/s", "of HBM", "graph us", "1 slice", "max err");
+    cudaStream_t stream;
+    NT_CUDA_CHECK(cudaStreamCreate(&stream), "stream");
     const int n_ctx = 8192;
     for (int rows : {1, 4, 32}) {
         AttnShape s{o.heads, o.kv_heads, o.hd, n_ctx};
@@ -210,10 +213,11 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
             const double bytes = double(rows) * ctx * s.kv_dim() * 2 * sizeof(__half);
             for (int version : {1, 2}) {
                 if (version == 2 && !attn_has_fast_decode(s)) continue;
-                auto launch = [&](int i) {
+                auto launch_with = [&](int i, int n_splits, bool pdl) {
                     attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots) * rows, drows,
-                                rows, splits, scratch, done, dout, nullptr, version);
+                                rows, n_splits, scratch, done, dout, stream, version, nullptr, pdl);
                 };
+                auto launch = [&](int i) { launch_with(i, splits, false); };
                 launch(0);
                 std::vector<float> out(q.size());
                 NT_CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * sizeof(float),
@@ -226,9 +230,20 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
                                        cache.reference(&q[size_t(r) * s.q_dim()], r, ctx - 1)));
                 const double us = time_us(o.iters, launch);
                 const double gbs = bytes / (us * 1e-6) / 1e9;
-                std::printf("%6d %5d %6d | v%d %-6s %9.1f %9.0f %6.0f%% | %.1e%s\n", ctx, rows,
-                            splits, version, version == 1 ? "generic" : "tiled", us, gbs,
-                            100 * gbs / hbm, err, err > 2e-5 ? "  <-- WRONG" : "");
+                // As in a decode step: inside a CUDA graph, the tiled kernel a programmatic
+                // dependent launch; then with the whole context in one slice (one block per
+                // KV head), which short contexts use anyway: the other blocks exit at once.
+                const bool pdl = version == 2;
+                const double g_us =
+                    bench::time_graph_us(stream, 20, std::max(1, o.iters / 20),
+                                         [&](int i) { launch_with(i, splits, pdl); });
+                const double g1_us =
+                    ctx <= 512 ? bench::time_graph_us(stream, 20, std::max(1, o.iters / 20),
+                                                      [&](int i) { launch_with(i, 1, pdl); })
+                               : 0.0;
+                std::printf("%6d %5d %6d | v%d %-6s %9.1f %9.0f %6.0f%% | %9.1f %9.1f | %.1e%s\n",
+                            ctx, rows, splits, version, version == 1 ? "generic" : "tiled", us, gbs,
+                            100 * gbs / hbm, g_us, g1_us, err, err > 2e-5 ? "  <-- WRONG" : "");
             }
             cudaFree(dpos);
             cudaFree(scratch);
@@ -239,6 +254,7 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
         cudaFree(drows);
         cudaFree(dseq);
     }
+    cudaStreamDestroy(stream);
 }
 
 // Prefill: a prompt of n tokens of one sequence (positions 0..n-1), causal.

@@ -2,7 +2,7 @@
 # Resident decode on a GPU machine (issue 3's decode targets), in stages:
 #   bench/cuda/decode_device.sh build    # configure + build ntransformer, nt_gpu_tests and the harnesses
 #   bench/cuda/decode_device.sh models   # synthetic Llama-3 8B in Q4_K_M, Q8_0 and Q6_K (written in the background)
-#   bench/cuda/decode_device.sh ab       # 8B Q4_K_M tg128 as shipped, then without two-row GEMV groups, weight prefetch, PDL
+#   bench/cuda/decode_device.sh ab       # 8B tg128 (AB_MODELS, default q4_k_m) as shipped, then with each setting of AB
 #   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (Q4_K, Q6_K, Q8_0; n = 1, 2), two-row groups on and off
 #   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions, prefill
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
@@ -36,11 +36,13 @@ stage() {
         ;;
     ab)
         # One line per setting (AB: space-separated VAR=VALUE settings, "-" for as shipped).
-        wait_model q4_k_m
-        for env in ${AB:-- NT_PIPE_TWO_ROWS=0 NT_PDL_PREFETCH=0 NT_PDL=0}; do
-            [ "$env" = - ] && env=NT_AS_SHIPPED=1
-            r=$(env $env "$nt" bench -m "$(model q4_k_m)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')
-            echo "ab: $env tg128 $r"
+        for t in ${AB_MODELS:-q4_k_m}; do
+            wait_model $t
+            for env in ${AB:-- NT_PIPE_TWO_ROWS=0 NT_PDL_PREFETCH=0 NT_PDL=0}; do
+                [ "$env" = - ] && env=NT_AS_SHIPPED=1
+                r=$(env $env "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')
+                echo "ab: $t $env tg128 $r"
+            done
         done
         ;;
     gemv)

@@ -47,7 +47,8 @@ constexpr bool pipe_compiled() {
 // activation count: deep enough to cover HBM latency, shallow enough not to spill.
 template <GgmlType T, int NX, int kXU = 0>
 struct PipeShape {
-    static constexpr int kDepth = kXU > 0               ? 4
+    // (Q6_K's raw units are large: with register-held activations two of them fill the cap.)
+    static constexpr int kDepth = kXU > 0               ? (T == GgmlType::Q6_K ? 2 : 4)
                                   : T == GgmlType::Q8_0 ? 6
                                   : NX >= 4             ? 2
                                   : T == GgmlType::Q6_K ? 3
@@ -189,22 +190,36 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
             if (i0 + s < total) {  // uniform across the warp
                 const int kb = c_u * kBPU + sub;
                 if (kb < nb) {
-                    typename Q::W wr[kV];
-#pragma unroll
-                    for (int h = 0; h < kV; ++h) Q::decode(ring[s][h], part, wr[h]);
+                    // Rows decoded one at a time, each right before its dot products, so that
+                    // only one row's decoded weights are live (Q6_K's would spill otherwise).
                     if constexpr (kXU > 0) {
                         static_assert(kSlotUnit || kXU == 2, "units chosen by c_u below");
 #pragma unroll
                         for (int h = 0; h < kV; ++h) {
+                            typename Q::W wr;
+                            Q::decode(ring[s][h], part, wr);
                             if constexpr (kSlotUnit)
-                                acc[h][0] += Q::dot(wr[h], xr[s % kXU]);
+                                acc[h][0] += Q::dot(wr, xr[s % kXU]);
                             else if (c_u == 0)  // uniform across the warp
-                                acc[h][0] += Q::dot(wr[h], xr[0]);
+                                acc[h][0] += Q::dot(wr, xr[0]);
                             else
-                                acc[h][0] += Q::dot(wr[h], xr[kXU - 1]);
+                                acc[h][0] += Q::dot(wr, xr[kXU - 1]);
+                        }
+                    } else if constexpr (NX == 1) {
+                        // One load of the activations serves every row of the group.
+                        typename Q::X xv;
+                        Q::load_x(xq + int64_t(kb) * Q::kBlockElems,
+                                  xd + int64_t(kb) * (Q::kBlockElems / 32), part, xv);
+#pragma unroll
+                        for (int h = 0; h < kV; ++h) {
+                            typename Q::W wr;
+                            Q::decode(ring[s][h], part, wr);
+                            acc[h][0] += Q::dot(wr, xv);
                         }
                     } else {
-                        // One load of the activations serves every row of the group.
+                        typename Q::W wr[kV];
+#pragma unroll
+                        for (int h = 0; h < kV; ++h) Q::decode(ring[s][h], part, wr[h]);
 #pragma unroll
                         for (int k = 0; k < NX; ++k) {
                             const int64_t row_x = k < n ? k : n - 1;
@@ -283,9 +298,9 @@ void launch_pipe_k(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t co
                   pdl && pdl_prefetch_enabled());
 }
 
-// w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`. Rows of more
-// than kMaxXUnits units, whose activations are loaded unit by unit, go two at a time (an even
-// row count), so that one activation load serves both (not Q6_K: its raw registers spill).
+// w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`. A single
+// matrix goes two rows at a time (an even row count) where it has a row per resident warp, so
+// that one activation load (or register-held activations) serves both.
 // H200, bench_gemv --pdl, Q4_K at one activation row, one row -> two: 4096 x 14336 2129 ->
 // 2683 GB/s, 8192 x 8192 2159 -> 2778, 28672 x 8192 2403 -> 3315, 8192 x 28672 2325 -> 2945.
 template <GgmlType T, int NX, bool kPair>
@@ -295,20 +310,32 @@ void launch_pipe(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols
     constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
     constexpr int kV = kPair ? 2 : 1;
     const int64_t upr = (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
-    if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
-        static_assert(kMaxXUnits == 2, "instantiations below");
-        if (upr == 1)
-            return launch_pipe_k<T, 1, kPair, 1, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream,
-                                                     q);
-        if (upr == 2)
-            return launch_pipe_k<T, 1, kPair, 2, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream,
-                                                     q);
-    }
     // Two rows a warp only where the matrix has a row for every resident warp: a short one
     // (70B's 1024-row k/v) would leave warps idle (H200: 911 vs 1076 GB/s).
-    if (!kPair && T != GgmlType::Q6_K && rows % 2 == 0 && pipe_two_rows_enabled() &&
-        rows >= int64_t(pipe_resident_ctas<T, NX, kPair, 0, 2>()) * kPipeWarps)
-        return launch_pipe_k<T, NX, kPair, 0, 2>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
+    auto two_rows = [&](auto xu_tag) {
+        constexpr int XU = decltype(xu_tag)::value;
+        return !kPair && rows % 2 == 0 && pipe_two_rows_enabled() &&
+               rows >= int64_t(pipe_resident_ctas<T, NX, false, XU, 2>()) * kPipeWarps;
+    };
+    if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
+        static_assert(kMaxXUnits == 2, "instantiations below");
+        if (upr == 1) {
+            if (two_rows(std::integral_constant<int, 1>{}))
+                return launch_pipe_k<T, 1, false, 1, 2>(w, w2, rows, cols, xq, xd, n, y, pdl,
+                                                        stream, q);
+            return launch_pipe_k<T, 1, kPair, 1, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream,
+                                                     q);
+        }
+        if (upr == 2) {
+            if (two_rows(std::integral_constant<int, 2>{}))
+                return launch_pipe_k<T, 1, false, 2, 2>(w, w2, rows, cols, xq, xd, n, y, pdl,
+                                                        stream, q);
+            return launch_pipe_k<T, 1, kPair, 2, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream,
+                                                     q);
+        }
+    }
+    if (two_rows(std::integral_constant<int, 0>{}))
+        return launch_pipe_k<T, NX, false, 0, 2>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
     launch_pipe_k<T, NX, kPair, 0, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
 }
 
@@ -348,8 +375,10 @@ void prepare_pipe() {
         pipe_resident_ctas<T, NX, true, 0, 2>();
         if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
             pipe_resident_ctas<T, 1, false, 1, 1>();
+            pipe_resident_ctas<T, 1, false, 1, 2>();
             pipe_resident_ctas<T, 1, true, 1, 2>();
             pipe_resident_ctas<T, 1, false, 2, 1>();
+            pipe_resident_ctas<T, 1, false, 2, 2>();
             pipe_resident_ctas<T, 1, true, 2, 2>();
         }
     };
