@@ -712,10 +712,11 @@ TEST(CudaBackend, FfnGateUp) {
     p.gpu.set_graphs(true);
 }
 
-// qkv: k and v on side streams beside q (one activation quantization for all three) where the
-// types allow, three matmuls otherwise; against the CPU, and bit for bit against three matmuls
-// on the GPU (the same kernels, only concurrent), eager and as a graph (capture, replays).
-TEST(CudaBackend, QkvForkJoin) {
+// qkv: one activation quantization for all three where the types allow, three matmuls
+// otherwise; the matrices of one type with the pipe kernel as one stacked launch, else k and v
+// on side streams beside q. Against the CPU, and bit for bit against three matmuls on the GPU
+// (each row summed in the same order), eager and as a graph (capture, replays).
+TEST(CudaBackend, QkvStackedOrForked) {
     NT_REQUIRE_GPU();
     ModelShape s = make_shape(128, 32, 8);  // n_embd 4096: q 4096 rows, k and v 1024
     Pair p(s, 8, 1, 64);
@@ -723,8 +724,10 @@ TEST(CudaBackend, QkvForkJoin) {
     struct Types {
         GgmlType q, k, v;
     };
-    // Q4_K_M's mix (forked); Q8_0 everywhere (forked); activation quantizations that differ.
-    for (Types t : {Types{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
+    // Q4_K_M's two mixes (one row: all three stacked; q and k stacked, v after them; more
+    // rows: forked); Q8_0 everywhere (forked); activation quantizations that differ.
+    for (Types t : {Types{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K},
+                    Types{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
                     Types{GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0},
                     Types{GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q4_1}}) {
         const HostWeight wq = random_weight(t.q, nq, dim, 111),

@@ -519,7 +519,7 @@ void CudaBackend::run(const Op& op) {
             const WeightView w[3] = {op.w, op.w2, op.w3};
             float* const y[3] = {f(1), f(2), f(3)};
             const cuda::Fork3 fork{{side_[0], side_[1]}, fork_, {join_[0], join_[1]}};
-            if (!cuda::matmul_fork3(w, f(0), op.i0, y, *mm_, stream_, fork, x_unchanged))
+            if (!cuda::matmul_qkv(w, f(0), op.i0, y, *mm_, stream_, fork, x_unchanged))
                 for (int i = 0; i < 3; ++i)
                     cuda::matmul(w[i], f(0), op.i0, y[i], *mm_, stream_, x_unchanged || i > 0);
             after_matmul_ = true;

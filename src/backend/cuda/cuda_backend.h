@@ -48,7 +48,8 @@ class CudaBackend : public Backend {
     void add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float* out,
                      GgmlType next) override;
     void matmul(const WeightView& w, const float* x, int n, float* y) override;
-    // Decode steps: k and v on two side streams, concurrently with q (cuda::matmul_fork3).
+    // Decode steps whose q/k/v do not stack into one launch: k and v on two side streams,
+    // concurrently with q (cuda::matmul_qkv).
     void qkv(const WeightView& wq, const WeightView& wk, const WeightView& wv, const float* x,
              int n, float* q, float* k, float* v) override;
     void rope(float* q, float* k) override;

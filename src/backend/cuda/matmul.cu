@@ -245,8 +245,52 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
     return true;
 }
 
-bool matmul_fork3(const WeightView (&w)[3], const float* x, int n, float* const (&y)[3],
-                  MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f, bool x_unchanged) {
+namespace {
+
+// Whether q/k/v of one type go as one stacked launch (on unless NT_QKV_STACK=0, for A/B runs).
+bool qkv_stack_enabled() {
+    static const bool on = env_switch("NT_QKV_STACK");
+    return on;
+}
+
+// The stacked path of matmul_qkv: false (nothing launched) where no two matrices stack.
+bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float* const (&y)[3],
+                 MatmulWorkspace& ws, cudaStream_t stream) {
+    if (!qkv_stack_enabled()) return false;
+    const int64_t cols = w[0].cols;
+    bool done[3] = {false, false, false};
+    detail::GemvStack stacks[3];
+    GgmlType types[3] = {};
+    int n_stacks = 0;
+    for (int i = 0; i < 3; ++i) {
+        if (done[i] || !detail::gemv_pair_available(w[i].type)) continue;
+        detail::GemvStack st;
+        for (int j = i; j < 3; ++j)
+            if (!done[j] && w[j].type == w[i].type) st.add(w[j].data, w[j].rows, y[j]);
+        if (st.count < 2 ||
+            detail::gemv_default(w[i].type, st.rows(), cols, n, ws.sm_count).kernel !=
+                GemvKernel::Pipe)
+            continue;
+        for (int j = i; j < 3; ++j) done[j] = done[j] || w[j].type == w[i].type;
+        types[n_stacks] = w[i].type;
+        stacks[n_stacks++] = st;
+    }
+    if (n_stacks == 0) return false;
+    for (int i = 0; i < n_stacks; ++i)
+        detail::gemv_stack(types[i], stacks[i], cols, a.xq, a.xd, n, ws.pdl, stream);
+    for (int i = 0; i < 3; ++i) {
+        if (done[i]) continue;
+        GemvConfig c = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count);
+        c.pdl = ws.pdl;
+        detail::gemv_q8(w[i].type, w[i].data, w[i].rows, cols, a.xq, a.xd, n, y[i], c, stream);
+    }
+    return true;
+}
+
+}  // namespace
+
+bool matmul_qkv(const WeightView (&w)[3], const float* x, int n, float* const (&y)[3],
+                MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f, bool x_unchanged) {
     if (n < 1 || n > kGemvMaxBatch || !f.side[0] || !f.side[1]) return false;
     for (const WeightView& wi : w)
         if (!is_quantized(wi.type) || wi.cols != w[0].cols ||
@@ -255,21 +299,24 @@ bool matmul_fork3(const WeightView (&w)[3], const float* x, int n, float* const 
     for (int i = 0; i < 3; ++i) check_args(w[i], x, n, y[i]);
     const int64_t cols = w[0].cols;
     const ActivationSlot a = gemv_activations(w[0].type, x, n, cols, ws, stream, x_unchanged);
-    NT_CUDA_CHECK(cudaEventRecord(f.fork, stream), "cudaEventRecord (q/k/v fork)");
-    // The side GEMVs first, so the small ones are not queued behind the large one's CTAs; no
-    // programmatic launch there (their predecessor in the stream is the fork, not a kernel).
-    for (int i = 1; i < 3; ++i) {
-        cudaStream_t s = f.side[i - 1];
-        NT_CUDA_CHECK(cudaStreamWaitEvent(s, f.fork, 0), "cudaStreamWaitEvent (q/k/v fork)");
-        const GemvConfig c = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count);
-        detail::gemv_q8(w[i].type, w[i].data, w[i].rows, cols, a.xq, a.xd, n, y[i], c, s);
-        NT_CUDA_CHECK(cudaEventRecord(f.join[i - 1], s), "cudaEventRecord (q/k/v join)");
+    if (!qkv_stacked(w, a, n, y, ws, stream)) {
+        NT_CUDA_CHECK(cudaEventRecord(f.fork, stream), "cudaEventRecord (q/k/v fork)");
+        // The side GEMVs first, so the small ones are not queued behind the large one's CTAs;
+        // no programmatic launch there (their predecessor in the stream is the fork, not a
+        // kernel).
+        for (int i = 1; i < 3; ++i) {
+            cudaStream_t s = f.side[i - 1];
+            NT_CUDA_CHECK(cudaStreamWaitEvent(s, f.fork, 0), "cudaStreamWaitEvent (q/k/v fork)");
+            const GemvConfig c = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count);
+            detail::gemv_q8(w[i].type, w[i].data, w[i].rows, cols, a.xq, a.xd, n, y[i], c, s);
+            NT_CUDA_CHECK(cudaEventRecord(f.join[i - 1], s), "cudaEventRecord (q/k/v join)");
+        }
+        GemvConfig c = detail::gemv_default(w[0].type, w[0].rows, cols, n, ws.sm_count);
+        c.pdl = ws.pdl;
+        detail::gemv_q8(w[0].type, w[0].data, w[0].rows, cols, a.xq, a.xd, n, y[0], c, stream);
+        for (cudaEvent_t e : f.join)
+            NT_CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent (q/k/v join)");
     }
-    GemvConfig c = detail::gemv_default(w[0].type, w[0].rows, cols, n, ws.sm_count);
-    c.pdl = ws.pdl;
-    detail::gemv_q8(w[0].type, w[0].data, w[0].rows, cols, a.xq, a.xd, n, y[0], c, stream);
-    for (cudaEvent_t e : f.join)
-        NT_CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent (q/k/v join)");
     for (int i = 0; i < 3; ++i) forget_if_overwritten(ws, x, n, cols, y[i], w[i].rows);
     return true;
 }
@@ -474,6 +521,21 @@ void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t 
             return launch_gemv_pair<GgmlType::Q8_0>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s, q);
         default:
             nt::fail("gemv pair: no kernel for %s.", type_name(t));
+    }
+}
+
+void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,
+                int n, bool pdl, cudaStream_t stream) {
+    if (n < 1 || n > 8) nt::fail("gemv stack: batch %d is not in 1..8.", n);
+    switch (t) {
+        case GgmlType::Q4_K:
+            return launch_gemv_stack<GgmlType::Q4_K>(s, cols, xq, xd, n, pdl, stream);
+        case GgmlType::Q6_K:
+            return launch_gemv_stack<GgmlType::Q6_K>(s, cols, xq, xd, n, pdl, stream);
+        case GgmlType::Q8_0:
+            return launch_gemv_stack<GgmlType::Q8_0>(s, cols, xq, xd, n, pdl, stream);
+        default:
+            nt::fail("gemv stack: no kernel for %s.", type_name(t));
     }
 }
 

@@ -96,21 +96,22 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
                    MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged = false,
                    GgmlType next = GgmlType::F32, bool* y_quantized = nullptr);
 
-// Three GEMVs of the same x (the attention's q, k and v projections) run concurrently: w[0] on
-// `stream`, w[1] and w[2] on the two side streams, which fork from `stream` after x's
-// quantization (event `fork`) and join it again (events `join`) before this returns, so later
-// work on `stream` sees all three outputs (in a graph capture too). Returns false, launching
-// nothing, where it does not apply: batches above kGemvMaxBatch, float weights, or weights whose
-// activation quantizations or column counts differ (the caller runs three matmuls).
-// x_unchanged as for matmul().
+// Three GEMVs of the same x (the attention's q, k and v projections). Matrices that share a
+// type whose GEMV here is the pipe kernel run as one launch over their stacked rows, the others
+// after it on `stream` (all programmatic dependent launches where ws.pdl); with no two to
+// stack (or NT_QKV_STACK=0) the three run concurrently: w[0] on `stream`, w[1] and w[2] on
+// the two side streams, which fork from `stream` after x's quantization (event `fork`) and join
+// it again (events `join`). Either way later work on `stream` sees all three outputs (in a
+// graph capture too). Returns false, launching nothing, where it does not apply: batches above
+// kGemvMaxBatch, float weights, or weights whose activation quantizations or column counts
+// differ (the caller runs three matmuls). x_unchanged as for matmul().
 struct Fork3 {
     cudaStream_t side[2] = {nullptr, nullptr};
     cudaEvent_t fork = nullptr;
     cudaEvent_t join[2] = {nullptr, nullptr};
 };
-bool matmul_fork3(const WeightView (&w)[3], const float* x, int n, float* const (&y)[3],
-                  MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f,
-                  bool x_unchanged = false);
+bool matmul_qkv(const WeightView (&w)[3], const float* x, int n, float* const (&y)[3],
+                MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f, bool x_unchanged = false);
 
 // Drops the record of quantized activations (the next GEMV quantizes whatever it is given).
 void matmul_forget_activations(MatmulWorkspace& ws);

@@ -391,7 +391,8 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
     }
     if constexpr (pipe_compiled<T>()) {
         if (c.kernel == GemvKernel::Pipe)
-            return launch_pipe_nx<T>(w, nullptr, rows, cols, xq, xd, n, y, c.nx, c.pdl, stream);
+            return launch_pipe_nx<T>(PipeRows::one(w, rows, y), nullptr, cols, xq, xd, n, c.nx,
+                                     c.pdl, stream);
     }
 #define NT_GEMV_CASE(NX, RW)                                                                  \
     if (c.nx == NX && c.rows_per_warp == RW) {                                                \
@@ -433,8 +434,19 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
                       const PairQuant& q) {
     if constexpr (pipe_compiled<T>())
-        return launch_pipe_nx<T>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, stream, q);
+        return launch_pipe_nx<T>(PipeRows::one(w, rows, y), w2, cols, xq, xd, n, nx, pdl, stream,
+                                 q);
     nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
+}
+
+template <GgmlType T>
+void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd, int n,
+                       bool pdl, cudaStream_t stream) {
+    if constexpr (pipe_compiled<T>()) {
+        const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
+        return launch_pipe_nx<T>(PipeRows::stack(s), nullptr, cols, xq, xd, n, nx, pdl, stream);
+    }
+    nt::fail("gemv: no stacked kernel for %s.", type_name(T));
 }
 
 }  // namespace nt::cuda::detail
@@ -448,4 +460,6 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
     template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t,     \
                                                 const int8_t*, const float2*, int, float*, int, \
                                                 bool, cudaStream_t, const PairQuant&);          \
+    template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,      \
+                                                 const float2*, int, bool, cudaStream_t);       \
     template void prepare_gemv_q8<GgmlType::T>();

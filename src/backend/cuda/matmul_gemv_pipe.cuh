@@ -102,12 +102,39 @@ __device__ __forceinline__ void pipe_quantize_groups(const float* y, int64_t r0,
     }
 }
 
+// The rows one pipe launch walks: one matrix, or a GemvStack's matrices one after another,
+// each with its own output. Chosen by comparisons, not by indexing, so that the kernel
+// parameters stay where they are (no local-memory copy).
+struct PipeRows {
+    const uint8_t *m0, *m1, *m2;
+    float *y0, *y1, *y2;
+    int64_t e0, e1, e2;  // where each matrix ends in the stacked row index; e2 = all rows
+    static PipeRows one(const void* w, int64_t rows, float* y) {
+        const auto* m = static_cast<const uint8_t*>(w);
+        return {m, m, m, y, y, y, rows, rows, rows};
+    }
+    static PipeRows stack(const GemvStack& s) {
+        auto m = [&](int i) { return static_cast<const uint8_t*>(s.w[i < s.count ? i : 0]); };
+        auto y = [&](int i) { return s.y[i < s.count ? i : 0]; };
+        static_assert(GemvStack::kMax == 3, "three matrices");
+        return {m(0), m(1), m(2), y(0), y(1), y(2), s.end[0], s.end[1], s.end[2]};
+    }
+    __host__ __device__ int64_t rows() const { return e2; }
+    // Stacked row r: its matrix (0..2), that matrix.s first stacked row, weights and output.
+    __device__ __forceinline__ int matrix(int64_t r) const { return (r >= e0) + (r >= e1); }
+    __device__ __forceinline__ int64_t begin(int i) const { return i == 0 ? 0 : i == 1 ? e0 : e1; }
+    __device__ __forceinline__ const uint8_t* weights(int i) const {
+        return i == 0 ? m0 : i == 1 ? m1 : m2;
+    }
+    __device__ __forceinline__ float* out(int i) const { return i == 0 ? y0 : i == 1 ? y1 : y2; }
+};
+
 template <GgmlType T, int NX, bool kPair, int kXU, int kV>
 __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBlocks))
-    gemv_q8_pipe(const uint8_t* __restrict__ w, const uint8_t* __restrict__ w2, int64_t rows,
-                 int nb, const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols,
-                 int n, float* __restrict__ y, PairQuant pq, bool early) {
+    gemv_q8_pipe(PipeRows pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
+                 const float2* __restrict__ xd, int64_t cols, int n, PairQuant pq, bool early) {
     using Q = Quant<T>;
+    const int64_t rows = pr.rows();
     constexpr int kLPB = Q::kLanesPerBlock;
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
@@ -133,7 +160,10 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     const int64_t total = (g1 - g0) * upr;   // units of this warp, each of kV rows
     const size_t row_bytes = size_t(nb) * kBB;
     auto row_of = [&](int64_t g, int h) {
-        return kPair ? (h ? w2 : w) + size_t(g) * row_bytes : w + size_t(g * kV + h) * row_bytes;
+        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * row_bytes;
+        const int64_t r = g * kV + h;
+        const int m = pr.matrix(r);
+        return pr.weights(m) + size_t(r - pr.begin(m)) * row_bytes;
     };
 
     // Unit index -> weight addresses of this lane's block in each row of the group. A lane
@@ -160,10 +190,10 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     // (__ldg, which the compiler may move above the wait) gave wrong Q4_K logits inside CUDA
     // graphs once its weights were fetched early (NT_PDL_PREFETCH=0 restores waiting first).
     pdl_trigger();
-    if (!early) pdl_wait(xq, xd, y);
+    if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
 #pragma unroll
     for (int s = 0; s < D; ++s) fetch(ring[s]);
-    if (early) pdl_wait(xq, xd, y);
+    if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
 
     const int64_t xd_stride = cols / 32;
     // kXU: this lane's activations for every unit of a row (upr == kXU), loaded once.
@@ -250,11 +280,15 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                         }
                         if (lane == 0 && k < n) {
                             if constexpr (kPair) {
-                                y[int64_t(k) * rows + g] = pipe_silu_mul(v[0], v[1]);
+                                pr.y0[int64_t(k) * rows + g] = pipe_silu_mul(v[0], v[1]);
                             } else {
+                                // The rows of a group are in one matrix (even row counts).
+                                const int m = pr.matrix(g * kV);
+                                const int64_t b = pr.begin(m);
+                                const int64_t mrows = (m == 0 ? pr.e0 : m == 1 ? pr.e1 : pr.e2) - b;
 #pragma unroll
                                 for (int h = 0; h < kV; ++h)
-                                    y[int64_t(k) * rows + g * kV + h] = v[h];
+                                    pr.out(m)[int64_t(k) * mrows + g * kV + h - b] = v[h];
                             }
                         }
                     }
@@ -263,7 +297,7 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
         }
     }
     if constexpr (kPair && NX == 1)
-        if (pq.mode >= 0) pipe_quantize_groups(y, g0, g1, pq, lane);
+        if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
 }
 
 // CTAs of one instantiation that fit on the GPU at once (host-side, computed once).
@@ -285,71 +319,68 @@ int pipe_resident_ctas() {
 }
 
 template <GgmlType T, int NX, bool kPair, int kXU, int kV>
-void launch_pipe_k(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols,
-                   const int8_t* xq, const float2* xd, int n, float* y, bool pdl,
-                   cudaStream_t stream, const PairQuant& q) {
+void launch_pipe_k(const PipeRows& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
+                   const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q) {
     // One warp per row group at most; a whole GPU's worth of CTAs at most.
-    const int64_t groups = kPair ? rows : rows / kV;
+    const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
     const int64_t want = (groups + kPipeWarps - 1) / kPipeWarps;
     const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, kPair, kXU, kV>());
     launch_kernel(pdl, gemv_q8_pipe<T, NX, kPair, kXU, kV>, dim3(unsigned(grid)),
-                  dim3(kPipeThreads), 0, stream, "gemv (pipe)", w, w2, rows,
-                  int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y, q,
+                  dim3(kPipeThreads), 0, stream, "gemv (pipe)", pr, w2,
+                  int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, q,
                   pdl && pdl_prefetch_enabled());
 }
 
 // w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`. A single
-// matrix goes two rows at a time (an even row count) where it has a row per resident warp, so
-// that one activation load (or register-held activations) serves both.
+// matrix (or stack) goes two rows at a time where every matrix has an even row count and
+// there is a row per resident warp, so that one activation load (or register-held
+// activations) serves both.
 // H200, bench_gemv --pdl, Q4_K at one activation row, one row -> two: 4096 x 14336 2129 ->
 // 2683 GB/s, 8192 x 8192 2159 -> 2778, 28672 x 8192 2403 -> 3315, 8192 x 28672 2325 -> 2945.
 template <GgmlType T, int NX, bool kPair>
-void launch_pipe(const uint8_t* w, const uint8_t* w2, int64_t rows, int64_t cols, const int8_t* xq,
-                 const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
-                 const PairQuant& q) {
+void launch_pipe(const PipeRows& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
+                 const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q) {
     constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
     constexpr int kV = kPair ? 2 : 1;
     const int64_t upr = (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
+    const int64_t rows = pr.rows();
+    const bool even = pr.e0 % 2 == 0 && pr.e1 % 2 == 0 && pr.e2 % 2 == 0;
     // Two rows a warp only where the matrix has a row for every resident warp: a short one
     // (70B's 1024-row k/v) would leave warps idle (H200: 911 vs 1076 GB/s).
     auto two_rows = [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
-        return !kPair && rows % 2 == 0 && pipe_two_rows_enabled() &&
+        return !kPair && even && pipe_two_rows_enabled() &&
                rows >= int64_t(pipe_resident_ctas<T, NX, false, XU, 2>()) * kPipeWarps;
     };
     if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
         static_assert(kMaxXUnits == 2, "instantiations below");
         if (upr == 1) {
             if (two_rows(std::integral_constant<int, 1>{}))
-                return launch_pipe_k<T, 1, false, 1, 2>(w, w2, rows, cols, xq, xd, n, y, pdl,
-                                                        stream, q);
-            return launch_pipe_k<T, 1, kPair, 1, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream,
-                                                     q);
+                return launch_pipe_k<T, 1, false, 1, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
+            return launch_pipe_k<T, 1, kPair, 1, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
         }
         if (upr == 2) {
             if (two_rows(std::integral_constant<int, 2>{}))
-                return launch_pipe_k<T, 1, false, 2, 2>(w, w2, rows, cols, xq, xd, n, y, pdl,
-                                                        stream, q);
-            return launch_pipe_k<T, 1, kPair, 2, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream,
-                                                     q);
+                return launch_pipe_k<T, 1, false, 2, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
+            return launch_pipe_k<T, 1, kPair, 2, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
         }
     }
     if (two_rows(std::integral_constant<int, 0>{}))
-        return launch_pipe_k<T, NX, false, 0, 2>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
-    launch_pipe_k<T, NX, kPair, 0, kV>(w, w2, rows, cols, xq, xd, n, y, pdl, stream, q);
+        return launch_pipe_k<T, NX, false, 0, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
+    launch_pipe_k<T, NX, kPair, 0, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
 }
 
-// q: the pair's own output quantization (one activation row only; ignored otherwise).
+// w2: the SwiGLU pair's second matrix (nullptr for none); q: the pair's own output
+// quantization (one activation row only; ignored otherwise).
 template <GgmlType T>
-void launch_pipe_nx(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
-                    const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
+void launch_pipe_nx(const PipeRows& pr, const void* w2, int64_t cols, const int8_t* xq,
+                    const float2* xd, int n, int nx, bool pdl, cudaStream_t stream,
                     const PairQuant& q = {}) {
-    const auto* a = static_cast<const uint8_t*>(w);
     const auto* b = static_cast<const uint8_t*>(w2);
     auto go = [&](auto nx_tag) {
         constexpr int NX = decltype(nx_tag)::value;
-        if (b) return launch_pipe<T, NX, true>(a, b, rows, cols, xq, xd, n, y, pdl, stream, q);
-        launch_pipe<T, NX, false>(a, a, rows, cols, xq, xd, n, y, pdl, stream, PairQuant{});
+        if (b) return launch_pipe<T, NX, true>(pr, b, cols, xq, xd, n, pdl, stream, q);
+        launch_pipe<T, NX, false>(pr, pr.m0, cols, xq, xd, n, pdl, stream, PairQuant{});
     };
     switch (nx) {
         case 1:

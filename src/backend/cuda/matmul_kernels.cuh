@@ -102,6 +102,26 @@ struct PairQuant {
     int* done = nullptr;
     int mode = -1;
 };
+// Up to three matrices of one type and column count run as one GEMV over their stacked rows
+// (q, k and v: one launch instead of three), each with its own output y[i] ([n][rows_i]).
+struct GemvStack {
+    static constexpr int kMax = 3;
+    const void* w[kMax] = {};
+    float* y[kMax] = {};
+    int64_t end[kMax] = {};  // matrix i holds the stacked rows [end[i - 1], end[i])
+    int count = 0;
+    void add(const void* wi, int64_t rows, float* yi) {
+        const int64_t begin = count ? end[count - 1] : 0;
+        w[count] = wi, y[count] = yi;
+        for (int i = count; i < kMax; ++i) end[i] = begin + rows;  // unused ends: the total
+        ++count;
+    }
+    int64_t rows() const { return end[kMax - 1]; }
+};
+// The stack in one pipe launch (pipe_compiled<T>() types, n <= 8).
+template <GgmlType T>
+void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd, int n,
+                       bool pdl, cudaStream_t stream);
 // SwiGLU pair: y = silu(w x) * (w2 x), both rows x cols of type T, in one launch (types with
 // the pipe kernel only: gemv_pair_available).
 template <GgmlType T>
@@ -115,6 +135,8 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
     extern template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t, \
                                                        const int8_t*, const float2*, int, float*,  \
                                                        int, bool, cudaStream_t, const PairQuant&); \
+    extern template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,  \
+                                                        const float2*, int, bool, cudaStream_t);   \
     extern template void prepare_gemv_q8<GgmlType::T>();
 NT_GEMV_EXTERN(Q4_0)
 NT_GEMV_EXTERN(Q4_1)
@@ -131,8 +153,11 @@ NT_GEMV_EXTERN(Q6_K)
 // prepare_gemv_q8 for every quantized type (matmul_init calls it).
 void prepare_gemv_all();
 
-// Whether gemv_pair has a kernel for weights of type t.
+// Whether gemv_pair and gemv_stack have a kernel for weights of type t.
 bool gemv_pair_available(GgmlType t);
+// The stack's GEMV for n <= 8 activation rows (quantize_q8 output), all matrices of type t.
+void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,
+                int n, bool pdl, cudaStream_t stream);
 // y = silu(w x) * (w2 x) for n <= 8 activation rows (quantize_q8 output), nx as GemvConfig.
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
