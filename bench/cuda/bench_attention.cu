@@ -4,6 +4,7 @@
 // one sequence, causal) reports TFLOP/s against a matrix-rate ceiling.
 //
 //   bench_attention [--hd 128] [--heads 32] [--kv-heads 8] [--iters 50] [--peak-tflops 790]
+//                   [--ctx N] [--rows N]   (decode at that context / row count only, no prefill)
 //
 // Versions: decode v1 = generic kernel (a warp per position), v2 = tiled (cp.async double-
 // buffered K/V tiles, all heads of a GQA group per block); prefill v1 = the decode kernel run
@@ -34,6 +35,8 @@ namespace {
 
 struct Opts {
     int hd = 128, heads = 32, kv_heads = 8, iters = 50;
+    int ctx = 0, rows = 0;  // decode: only this context / row count (0: the whole sweep)
+    bool decode_only = false;
     double peak_tflops = 790;  // bf16/fp16 dense matrix rate measured on the H200 (cuBLAS)
 };
 
@@ -190,6 +193,7 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
     NT_CUDA_CHECK(cudaStreamCreate(&stream), "stream");
     const int n_ctx = 8192;
     for (int rows : {1, 4, 32}) {
+        if (o.rows && rows != o.rows) continue;
         AttnShape s{o.heads, o.kv_heads, o.hd, n_ctx};
         const size_t seq_bytes = size_t(n_ctx) * s.kv_dim() * 2 * sizeof(__half);
         // Enough sequences that one rotation is 4x the L2, at least `rows` of them per slot.
@@ -206,6 +210,7 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
         int32_t* drows = dev_copy(rows_v);
         int32_t* dseq = dev_copy(seq_all);
         for (int ctx : {8, 64, 128, 512, 1024, 2048, 4096, 8192}) {
+            if (o.ctx && ctx != o.ctx) continue;
             int32_t* dpos = dev_copy(std::vector<int32_t>(size_t(rows), ctx - 1));
             const int splits = attn_decode_splits(s, rows, dev.sm_count);
             float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
@@ -344,10 +349,14 @@ int main(int argc, char** argv) {
             o.iters = std::atoi(next());
         else if (a == "--peak-tflops")
             o.peak_tflops = std::atof(next());
+        else if (a == "--ctx")
+            o.ctx = std::atoi(next()), o.decode_only = true;
+        else if (a == "--rows")
+            o.rows = std::atoi(next()), o.decode_only = true;
         else {
             std::fprintf(stderr,
                          "usage: bench_attention [--hd N] [--heads N] [--kv-heads N] [--iters N] "
-                         "[--peak-tflops X]\n");
+                         "[--peak-tflops X] [--ctx N] [--rows N]\n");
             return 2;
         }
     }
@@ -358,7 +367,7 @@ int main(int argc, char** argv) {
         const double hbm = measure_hbm(dev.sm_count);
         std::printf("HBM streaming read: %.0f GB/s (1 GiB, best of 5)\n", hbm);
         bench_decode(o, dev, hbm);
-        bench_prefill(o, dev);
+        if (!o.decode_only) bench_prefill(o, dev);
     } catch (const Error& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;

@@ -493,9 +493,15 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
     if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) want.kernel = GemvKernel::Direct;
     // Q4_K with one activation row: the pipe kernel beats direct on every 8B shape (with PDL,
     // bench_gemv --pdl: 4096x4096 5.35 vs 6.08 us, 14336x4096 13.2 vs 16.5, 128256x4096
-    // 100.5 vs 116.0); Q6_K stays staged (pipe 8.8 vs 7.6 us on 4096x4096), and at two or more
-    // rows the staged/direct kernels win.
-    if (t == GgmlType::Q4_K && n == 1) {
+    // 100.5 vs 116.0); at two or more rows the staged/direct kernels win.
+    // Q6_K and Q8_0 at one activation row (fifth session, bench_gemv --pdl --variants all,
+    // 8B shapes, pipe vs staged-p, us): Q6_K 4096x4096 6.72 vs 7.50, 1024x4096 3.06 vs 3.10,
+    // 14336x4096 18.8 vs 21.5, 4096x14336 19.2 vs 20.7, 128256x4096 136 vs 158; Q8_0
+    // 4096x4096 6.70 vs 7.86, 14336x4096 20.1 vs 22.7, 4096x14336 23.0 vs 26.7, but 1024x4096
+    // 3.86 vs 2.67 and 128256x4096 168 vs 162 (few rows leave warps idle; with very many the
+    // staged kernel's persistent grid streams as well).
+    const bool pipe_q8 = t == GgmlType::Q8_0 && rows >= 2048 && rows <= 32768;
+    if (n == 1 && (t == GgmlType::Q4_K || t == GgmlType::Q6_K || pipe_q8)) {
         want.kernel = GemvKernel::Pipe;
         want.rows_per_warp = 1;
         want.ksplit = 1;
