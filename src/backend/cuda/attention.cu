@@ -290,9 +290,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     int start, end;
     const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     if (start >= end) return;  // past the sequence's end: not counted, not merged
+    const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
     // q and the cache come from the kernels before (this may be a programmatic dependent launch)
     pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd);
-    const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
     const int n_tiles = (end - start + TP - 1) / TP;

@@ -262,16 +262,21 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     detail::GemvStack stacks[3];
     GgmlType types[3] = {};
     int n_stacks = 0;
+    // Only matrices whose own GEMV is the pipe kernel: each row is then summed as it would be
+    // alone (bit for bit), and a small one the staged kernel does better (Q8_0's k and v) is
+    // not pulled in (8B Q8_0 tg128: 289.1 stacked vs 295.6 forked).
+    bool pipe[3];
+    for (int i = 0; i < 3; ++i)
+        pipe[i] = detail::gemv_pair_available(w[i].type) &&
+                  detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count).kernel ==
+                      GemvKernel::Pipe;
     for (int i = 0; i < 3; ++i) {
-        if (done[i] || !detail::gemv_pair_available(w[i].type)) continue;
+        if (done[i] || !pipe[i]) continue;
         detail::GemvStack st;
         for (int j = i; j < 3; ++j)
-            if (!done[j] && w[j].type == w[i].type) st.add(w[j].data, w[j].rows, y[j]);
-        if (st.count < 2 ||
-            detail::gemv_default(w[i].type, st.rows(), cols, n, ws.sm_count).kernel !=
-                GemvKernel::Pipe)
-            continue;
-        for (int j = i; j < 3; ++j) done[j] = done[j] || w[j].type == w[i].type;
+            if (pipe[j] && w[j].type == w[i].type) st.add(w[j].data, w[j].rows, y[j]);
+        if (st.count < 2) continue;
+        for (int j = i; j < 3; ++j) done[j] = done[j] || (pipe[j] && w[j].type == w[i].type);
         types[n_stacks] = w[i].type;
         stacks[n_stacks++] = st;
     }
@@ -500,8 +505,11 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
     // 4096x4096 6.70 vs 7.86, 14336x4096 20.1 vs 22.7, 4096x14336 23.0 vs 26.7, but 1024x4096
     // 3.86 vs 2.67 and 128256x4096 168 vs 162 (few rows leave warps idle; with very many the
     // staged kernel's persistent grid streams as well).
-    const bool pipe_q8 = t == GgmlType::Q8_0 && rows >= 2048 && rows <= 32768;
-    if (n == 1 && (t == GgmlType::Q4_K || t == GgmlType::Q6_K || pipe_q8)) {
+    // 70B's Q6_K 1024x8192: pipe 5.81 vs 4.40 us for staged-p rw2 k4, so neither takes
+    // matrices of fewer than 2048 rows.
+    const bool mid = rows >= 2048;
+    const bool pipe_q8 = t == GgmlType::Q8_0 && mid && rows <= 32768;
+    if (n == 1 && (t == GgmlType::Q4_K || (t == GgmlType::Q6_K && mid) || pipe_q8)) {
         want.kernel = GemvKernel::Pipe;
         want.rows_per_warp = 1;
         want.ksplit = 1;

@@ -9,9 +9,9 @@
 //    loads issue at once), the unit kDepth ahead is fetched as soon as a slot is decoded.
 //    The loads of the next rows thus run under the arithmetic and the reductions of this one.
 //  - Activations come from global memory through L1 (they are small and read by every warp),
-//    unit by unit; or, for one activation row and rows of at most kMaxXUnits units (8B's
-//    4096 columns in Q4_K/Q6_K), once per warp into registers (kXU units): the slot of the ring
-//    then always holds the same unit of a row, so each slot meets the same registers. The
+//    unit by unit; or, for one activation row and rows of a few units (pipe_x_units: 8B's
+//    4096 columns), once per warp into registers (kXU units), each unit's registers met at a
+//    compile-time position of the unrolled loop. The
 //    activation loads cost as much as the weights' otherwise (256 bytes per 144-byte Q4_K
 //    block; measured on the H200: 55% of HBM with them, 72% without, on 128256 x 4096).
 //  - Rows go in groups of kV (1 or 2): a slot holds the same unit of every row of the group,
@@ -55,11 +55,12 @@ struct PipeShape {
                                                         : 4;
     static constexpr int kMinBlocks = NX >= 4 ? 3 : 4;
 };
-// Activation units held in registers at most, and the types that do it.
-constexpr int kMaxXUnits = 2;
+// The row lengths (in units) whose activations a lane holds in registers, by type: Q4_K and
+// Q6_K 1 or 2 units (8B's 4096 columns are 2), Q8_0 8 (4096 columns; its units are small).
 template <GgmlType T>
-constexpr bool pipe_x_in_registers() {
-    return T == GgmlType::Q4_K || T == GgmlType::Q6_K;
+constexpr bool pipe_x_units(int upr) {
+    if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q6_K) return upr == 1 || upr == 2;
+    return T == GgmlType::Q8_0 && upr == 8;
 }
 
 // Whether rows whose activations are loaded unit by unit go two at a time (on unless
@@ -144,9 +145,12 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     // registers allow one slot of two rows without spilling).
     constexpr int kDepth = PipeShape<T, NX, kXU>::kDepth;
     constexpr int D = kV == 1 ? kDepth : T == GgmlType::Q6_K ? 1 : (kDepth + 1) / 2;
-    static_assert(kXU == 0 || (NX == 1 && kXU <= kMaxXUnits), "register-held activations");
-    // Slot s holds unit s % kXU when D is a multiple of kXU; else the unit is c_u (below).
-    constexpr bool kSlotUnit = kXU == 0 || D % (kXU > 0 ? kXU : 1) == 0;
+    static_assert(kXU == 0 || (NX == 1 && pipe_x_units<T>(kXU)), "register-held activations");
+    // The loop below takes kStep units at a time, a multiple of D (unit i in slot i % D) and,
+    // with register-held activations, of kXU (unit i of a warp is unit i % kXU of its row: a
+    // warp starts at a row's first unit), so that both indices are compile-time constants.
+    constexpr int kStep = kXU > D ? kXU : D;
+    static_assert(kStep % D == 0 && (kXU == 0 || kStep % kXU == 0), "slots and units in step");
 
     const int lane = threadIdx.x & 31;
     const int part = lane % kLPB, sub = lane / kLPB;
@@ -214,26 +218,21 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
         for (int k = 0; k < NX; ++k) acc[h][k] = 0.f;
     int64_t c_g = 0;
     int c_u = 0;
-    for (int64_t i0 = 0; i0 < total; i0 += D) {
+    for (int64_t i0 = 0; i0 < total; i0 += kStep) {
 #pragma unroll
-        for (int s = 0; s < D; ++s) {
-            if (i0 + s < total) {  // uniform across the warp
+        for (int i = 0; i < kStep; ++i) {
+            const int s = i % D;   // the slot
+            if (i0 + i < total) {  // uniform across the warp
                 const int kb = c_u * kBPU + sub;
                 if (kb < nb) {
                     // Rows decoded one at a time, each right before its dot products, so that
                     // only one row's decoded weights are live (Q6_K's would spill otherwise).
                     if constexpr (kXU > 0) {
-                        static_assert(kSlotUnit || kXU == 2, "units chosen by c_u below");
 #pragma unroll
                         for (int h = 0; h < kV; ++h) {
                             typename Q::W wr;
                             Q::decode(ring[s][h], part, wr);
-                            if constexpr (kSlotUnit)
-                                acc[h][0] += Q::dot(wr, xr[s % kXU]);
-                            else if (c_u == 0)  // uniform across the warp
-                                acc[h][0] += Q::dot(wr, xr[0]);
-                            else
-                                acc[h][0] += Q::dot(wr, xr[kXU - 1]);
+                            acc[h][0] += Q::dot(wr, xr[i % (kXU > 0 ? kXU : 1)]);
                         }
                     } else if constexpr (NX == 1) {
                         // One load of the activations serves every row of the group.
@@ -352,8 +351,14 @@ void launch_pipe(const PipeRows& pr, const uint8_t* w2, int64_t cols, const int8
         return !kPair && even && pipe_two_rows_enabled() &&
                rows >= int64_t(pipe_resident_ctas<T, NX, false, XU, 2>()) * kPipeWarps;
     };
-    if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
-        static_assert(kMaxXUnits == 2, "instantiations below");
+    if constexpr (NX == 1 && pipe_x_units<T>(8)) {
+        if (upr == 8) {
+            if (two_rows(std::integral_constant<int, 8>{}))
+                return launch_pipe_k<T, 1, false, 8, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
+            return launch_pipe_k<T, 1, kPair, 8, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
+        }
+    }
+    if constexpr (NX == 1 && pipe_x_units<T>(2)) {
         if (upr == 1) {
             if (two_rows(std::integral_constant<int, 1>{}))
                 return launch_pipe_k<T, 1, false, 1, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
@@ -404,7 +409,12 @@ void prepare_pipe() {
         pipe_resident_ctas<T, NX, false, 0, 1>();
         pipe_resident_ctas<T, NX, false, 0, 2>();
         pipe_resident_ctas<T, NX, true, 0, 2>();
-        if constexpr (NX == 1 && pipe_x_in_registers<T>()) {
+        if constexpr (NX == 1 && pipe_x_units<T>(8)) {
+            pipe_resident_ctas<T, 1, false, 8, 1>();
+            pipe_resident_ctas<T, 1, false, 8, 2>();
+            pipe_resident_ctas<T, 1, true, 8, 2>();
+        }
+        if constexpr (NX == 1 && pipe_x_units<T>(2)) {
             pipe_resident_ctas<T, 1, false, 1, 1>();
             pipe_resident_ctas<T, 1, false, 1, 2>();
             pipe_resident_ctas<T, 1, true, 1, 2>();
