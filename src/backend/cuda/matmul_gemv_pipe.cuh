@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     // with register-held activations, of kXU (unit i of a warp is unit i % kXU of its row: a
     // warp starts at a row's first unit), so that both indices are compile-time constants.
     constexpr int kStep = kXU > D ? kXU : D;
-    static_assert(kStep % D == 0 && (kXU == 0 || kStep % kXU == 0), "slots and units in step");
+    static_assert(kStep % D == 0 && kStep % (kXU > 0 ? kXU : 1) == 0, "slots and units in step");
 
     const int lane = threadIdx.x & 31;
     const int part = lane % kLPB, sub = lane / kLPB;
