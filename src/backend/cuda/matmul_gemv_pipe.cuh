@@ -56,11 +56,12 @@ struct PipeShape {
     static constexpr int kMinBlocks = NX >= 4 ? 3 : 4;
 };
 // The row lengths (in units) whose activations a lane holds in registers, by type: Q4_K and
-// Q6_K 1 or 2 units (8B's 4096 columns are 2), Q8_0 8 (4096 columns; its units are small).
+// Q6_K 1 or 2 units (8B's 4096 columns are 2). Not Q8_0: 8 register-held units (4096
+// columns) made it slower (H200, bench_gemv --pdl: 4096x4096 6.99 vs 6.70 us, 14336x4096
+// 24.1 vs 20.1; 8B tg128 274 vs 289 tok/s), the ring then being 4 units deep instead of 6.
 template <GgmlType T>
 constexpr bool pipe_x_units(int upr) {
-    if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q6_K) return upr == 1 || upr == 2;
-    return T == GgmlType::Q8_0 && upr == 8;
+    return (T == GgmlType::Q4_K || T == GgmlType::Q6_K) && (upr == 1 || upr == 2);
 }
 
 // Whether rows whose activations are loaded unit by unit go two at a time (on unless
@@ -351,13 +352,6 @@ void launch_pipe(const PipeRows& pr, const uint8_t* w2, int64_t cols, const int8
         return !kPair && even && pipe_two_rows_enabled() &&
                rows >= int64_t(pipe_resident_ctas<T, NX, false, XU, 2>()) * kPipeWarps;
     };
-    if constexpr (NX == 1 && pipe_x_units<T>(8)) {
-        if (upr == 8) {
-            if (two_rows(std::integral_constant<int, 8>{}))
-                return launch_pipe_k<T, 1, false, 8, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
-            return launch_pipe_k<T, 1, kPair, 8, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
-        }
-    }
     if constexpr (NX == 1 && pipe_x_units<T>(2)) {
         if (upr == 1) {
             if (two_rows(std::integral_constant<int, 1>{}))
@@ -409,11 +403,6 @@ void prepare_pipe() {
         pipe_resident_ctas<T, NX, false, 0, 1>();
         pipe_resident_ctas<T, NX, false, 0, 2>();
         pipe_resident_ctas<T, NX, true, 0, 2>();
-        if constexpr (NX == 1 && pipe_x_units<T>(8)) {
-            pipe_resident_ctas<T, 1, false, 8, 1>();
-            pipe_resident_ctas<T, 1, false, 8, 2>();
-            pipe_resident_ctas<T, 1, true, 8, 2>();
-        }
         if constexpr (NX == 1 && pipe_x_units<T>(2)) {
             pipe_resident_ctas<T, 1, false, 1, 1>();
             pipe_resident_ctas<T, 1, false, 1, 2>();
