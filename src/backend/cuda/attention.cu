@@ -267,15 +267,21 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
 // Scores: thread t takes position t % 64 for heads t / 64, t / 64 + 2, ... (q broadcast from
 // shared memory, K rows read conflict-free thanks to the padding). Softmax: warp w takes heads
 // w, w + 4, ... P*V: thread t takes dims 2(t % (HD/2)) and +1 for heads t / (HD/2), ... .
-template <int HD>
+// GT: the group size when known at compile time (0: a.group, up to kMaxGroup). The per-thread
+// head loops then have exactly the heads there are; sized for kMaxGroup, their idle
+// iterations were issued predicated off (a decode step at 8 positions issued about 2400
+// instructions per warp for some 600 useful ones).
+template <int HD, int GT>
 __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     using C = DecodeTile<HD>;
     constexpr int TP = C::TP, ROW = C::ROW;
+    constexpr int MAXJ_S = GT > 0 ? (GT + C::SETS_S - 1) / C::SETS_S : C::MAXJ_S;
+    constexpr int MAXJ_PV = GT > 0 ? (GT + C::SETS_PV - 1) / C::SETS_PV : C::MAXJ_PV;
     static_assert(TP == 64, "the softmax phase has each lane own positions lane and lane + 32");
     extern __shared__ __align__(16) unsigned char smem[];
     __half* kbuf = reinterpret_cast<__half*>(smem);  // [2][TP][ROW]
     __half* vbuf = kbuf + 2 * TP * ROW;              // [2][TP][ROW]
-    const int G = a.group;
+    const int G = GT > 0 ? GT : a.group;
     float* qs = reinterpret_cast<float*>(vbuf + 2 * TP * ROW);  // [G][HD], pre-scaled
     float* ps = qs + G * HD;                                    // [G][TP] scores, then weights
     float* ms = ps + G * TP;                                    // [G] running max
@@ -323,9 +329,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     const int sp = t % TP, sg = t / TP;              // score phase
     const int d2 = t % (HD / 2), pg = t / (HD / 2);  // P*V phase
     const int warp = t / 32, lane = t % 32;          // softmax phase
-    float2 acc[C::MAXJ_PV];
+    float2 acc[MAXJ_PV];
 #pragma unroll
-    for (int j = 0; j < C::MAXJ_PV; j++) acc[j] = make_float2(0.f, 0.f);
+    for (int j = 0; j < MAXJ_PV; j++) acc[j] = make_float2(0.f, 0.f);
 
     for (int tile = 0; tile < n_tiles; tile++) {
         const int buf = tile & 1;
@@ -341,9 +347,9 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         // scores
         if (sp < np) {
             const __half* kr = kbuf + (buf * TP + sp) * ROW;
-            float sc[C::MAXJ_S];
+            float sc[MAXJ_S];
 #pragma unroll
-            for (int j = 0; j < C::MAXJ_S; j++) sc[j] = 0.f;
+            for (int j = 0; j < MAXJ_S; j++) sc[j] = 0.f;
 #pragma unroll
             for (int c = 0; c < HD; c += 8) {
                 const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
@@ -352,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
                 const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
                 const float2 k3 = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
 #pragma unroll
-                for (int j = 0; j < C::MAXJ_S; j++) {
+                for (int j = 0; j < MAXJ_S; j++) {
                     const int g = sg + C::SETS_S * j;
                     if (g < G) {
                         const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + c);
@@ -363,13 +369,13 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
                 }
             }
 #pragma unroll
-            for (int j = 0; j < C::MAXJ_S; j++) {
+            for (int j = 0; j < MAXJ_S; j++) {
                 const int g = sg + C::SETS_S * j;
                 if (g < G) ps[g * TP + sp] = sc[j];
             }
         } else {
 #pragma unroll
-            for (int j = 0; j < C::MAXJ_S; j++) {
+            for (int j = 0; j < MAXJ_S; j++) {
                 const int g = sg + C::SETS_S * j;
                 if (g < G) ps[g * TP + sp] = -INFINITY;
             }
@@ -402,7 +408,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         {
             const __half* vr = vbuf + buf * TP * ROW + 2 * d2;
 #pragma unroll
-            for (int j = 0; j < C::MAXJ_PV; j++) {
+            for (int j = 0; j < MAXJ_PV; j++) {
                 const int g = pg + C::SETS_PV * j;
                 if (g < G) {
                     const float c = cs[g];
@@ -414,7 +420,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
             for (int p = 0; p < np; p++) {
                 const float2 vf = __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
 #pragma unroll
-                for (int j = 0; j < C::MAXJ_PV; j++) {
+                for (int j = 0; j < MAXJ_PV; j++) {
                     const int g = pg + C::SETS_PV * j;
                     if (g < G) {
                         const float w = ps[g * TP + p];
@@ -428,7 +434,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     }
 
 #pragma unroll
-    for (int j = 0; j < C::MAXJ_PV; j++) {
+    for (int j = 0; j < MAXJ_PV; j++) {
         const int g = pg + C::SETS_PV * j;
         if (g >= G) continue;
         const int h = h0 + g;
@@ -756,15 +762,41 @@ bool attn_has_prefill(const AttnShape& s) {
     return s.head_dim == 64 || s.head_dim == 128;
 }
 
+// The tiled decode kernel for a head size and group: compiled for the groups of common models
+// (Llama 3 8B: 4, 70B: 8, SmolLM2: 3), the generic group loop otherwise.
+template <int HD, class F>
+void with_tiled_decode(int group, F&& f) {
+    switch (group) {
+        case 1:
+            return f(attn_decode_tiled<HD, 1>);
+        case 2:
+            return f(attn_decode_tiled<HD, 2>);
+        case 3:
+            return f(attn_decode_tiled<HD, 3>);
+        case 4:
+            return f(attn_decode_tiled<HD, 4>);
+        case 6:
+            return f(attn_decode_tiled<HD, 6>);
+        case 8:
+            return f(attn_decode_tiled<HD, 8>);
+        default:
+            return f(attn_decode_tiled<HD, 0>);
+    }
+}
+
 void attn_init() {
-    NT_CUDA_CHECK(
-        cudaFuncSetAttribute(attn_decode_tiled<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(DecodeTile<64>::smem_bytes(kMaxGroup))),
-        "cudaFuncSetAttribute attn_decode_tiled<64>");
-    NT_CUDA_CHECK(
-        cudaFuncSetAttribute(attn_decode_tiled<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             int(DecodeTile<128>::smem_bytes(kMaxGroup))),
-        "cudaFuncSetAttribute attn_decode_tiled<128>");
+    for (int g = 1; g <= kMaxGroup; ++g) {
+        with_tiled_decode<64>(g, [&](auto kernel) {
+            NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               int(DecodeTile<64>::smem_bytes(kMaxGroup))),
+                          "cudaFuncSetAttribute attn_decode_tiled<64>");
+        });
+        with_tiled_decode<128>(g, [&](auto kernel) {
+            NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               int(DecodeTile<128>::smem_bytes(kMaxGroup))),
+                          "cudaFuncSetAttribute attn_decode_tiled<128>");
+        });
+    }
     NT_CUDA_CHECK(
         cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              int(PrefillTile<64>::smem_bytes())),
@@ -841,14 +873,16 @@ bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
         }
         if (splits > 1 && !done) fail("attention: the split decode kernel needs its counters.");
         const dim3 grid(unsigned(splits), unsigned(s.n_head_kv), unsigned(n_rows));
+        auto go = [&](auto kernel, size_t smem) {
+            launch_kernel(pdl, kernel, grid, dim3(kThreads), smem, stream,
+                          "attention decode kernel (tiled)", a);
+        };
         if (s.head_dim == 64)
-            launch_kernel(pdl, attn_decode_tiled<64>, grid, dim3(kThreads),
-                          DecodeTile<64>::smem_bytes(a.group), stream,
-                          "attention decode kernel (tiled)", a);
+            with_tiled_decode<64>(a.group,
+                                  [&](auto k) { go(k, DecodeTile<64>::smem_bytes(a.group)); });
         else
-            launch_kernel(pdl, attn_decode_tiled<128>, grid, dim3(kThreads),
-                          DecodeTile<128>::smem_bytes(a.group), stream,
-                          "attention decode kernel (tiled)", a);
+            with_tiled_decode<128>(a.group,
+                                   [&](auto k) { go(k, DecodeTile<128>::smem_bytes(a.group)); });
         return a.qmode >= 0;  // merged (and quantized) by the kernel itself
     }
     const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));
