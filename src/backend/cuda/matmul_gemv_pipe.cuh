@@ -11,14 +11,16 @@
 //  - Activations come from global memory through L1 (they are small and read by every warp),
 //    unit by unit; or, for one activation row and rows of a few units (pipe_x_units: 8B's
 //    4096 columns), once per warp into registers (kXU units), each unit's registers met at a
-//    compile-time position of the unrolled loop. The
-//    activation loads cost as much as the weights' otherwise (256 bytes per 144-byte Q4_K
-//    block; measured on the H200: 55% of HBM with them, 72% without, on 128256 x 4096).
+//    compile-time position of the unrolled loop. The activation loads cost as much as the
+//    weights' otherwise (256 bytes per 144-byte Q4_K block; measured on the H200: 55% of HBM
+//    with them, 72% without, on 128256 x 4096).
 //  - Rows go in groups of kV (1 or 2): a slot holds the same unit of every row of the group,
 //    and one load of the unit's activations serves them all (two rows halve the activation
 //    loads of rows too long to keep their activations in registers).
 //  - kPair: SwiGLU. A group is row r of `w` and row r of `w2`; the warp writes
 //    silu(w.x) * (w2.x) for row r: gate and up projections in one pass, one launch.
+//  - Otherwise the rows may be those of up to three matrices of one type one after another
+//    (PipeRows, from a GemvStack: q, k and v in one launch), each written to its own output.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -122,7 +124,7 @@ struct PipeRows {
         return {m(0), m(1), m(2), y(0), y(1), y(2), s.end[0], s.end[1], s.end[2]};
     }
     __host__ __device__ int64_t rows() const { return e2; }
-    // Stacked row r: its matrix (0..2), that matrix.s first stacked row, weights and output.
+    // Stacked row r's matrix (0..2); a matrix's first stacked row, weights and output.
     __device__ __forceinline__ int matrix(int64_t r) const { return (r >= e0) + (r >= e1); }
     __device__ __forceinline__ int64_t begin(int i) const { return i == 0 ? 0 : i == 1 ? e0 : e1; }
     __device__ __forceinline__ const uint8_t* weights(int i) const {

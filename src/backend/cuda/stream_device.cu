@@ -1,3 +1,5 @@
+#include "backend/cuda/stream_device.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/device_info.h"
-#include "backend/cuda/stream_device.h"
 #include "core/error.h"
 #include "memory/clock.h"
 #include "memory/cufile.h"
@@ -29,11 +30,10 @@ double time_copies(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind
                    int reps);
 
 class CudaStreamDevice : public mem::StreamDevice {
-  public:
+public:
     explicit CudaStreamDevice(CudaBackend& be) : be_(be) {
         NT_CUDA_CHECK(cudaSetDevice(be.device().device), "cudaSetDevice");
-        NT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking),
-                      "cudaStreamCreate copy");
+        NT_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking), "cudaStreamCreate copy");
         size_t free_b = 0, total_b = 0;
         NT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
         free0_ = free_b;
@@ -63,20 +63,17 @@ class CudaStreamDevice : public mem::StreamDevice {
         return free_b;
     }
     uint64_t headroom_bytes() const override { return kHeadroom; }
-    uint64_t resident_footprint(uint64_t n) const override {
-        return CudaBackend::weight_footprint(n);
-    }
+    uint64_t resident_footprint(uint64_t n) const override { return CudaBackend::weight_footprint(n); }
 
     void* alloc_device(size_t bytes, const char* what) override {
         void* p = nullptr;
         const cudaError_t e = cudaMalloc(&p, bytes);
         if (e == cudaErrorMemoryAllocation) {
             (void)cudaGetLastError();
-            fail(
-                "not enough GPU memory for %s: need %s, %s free on %s; lower --vram-budget or "
-                "--slots.",
-                what, mem::format_gib(bytes).c_str(), mem::format_gib(free_bytes()).c_str(),
-                be_.device().name.c_str());
+            fail("not enough GPU memory for %s: need %s, %s free on %s; lower --vram-budget or "
+                 "--slots.",
+                 what, mem::format_gib(bytes).c_str(), mem::format_gib(free_bytes()).c_str(),
+                 be_.device().name.c_str());
         }
         NT_CUDA_CHECK(e, "cudaMalloc streaming slots");
         return p;
@@ -101,23 +98,19 @@ class CudaStreamDevice : public mem::StreamDevice {
             NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     }
     void copy_wait(int e) override {
-        NT_CUDA_CHECK(cudaStreamWaitEvent(copy_, events_.at(size_t(e)), 0),
-                      "cudaStreamWaitEvent copy");
+        NT_CUDA_CHECK(cudaStreamWaitEvent(copy_, events_.at(size_t(e)), 0), "cudaStreamWaitEvent copy");
     }
     void copy_h2d(void* dst, const void* src, size_t bytes) override {
-        NT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_),
-                      "cudaMemcpyAsync layer");
+        NT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_), "cudaMemcpyAsync layer");
     }
     void copy_record(int e) override {
         NT_CUDA_CHECK(cudaEventRecord(events_.at(size_t(e)), copy_), "cudaEventRecord copy");
     }
     void compute_wait(int e) override {
-        NT_CUDA_CHECK(cudaStreamWaitEvent(be_.stream(), events_.at(size_t(e)), 0),
-                      "cudaStreamWaitEvent compute");
+        NT_CUDA_CHECK(cudaStreamWaitEvent(be_.stream(), events_.at(size_t(e)), 0), "cudaStreamWaitEvent compute");
     }
     void compute_record(int e) override {
-        NT_CUDA_CHECK(cudaEventRecord(events_.at(size_t(e)), be_.stream()),
-                      "cudaEventRecord compute");
+        NT_CUDA_CHECK(cudaEventRecord(events_.at(size_t(e)), be_.stream()), "cudaEventRecord compute");
     }
     void host_wait(int e) override {
         NT_CUDA_CHECK(cudaEventSynchronize(events_.at(size_t(e))), "cudaEventSynchronize");
@@ -146,8 +139,7 @@ class CudaStreamDevice : public mem::StreamDevice {
         } else {
             NT_CUDA_CHECK(cudaEventCreate(&e), "cudaEventCreate mark");
         }
-        NT_CUDA_CHECK(cudaEventRecord(e, lane == Lane::Copy ? copy_ : be_.stream()),
-                      "cudaEventRecord mark");
+        NT_CUDA_CHECK(cudaEventRecord(e, lane == Lane::Copy ? copy_ : be_.stream()), "cudaEventRecord mark");
         const int id = next_mark_++;
         marks_[id] = e;
         return id;
@@ -186,7 +178,7 @@ class CudaStreamDevice : public mem::StreamDevice {
     }
     double measure_hbm_gbs() override { return be_.measure_read_bandwidth(); }
 
-  private:
+private:
     void anchor() {
         NT_CUDA_CHECK(cudaEventRecord(anchor_, be_.stream()), "cudaEventRecord anchor");
         NT_CUDA_CHECK(cudaEventSynchronize(anchor_), "cudaEventSynchronize anchor");
@@ -205,8 +197,7 @@ class CudaStreamDevice : public mem::StreamDevice {
 };
 
 // Best GB/s of `reps` copies of `bytes` on `s`.
-double time_copies(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s,
-                   int reps) {
+double time_copies(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s, int reps) {
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     double best = 0;
     try {
@@ -250,8 +241,7 @@ CudaLinkReport cuda_measure_links(int device, size_t bytes) {
     NT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
     r.free_mem = free_b;
     r.total_mem = total_b;
-    NT_CUDA_CHECK(cudaDeviceGetAttribute(&r.async_engines, cudaDevAttrAsyncEngineCount, device),
-                  "cudaDeviceGetAttribute");
+    NT_CUDA_CHECK(cudaDeviceGetAttribute(&r.async_engines, cudaDevAttrAsyncEngineCount, device), "cudaDeviceGetAttribute");
 
     void *h = nullptr, *h2 = nullptr, *d = nullptr, *d2 = nullptr;
     char* pageable = nullptr;
@@ -272,10 +262,8 @@ CudaLinkReport cuda_measure_links(int device, size_t bytes) {
         {
             const double t0 = mem::now_seconds();
             for (int i = 0; i < 3; i++) {
-                NT_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, s1),
-                              "cudaMemcpyAsync");
-                NT_CUDA_CHECK(cudaMemcpyAsync(h2, d2, bytes, cudaMemcpyDeviceToHost, s2),
-                              "cudaMemcpyAsync");
+                NT_CUDA_CHECK(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, s1), "cudaMemcpyAsync");
+                NT_CUDA_CHECK(cudaMemcpyAsync(h2, d2, bytes, cudaMemcpyDeviceToHost, s2), "cudaMemcpyAsync");
             }
             NT_CUDA_CHECK(cudaStreamSynchronize(s1), "cudaStreamSynchronize");
             NT_CUDA_CHECK(cudaStreamSynchronize(s2), "cudaStreamSynchronize");
@@ -319,8 +307,8 @@ double cuda_try_pin(int device, size_t bytes) {
     return dt;
 }
 
-double cuda_measure_gds(int device, const std::string& path, uint64_t offset, uint64_t bytes,
-                        int threads, std::string* why) {
+double cuda_measure_gds(int device, const std::string& path, uint64_t offset, uint64_t bytes, int threads,
+                        std::string* why) {
     NT_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
     const mem::CuFileApi* api = mem::cufile_api(why);
     if (!api) return -1;
@@ -343,8 +331,7 @@ double cuda_measure_gds(int device, const std::string& path, uint64_t offset, ui
     const uint64_t half = uint64_t(128) << 20;
     char* d = nullptr;
     NT_CUDA_CHECK(cudaMalloc(&d, 2 * half), "cudaMalloc cuFile buffer");
-    r->gds_register(d, 2 * half,
-                    why);  // refused: slower reads through cuFile's bounce buffers, and a note
+    r->gds_register(d, 2 * half, why);  // refused: slower reads through cuFile's bounce buffers, and a note
     mem::FileReader::Ticket t[2] = {0, 0};
     double gbs = -1;
     try {
