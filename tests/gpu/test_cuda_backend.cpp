@@ -817,8 +817,8 @@ constexpr float kPrefillTol = 4e-3f;  // F16 Q and P on tensor cores, |v| <= 1
 
 TEST(CudaBackend, AttentionAgainstCpu) {
     NT_REQUIRE_GPU();
-    // Decode kernels by group size: warp (1..8 query heads per KV head, bounds 4 and 8), tiled
-    // (more), generic (head_dim 96).
+    // Decode kernels by group size: the tiled kernel compiled for the group (4, 3, 1, 6, 8)
+    // and its runtime-group loop (16), the generic kernel (head_dim 96).
     const AttnCase cases[] = {{64, 4, 1},   {128, 4, 1}, {64, 9, 3},   {128, 8, 8},
                               {128, 24, 4}, {64, 8, 1},  {128, 16, 1}, {96, 4, 2}};
     for (const AttnCase& c : cases) {

@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
@@ -762,41 +764,33 @@ bool attn_has_prefill(const AttnShape& s) {
     return s.head_dim == 64 || s.head_dim == 128;
 }
 
-// The tiled decode kernel for a head size and group: compiled for the groups of common models
-// (Llama 3 8B: 4, 70B: 8, SmolLM2: 3), the generic group loop otherwise.
+// The groups the tiled decode kernel is compiled for (those of common models: Llama 3 8B 4,
+// 70B 8, SmolLM2 3); any other group runs its runtime-group loop (GT = 0).
+using TiledGroups = std::integer_sequence<int, 1, 2, 3, 4, 6, 8>;
+
+// f(the tiled decode kernel for head size HD and this group).
+template <int HD, class F, int... G>
+void with_tiled_decode(int group, F&& f, std::integer_sequence<int, G...>) {
+    const bool compiled = ((group == G && (f(attn_decode_tiled<HD, G>), true)) || ...);
+    if (!compiled) f(attn_decode_tiled<HD, 0>);
+}
 template <int HD, class F>
 void with_tiled_decode(int group, F&& f) {
-    switch (group) {
-        case 1:
-            return f(attn_decode_tiled<HD, 1>);
-        case 2:
-            return f(attn_decode_tiled<HD, 2>);
-        case 3:
-            return f(attn_decode_tiled<HD, 3>);
-        case 4:
-            return f(attn_decode_tiled<HD, 4>);
-        case 6:
-            return f(attn_decode_tiled<HD, 6>);
-        case 8:
-            return f(attn_decode_tiled<HD, 8>);
-        default:
-            return f(attn_decode_tiled<HD, 0>);
-    }
+    with_tiled_decode<HD>(group, f, TiledGroups{});
+}
+
+// Every tiled decode kernel of head size HD may use the shared memory of the largest group.
+template <int HD, int... G>
+void allow_tiled_decode_smem(std::integer_sequence<int, G...>) {
+    for (auto kernel : {attn_decode_tiled<HD, G>..., attn_decode_tiled<HD, 0>})
+        NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(DecodeTile<HD>::smem_bytes(kMaxGroup))),
+                      "cudaFuncSetAttribute attn_decode_tiled");
 }
 
 void attn_init() {
-    for (int g = 1; g <= kMaxGroup; ++g) {
-        with_tiled_decode<64>(g, [&](auto kernel) {
-            NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(DecodeTile<64>::smem_bytes(kMaxGroup))),
-                          "cudaFuncSetAttribute attn_decode_tiled<64>");
-        });
-        with_tiled_decode<128>(g, [&](auto kernel) {
-            NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(DecodeTile<128>::smem_bytes(kMaxGroup))),
-                          "cudaFuncSetAttribute attn_decode_tiled<128>");
-        });
-    }
+    allow_tiled_decode_smem<64>(TiledGroups{});
+    allow_tiled_decode_smem<128>(TiledGroups{});
     NT_CUDA_CHECK(
         cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              int(PrefillTile<64>::smem_bytes())),

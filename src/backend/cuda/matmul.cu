@@ -258,33 +258,32 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
                  MatmulWorkspace& ws, cudaStream_t stream) {
     if (!qkv_stack_enabled()) return false;
     const int64_t cols = w[0].cols;
-    bool done[3] = {false, false, false};
-    detail::GemvStack stacks[3];
-    GgmlType types[3] = {};
-    int n_stacks = 0;
     // Only matrices whose own GEMV is the pipe kernel: each row is then summed as it would be
     // alone (bit for bit), and a small one the staged kernel does better (Q8_0's k and v) is
     // not pulled in (8B Q8_0 tg128: 289.1 stacked vs 295.6 forked).
-    bool pipe[3];
+    bool pipe[3], stacked[3] = {false, false, false};
     for (int i = 0; i < 3; ++i)
-        pipe[i] = detail::gemv_pair_available(w[i].type) &&
-                  detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count).kernel ==
-                      GemvKernel::Pipe;
+        pipe[i] = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count).kernel ==
+                  GemvKernel::Pipe;
+    // The stacks first (one per type), then the matrices left over.
+    bool any = false;
     for (int i = 0; i < 3; ++i) {
-        if (done[i] || !pipe[i]) continue;
-        detail::GemvStack st;
+        if (!pipe[i] || stacked[i]) continue;
+        int same[3], count = 0;
         for (int j = i; j < 3; ++j)
-            if (pipe[j] && w[j].type == w[i].type) st.add(w[j].data, w[j].rows, y[j]);
-        if (st.count < 2) continue;
-        for (int j = i; j < 3; ++j) done[j] = done[j] || (pipe[j] && w[j].type == w[i].type);
-        types[n_stacks] = w[i].type;
-        stacks[n_stacks++] = st;
+            if (pipe[j] && w[j].type == w[i].type) same[count++] = j;
+        if (count < 2) continue;
+        detail::GemvStack st;
+        for (int k = 0; k < count; ++k) {
+            st.add(w[same[k]].data, w[same[k]].rows, y[same[k]]);
+            stacked[same[k]] = true;
+        }
+        detail::gemv_stack(w[i].type, st, cols, a.xq, a.xd, n, ws.pdl, stream);
+        any = true;
     }
-    if (n_stacks == 0) return false;
-    for (int i = 0; i < n_stacks; ++i)
-        detail::gemv_stack(types[i], stacks[i], cols, a.xq, a.xd, n, ws.pdl, stream);
+    if (!any) return false;
     for (int i = 0; i < 3; ++i) {
-        if (done[i]) continue;
+        if (stacked[i]) continue;
         GemvConfig c = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count);
         c.pdl = ws.pdl;
         detail::gemv_q8(w[i].type, w[i].data, w[i].rows, cols, a.xq, a.xd, n, y[i], c, stream);
@@ -450,7 +449,7 @@ bool gemv_config_available(GgmlType t, const GemvConfig& c) {
 GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count,
                        GemvConfig want) {
     GemvConfig c = want;
-    if (c.nx == 0) c.nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
+    if (c.nx == 0) c.nx = gemv_nx(n);
     // Two weight rows per warp halve the activation reads from L1 where the registers allow it
     // (nx = 8 with two rows would spill).
     // Measured on the H200 (docs/BENCHMARKS.md): two rows per warp is faster at nx = 1 too.
@@ -521,36 +520,42 @@ bool gemv_pair_available(GgmlType t) {
     return t == GgmlType::Q4_K || t == GgmlType::Q6_K || t == GgmlType::Q8_0;
 }
 
+namespace {
+
+// f(std::integral_constant<GgmlType, T>{}) for a type with the pipe kernel (gemv_pair_available);
+// otherwise fails, naming `what`.
+template <class F>
+void with_pipe_type(GgmlType t, const char* what, F&& f) {
+    switch (t) {
+        case GgmlType::Q4_K:
+            return f(std::integral_constant<GgmlType, GgmlType::Q4_K>{});
+        case GgmlType::Q6_K:
+            return f(std::integral_constant<GgmlType, GgmlType::Q6_K>{});
+        case GgmlType::Q8_0:
+            return f(std::integral_constant<GgmlType, GgmlType::Q8_0>{});
+        default:
+            nt::fail("%s: no kernel for %s.", what, type_name(t));
+    }
+}
+
+}  // namespace
+
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t s,
                const PairQuant& q) {
-    const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
     if (n < 1 || n > 8) nt::fail("gemv pair: batch %d is not in 1..8.", n);
-    switch (t) {
-        case GgmlType::Q4_K:
-            return launch_gemv_pair<GgmlType::Q4_K>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s, q);
-        case GgmlType::Q6_K:
-            return launch_gemv_pair<GgmlType::Q6_K>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s, q);
-        case GgmlType::Q8_0:
-            return launch_gemv_pair<GgmlType::Q8_0>(w, w2, rows, cols, xq, xd, n, y, nx, pdl, s, q);
-        default:
-            nt::fail("gemv pair: no kernel for %s.", type_name(t));
-    }
+    with_pipe_type(t, "gemv pair", [&](auto type) {
+        launch_gemv_pair<decltype(type)::value>(w, w2, rows, cols, xq, xd, n, y, gemv_nx(n), pdl, s,
+                                                q);
+    });
 }
 
 void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,
                 int n, bool pdl, cudaStream_t stream) {
     if (n < 1 || n > 8) nt::fail("gemv stack: batch %d is not in 1..8.", n);
-    switch (t) {
-        case GgmlType::Q4_K:
-            return launch_gemv_stack<GgmlType::Q4_K>(s, cols, xq, xd, n, pdl, stream);
-        case GgmlType::Q6_K:
-            return launch_gemv_stack<GgmlType::Q6_K>(s, cols, xq, xd, n, pdl, stream);
-        case GgmlType::Q8_0:
-            return launch_gemv_stack<GgmlType::Q8_0>(s, cols, xq, xd, n, pdl, stream);
-        default:
-            nt::fail("gemv stack: no kernel for %s.", type_name(t));
-    }
+    with_pipe_type(t, "gemv stack", [&](auto type) {
+        launch_gemv_stack<decltype(type)::value>(s, cols, xq, xd, n, pdl, stream);
+    });
 }
 
 void prepare_gemv_all() {

@@ -391,7 +391,7 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
     }
     if constexpr (pipe_compiled<T>()) {
         if (c.kernel == GemvKernel::Pipe)
-            return launch_pipe_nx<T>(PipeRows::one(w, rows, y), nullptr, cols, xq, xd, n, c.nx,
+            return launch_pipe_nx<T>(GemvStack::one(w, rows, y), nullptr, cols, xq, xd, n, c.nx,
                                      c.pdl, stream);
     }
 #define NT_GEMV_CASE(NX, RW)                                                                  \
@@ -434,7 +434,7 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
                       const PairQuant& q) {
     if constexpr (pipe_compiled<T>())
-        return launch_pipe_nx<T>(PipeRows::one(w, rows, y), w2, cols, xq, xd, n, nx, pdl, stream,
+        return launch_pipe_nx<T>(GemvStack::one(w, rows, y), w2, cols, xq, xd, n, nx, pdl, stream,
                                  q);
     nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
 }
@@ -442,10 +442,8 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
 template <GgmlType T>
 void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd, int n,
                        bool pdl, cudaStream_t stream) {
-    if constexpr (pipe_compiled<T>()) {
-        const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
-        return launch_pipe_nx<T>(PipeRows::stack(s), nullptr, cols, xq, xd, n, nx, pdl, stream);
-    }
+    if constexpr (pipe_compiled<T>())
+        return launch_pipe_nx<T>(s, nullptr, cols, xq, xd, n, gemv_nx(n), pdl, stream);
     nt::fail("gemv: no stacked kernel for %s.", type_name(T));
 }
 

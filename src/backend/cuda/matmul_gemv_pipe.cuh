@@ -20,7 +20,7 @@
 //  - kPair: SwiGLU. A group is row r of `w` and row r of `w2`; the warp writes
 //    silu(w.x) * (w2.x) for row r: gate and up projections in one pass, one launch.
 //  - Otherwise the rows may be those of up to three matrices of one type one after another
-//    (PipeRows, from a GemvStack: q, k and v in one launch), each written to its own output.
+//    (a GemvStack: q, k and v in one launch), each written to its own output.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -106,37 +106,11 @@ __device__ __forceinline__ void pipe_quantize_groups(const float* y, int64_t r0,
     }
 }
 
-// The rows one pipe launch walks: one matrix, or a GemvStack's matrices one after another,
-// each with its own output. Chosen by comparisons, not by indexing, so that the kernel
-// parameters stay where they are (no local-memory copy).
-struct PipeRows {
-    const uint8_t *m0, *m1, *m2;
-    float *y0, *y1, *y2;
-    int64_t e0, e1, e2;  // where each matrix ends in the stacked row index; e2 = all rows
-    static PipeRows one(const void* w, int64_t rows, float* y) {
-        const auto* m = static_cast<const uint8_t*>(w);
-        return {m, m, m, y, y, y, rows, rows, rows};
-    }
-    static PipeRows stack(const GemvStack& s) {
-        auto m = [&](int i) { return static_cast<const uint8_t*>(s.w[i < s.count ? i : 0]); };
-        auto y = [&](int i) { return s.y[i < s.count ? i : 0]; };
-        static_assert(GemvStack::kMax == 3, "three matrices");
-        return {m(0), m(1), m(2), y(0), y(1), y(2), s.end[0], s.end[1], s.end[2]};
-    }
-    __host__ __device__ int64_t rows() const { return e2; }
-    // Stacked row r's matrix (0..2); a matrix's first stacked row, weights and output.
-    __device__ __forceinline__ int matrix(int64_t r) const { return (r >= e0) + (r >= e1); }
-    __device__ __forceinline__ int64_t begin(int i) const { return i == 0 ? 0 : i == 1 ? e0 : e1; }
-    __device__ __forceinline__ const uint8_t* weights(int i) const {
-        return i == 0 ? m0 : i == 1 ? m1 : m2;
-    }
-    __device__ __forceinline__ float* out(int i) const { return i == 0 ? y0 : i == 1 ? y1 : y2; }
-};
-
 template <GgmlType T, int NX, bool kPair, int kXU, int kV>
 __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBlocks))
-    gemv_q8_pipe(PipeRows pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
-                 const float2* __restrict__ xd, int64_t cols, int n, PairQuant pq, bool early) {
+    gemv_q8_pipe(GemvStack pr, const uint8_t* __restrict__ w2, int nb,
+                 const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols, int n,
+                 PairQuant pq, bool early) {
     using Q = Quant<T>;
     const int64_t rows = pr.rows();
     constexpr int kLPB = Q::kLanesPerBlock;
@@ -235,7 +209,7 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                         for (int h = 0; h < kV; ++h) {
                             typename Q::W wr;
                             Q::decode(ring[s][h], part, wr);
-                            acc[h][0] += Q::dot(wr, xr[i % (kXU > 0 ? kXU : 1)]);
+                            acc[h][0] += Q::dot(wr, xr[i % kXU]);
                         }
                     } else if constexpr (NX == 1) {
                         // One load of the activations serves every row of the group.
@@ -286,8 +260,7 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                             } else {
                                 // The rows of a group are in one matrix (even row counts).
                                 const int m = pr.matrix(g * kV);
-                                const int64_t b = pr.begin(m);
-                                const int64_t mrows = (m == 0 ? pr.e0 : m == 1 ? pr.e1 : pr.e2) - b;
+                                const int64_t b = pr.begin(m), mrows = pr.end(m) - b;
 #pragma unroll
                                 for (int h = 0; h < kV; ++h)
                                     pr.out(m)[int64_t(k) * mrows + g * kV + h - b] = v[h];
@@ -321,7 +294,7 @@ int pipe_resident_ctas() {
 }
 
 template <GgmlType T, int NX, bool kPair, int kXU, int kV>
-void launch_pipe_k(const PipeRows& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
+void launch_pipe_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
                    const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q) {
     // One warp per row group at most; a whole GPU's worth of CTAs at most.
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
@@ -340,7 +313,7 @@ void launch_pipe_k(const PipeRows& pr, const uint8_t* w2, int64_t cols, const in
 // H200, bench_gemv --pdl, Q4_K at one activation row, one row -> two: 4096 x 14336 2129 ->
 // 2683 GB/s, 8192 x 8192 2159 -> 2778, 28672 x 8192 2403 -> 3315, 8192 x 28672 2325 -> 2945.
 template <GgmlType T, int NX, bool kPair>
-void launch_pipe(const PipeRows& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
+void launch_pipe(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
                  const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q) {
     constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
     constexpr int kV = kPair ? 2 : 1;
@@ -374,7 +347,7 @@ void launch_pipe(const PipeRows& pr, const uint8_t* w2, int64_t cols, const int8
 // w2: the SwiGLU pair's second matrix (nullptr for none); q: the pair's own output
 // quantization (one activation row only; ignored otherwise).
 template <GgmlType T>
-void launch_pipe_nx(const PipeRows& pr, const void* w2, int64_t cols, const int8_t* xq,
+void launch_pipe_nx(const GemvStack& pr, const void* w2, int64_t cols, const int8_t* xq,
                     const float2* xd, int n, int nx, bool pdl, cudaStream_t stream,
                     const PairQuant& q = {}) {
     const auto* b = static_cast<const uint8_t*>(w2);

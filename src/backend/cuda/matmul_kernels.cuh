@@ -102,21 +102,45 @@ struct PairQuant {
     int* done = nullptr;
     int mode = -1;
 };
+// The activation rows one GEMV pass handles (nx, GemvConfig) for a batch of n <= 8.
+constexpr int gemv_nx(int n) {
+    return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
+}
 // Up to three matrices of one type and column count run as one GEMV over their stacked rows
-// (q, k and v: one launch instead of three), each with its own output y[i] ([n][rows_i]).
+// (q, k and v: one launch instead of three), each with its own output ([n][its rows]); one
+// matrix is a stack of one. It is the pipe kernel's parameter as it is: named fields, chosen
+// by comparisons rather than by indexing, so that they stay in the parameter space (no
+// local-memory copy).
 struct GemvStack {
     static constexpr int kMax = 3;
-    const void* w[kMax] = {};
-    float* y[kMax] = {};
-    int64_t end[kMax] = {};  // matrix i holds the stacked rows [end[i - 1], end[i])
+    const uint8_t *m0 = nullptr, *m1 = nullptr, *m2 = nullptr;
+    float *y0 = nullptr, *y1 = nullptr, *y2 = nullptr;
+    // Where each matrix ends in the stacked row index; the unused ones end with the last.
+    int64_t e0 = 0, e1 = 0, e2 = 0;
     int count = 0;
-    void add(const void* wi, int64_t rows, float* yi) {
-        const int64_t begin = count ? end[count - 1] : 0;
-        w[count] = wi, y[count] = yi;
-        for (int i = count; i < kMax; ++i) end[i] = begin + rows;  // unused ends: the total
+    static GemvStack one(const void* w, int64_t rows, float* y) {
+        GemvStack s;
+        s.add(w, rows, y);
+        return s;
+    }
+    // Appends a matrix (at most kMax): it fills its own slot and the unused ones after it.
+    void add(const void* w, int64_t rows, float* y) {
+        const auto* m = static_cast<const uint8_t*>(w);
+        const int64_t end = e2 + rows;
+        if (count == 0) m0 = m, y0 = y, e0 = end;
+        if (count <= 1) m1 = m, y1 = y, e1 = end;
+        m2 = m, y2 = y, e2 = end;
         ++count;
     }
-    int64_t rows() const { return end[kMax - 1]; }
+    __host__ __device__ int64_t rows() const { return e2; }
+    // Stacked row r's matrix (0..2); a matrix's stacked rows [begin, end), weights and output.
+    __device__ __forceinline__ int matrix(int64_t r) const { return (r >= e0) + (r >= e1); }
+    __device__ __forceinline__ int64_t begin(int i) const { return i == 0 ? 0 : i == 1 ? e0 : e1; }
+    __device__ __forceinline__ int64_t end(int i) const { return i == 0 ? e0 : i == 1 ? e1 : e2; }
+    __device__ __forceinline__ const uint8_t* weights(int i) const {
+        return i == 0 ? m0 : i == 1 ? m1 : m2;
+    }
+    __device__ __forceinline__ float* out(int i) const { return i == 0 ? y0 : i == 1 ? y1 : y2; }
 };
 // The stack in one pipe launch (pipe_compiled<T>() types, n <= 8).
 template <GgmlType T>
