@@ -3,7 +3,7 @@
 #   bench/cuda/decode_device.sh build    # configure + build ntransformer, nt_gpu_tests and the harnesses
 #   bench/cuda/decode_device.sh models   # synthetic Llama-3 8B in Q4_K_M, Q8_0 and Q6_K (written in the background)
 #   bench/cuda/decode_device.sh ab       # 8B tg128 (AB_MODELS, default q4_k_m) as shipped, then with each setting of AB
-#   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (Q4_K, Q6_K, Q8_0; n = 1, 2), two-row groups on and off
+#   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (GEMV_TYPES, n = 1), as shipped and with each setting of GEMV_AB
 #   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions, prefill
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
 #   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64 (after types: needs the disk)
@@ -46,11 +46,13 @@ stage() {
         done
         ;;
     gemv)
-        for v in 1 0; do
-            echo "+ NT_PIPE_TWO_ROWS=$v bench_gemv --types q4_K,q8_0 --shapes 8b,70b --n 1 --pdl"
-            NT_PIPE_TWO_ROWS=$v "$build/bench/bench_gemv" --types q4_K,q8_0 --shapes 8b,70b --n 1 --pdl \
-                >"$out/gemv_two_rows_$v.txt" 2>&1 || echo "bench_gemv FAILED"
-            grep -E "^\*" "$out/gemv_two_rows_$v.txt" | awk '{print "gemv'$v':", $2, $3, $4, $5, $9, $11}'
+        # One table per setting (GEMV_AB: space-separated VAR=VALUE settings, "-" for as shipped).
+        for env in ${GEMV_AB:-- NT_L2_AHEAD=0}; do
+            [ "$env" = - ] && env=NT_AS_SHIPPED=1
+            echo "+ $env bench_gemv --types ${GEMV_TYPES:=q4_K,q6_K,q8_0} --shapes 8b,70b --n 1 --pdl"
+            env $env "$build/bench/bench_gemv" --types $GEMV_TYPES --shapes 8b,70b --n 1 --pdl \
+                >"$out/gemv_$env.txt" 2>&1 || echo "bench_gemv FAILED"
+            grep -E "^\*" "$out/gemv_$env.txt" | awk '{print "gemv '$env':", $2, $3, $4, $5, $9, $11}'
         done
         ;;
     attention)

@@ -458,8 +458,11 @@ struct Quant<GgmlType::Q2_K> {
         uint32_t sc;
         float d, dmin;
     };  // sc: the 4 scale bytes, j = 0..3
+    // q[j]: 16 quants of x block j; s[j]: their sum (for the mins, and for Q6_K's offset of
+    // 32), formed once per load so that register-held activations pay for it once per kernel.
     struct X {
         int q[4][4];
+        int s[4];
         float d[4];
     };
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
@@ -478,18 +481,17 @@ struct Quant<GgmlType::Q2_K> {
         for (int j = 0; j < 4; ++j) {
             ld_x16<kAny>(xq + 128 * n + 32 * j + 16 * s, x.q[j]);
             x.d[j] = ld_xd<kAny>(xd + 4 * n + j).x;
+            x.s[j] = 0;
+            for (int i = 0; i < 4; ++i) x.s[j] = dp4a(0x01010101u, x.q[j][i], x.s[j]);
         }
     }
     NT_HD static float dot(const W& w, const X& x) {
         float acc = 0.f;
         for (int j = 0; j < 4; ++j) {
-            int sq = 0, sx = 0;
-            for (int i = 0; i < 4; ++i) {
-                sq = dp4a((w.q[i] >> (2 * j)) & 0x03030303u, x.q[j][i], sq);
-                sx = dp4a(0x01010101u, x.q[j][i], sx);
-            }
+            int sq = 0;
+            for (int i = 0; i < 4; ++i) sq = dp4a((w.q[i] >> (2 * j)) & 0x03030303u, x.q[j][i], sq);
             const int sc = (w.sc >> (8 * j)) & 0xFF;
-            acc += x.d[j] * (w.d * float(sq * (sc & 0xF)) - w.dmin * float(sx * (sc >> 4)));
+            acc += x.d[j] * (w.d * float(sq * (sc & 0xF)) - w.dmin * float(x.s[j] * (sc >> 4)));
         }
         return acc;
     }
@@ -745,16 +747,22 @@ struct Quant<GgmlType::Q6_K> {
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q2_K>::load_x<kAny>(xq, xd, part, x);
     }
+    // sum (q - 32) x = sum q x - 32 sum x, exactly (integers): the quants stay unsigned (0..63,
+    // so dp4a's signed bytes read them right) and the offset costs one multiply-add per 16
+    // rather than a byte-wise subtraction per word. The high bits are moved into place by
+    // one shift and one mask, which the compiler merges with the low nibble's mask.
     NT_HD static float dot(const W& w, const X& x) {
         float acc = 0.f;
         for (int t = 0; t < 4; ++t) {
             int sq = 0;
             for (int i = 0; i < 4; ++i) {
                 const uint32_t lo = ((t & 1 ? w.lb[i] : w.la[i]) >> (4 * (t >> 1))) & 0x0F0F0F0Fu;
-                const uint32_t hi = ((w.h[i] >> (2 * t)) & 0x03030303u) << 4;
-                sq = dp4a(sub_bytes(lo | hi, 0x20202020u), x.q[t][i], sq);
+                const uint32_t h = w.h[i];
+                const uint32_t hi =
+                    (t == 0 ? h << 4 : t == 1 ? h << 2 : t == 2 ? h : h >> 2) & 0x30303030u;
+                sq = dp4a(lo | hi, x.q[t][i], sq);
             }
-            acc += x.d[t] * float(sq * w.sc[t]);
+            acc += x.d[t] * float((sq - 32 * x.s[t]) * w.sc[t]);
         }
         return w.d * acc;
     }
