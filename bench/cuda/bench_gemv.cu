@@ -11,7 +11,8 @@
 //   over time, and that against --hbm; mm_us / GB/s / %hbm: the public matmul() (activation
 //   quantization + GEMV). Variant: staged-p = staged kernel with a persistent grid, staged = one
 //   CTA per row tile, direct = registers only, stream = whole rows per warp with several
-//   16-byte loads per lane in flight (matmul_gemv_stream.cuh); nxN rwR kK = activation rows
+//   16-byte loads per lane in flight (matmul_gemv_stream.cuh), pipe = register or shared-memory
+//   (TMA) ring of raw weights per warp, pipe-r = its register ring only; nxN rwR kK = activation rows
 //   per pass, weight rows per warp, warps splitting the columns. err: max |y - ref| /
 //   sum|w*x| over the checked rows, against the CPU backend's nt::vec_dot on the CPU's own
 //   quantized activations (the GPU quantizes them identically); ok / FAIL against the
@@ -86,7 +87,7 @@ std::string describe(const GemvConfig& c) {
     std::snprintf(b, sizeof b, "%s nx%d rw%d k%d",
                   c.kernel == GemvKernel::Direct   ? "direct"
                   : c.kernel == GemvKernel::Stream ? "stream"
-                  : c.kernel == GemvKernel::Pipe   ? "pipe"
+                  : c.kernel == GemvKernel::Pipe   ? (c.tma ? "pipe" : "pipe-r")
                   : c.persistent                   ? "staged-p"
                                                    : "staged",
                   c.nx, c.rows_per_warp, c.ksplit);
@@ -95,7 +96,8 @@ std::string describe(const GemvConfig& c) {
 
 bool same(const GemvConfig& a, const GemvConfig& b) {
     return a.kernel == b.kernel && a.nx == b.nx && a.rows_per_warp == b.rows_per_warp &&
-           a.ksplit == b.ksplit && (a.kernel != GemvKernel::Staged || a.persistent == b.persistent);
+           a.ksplit == b.ksplit && (a.kernel != GemvKernel::Staged || a.persistent == b.persistent) &&
+           (a.kernel != GemvKernel::Pipe || a.tma == b.tma);
 }
 
 }  // namespace
@@ -186,9 +188,11 @@ int main(int argc, char** argv) try {
                         for (int rw : {1, 2})
                             for (int ks : {1, 2, 4})
                                 for (bool pers : {true, false}) {
-                                    if (kern != GemvKernel::Staged && pers)
-                                        continue;  // only Staged has it
+                                    if (kern != GemvKernel::Staged && kern != GemvKernel::Pipe &&
+                                        pers)
+                                        continue;  // only Staged has it (Pipe: its TMA form)
                                     GemvConfig c{kern, def.nx, rw, ks, pers};
+                                    c.tma = pers;
                                     if (!same(c, def) &&
                                         nt::cuda::detail::gemv_config_available(t, c))
                                         variants.push_back(c);

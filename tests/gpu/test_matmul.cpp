@@ -336,8 +336,8 @@ std::vector<Case> all_cases() {
 INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTypes, ::testing::ValuesIn(all_cases()), case_name);
 
 // Every compiled GEMV variant (kernel, rows per warp, column split, persistent grid or not) on
-// every quantized type: row and column tails, chunks split unevenly between warps, and (with
-// 9001 rows) persistent CTAs that loop over several row tiles.
+// every quantized type: row and column tails, chunks split unevenly between warps, (with 9001
+// rows) persistent CTAs that loop over several row tiles, and the pipe kernel in both forms.
 TEST(MatmulVariants, EveryGemvConfigMatches) {
     SKIP_WITHOUT_GPU();
     using ncu::detail::GemvConfig;
@@ -348,8 +348,11 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
          {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
           GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
         const int64_t be = nt::traits(t).block_elems;
+        // The third shape's rows are whole 16-byte vectors for every type, so the pipe kernel's
+        // TMA form runs there too, its rows in several chunks (the last one short).
         for (auto [rows, cols] : {std::pair<int64_t, int64_t>{45, be == 32 ? 32 * 150 : 256 * 19},
-                                  std::pair<int64_t, int64_t>{9001, be == 32 ? 32 * 9 : 256 * 2}}) {
+                                  std::pair<int64_t, int64_t>{9001, be == 32 ? 32 * 9 : 256 * 2},
+                                  std::pair<int64_t, int64_t>{300, be == 32 ? 32 * 1000 : 256 * 40}}) {
             const std::vector<uint8_t> w =
                 random_weights(t, rows, cols, 77 + uint64_t(t) + uint64_t(rows));
             std::vector<float> wf(size_t(rows) * cols);
@@ -388,12 +391,16 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                          stream);
                 const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
                 int tried = 0;
+                std::vector<float> pipe_out[2];  // the pipe kernel's two forms (TMA ring or not)
                 for (auto kern :
                      {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream, GemvKernel::Pipe})
                     for (int rw : {1, 2})
                         for (int ks : {1, 2, 4})
                             for (bool pers : {true, false}) {
-                                const GemvConfig c{kern, nx, rw, ks, pers};
+                                GemvConfig c{kern, nx, rw, ks, pers};
+                                // The pipe kernel's TMA form, where it can run, and its
+                                // register ring (the persistence flag is the staged kernel's).
+                                c.tma = pers;
                                 if (!ncu::detail::gemv_config_available(t, c)) continue;
                                 ++tried;
                                 ck(cudaMemsetAsync(dy.p, 0xFF, dy.n * sizeof(float), stream));
@@ -412,8 +419,17 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                         << ks << " " << rows << "x" << cols << " n=" << n << " row "
                                         << o % rows << " batch " << o / rows << ": got " << y[o]
                                         << ", want " << ref[o];
+                                if (kern == GemvKernel::Pipe) pipe_out[pers] = y;
                             }
                 EXPECT_GE(tried, nx == 8 ? 6 : 12) << nt::type_name(t) << " nx" << nx;
+                // Both forms sum every row in the same order: the same bits.
+                if (!pipe_out[0].empty() && !pipe_out[1].empty()) {
+                    for (size_t o = 0; o < pipe_out[0].size(); ++o) {
+                        ASSERT_EQ(pipe_out[0][o], pipe_out[1][o])
+                            << nt::type_name(t) << " pipe, TMA ring against registers, " << rows
+                            << "x" << cols << " n=" << n << " output " << o;
+                    }
+                }
 
                 // SwiGLU pair: the first half of the rows as gate, the second half as up.
                 if (ncu::detail::gemv_pair_available(t)) {

@@ -33,7 +33,7 @@ __device__ __forceinline__ void l2_prefetch(const void* p, size_t bytes) {
 inline int64_t l2_ahead_bytes() {
     static const int64_t bytes = [] {
         const char* e = std::getenv("NT_L2_AHEAD");
-        return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(16384);
+        return e ? std::max<int64_t>(0, std::atoll(e)) : int64_t(0);
     }();
     return bytes;
 }

@@ -20,7 +20,8 @@
 // Direct kernel (blocks that are 16-byte aligned: Q4_K, Q5_K): 16-byte loads straight into
 // registers, kDirectUnroll units in flight per warp.
 //
-// Stream kernel: matmul_gemv_stream.cuh. Pipe kernel: matmul_gemv_pipe.cuh.
+// Stream kernel: matmul_gemv_stream.cuh. Pipe kernel: matmul_gemv_pipe.cuh, and its form with
+// the weights in flight in shared memory (one activation row, sm_90+): matmul_gemv_tma.cuh.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -29,6 +30,7 @@
 #include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
 #include "backend/cuda/matmul_gemv_stream.cuh"
+#include "backend/cuda/matmul_gemv_tma.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -404,6 +406,9 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
             return launch_stream_nx<T>(w, rows, cols, xq, xd, n, y, c.nx, stream);
     }
     if constexpr (pipe_compiled<T>()) {
+        if (c.kernel == GemvKernel::Pipe && c.tma)
+            return launch_pipe_any<T>(GemvStack::one(w, rows, y), nullptr, cols, xq, xd, n, c.nx,
+                                      c.pdl, stream);
         if (c.kernel == GemvKernel::Pipe)
             return launch_pipe_nx<T>(GemvStack::one(w, rows, y), nullptr, cols, xq, xd, n, c.nx,
                                      c.pdl, stream);
@@ -439,7 +444,7 @@ void prepare_gemv_q8() {
     staged_resident_ctas<T, 4, 2>();
     staged_resident_ctas<T, 8, 1>();
     if constexpr (stream_compiled<T>()) prepare_stream<T>();
-    if constexpr (pipe_compiled<T>()) prepare_pipe<T>();
+    if constexpr (pipe_compiled<T>()) prepare_pipe<T>(), prepare_tma<T>();
 }
 
 // SwiGLU pair: y = silu(w x) * (w2 x) in one pipe launch (pipe_compiled<T>() types only).
@@ -448,7 +453,7 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
                       const PairQuant& q) {
     if constexpr (pipe_compiled<T>())
-        return launch_pipe_nx<T>(GemvStack::one(w, rows, y), w2, cols, xq, xd, n, nx, pdl, stream,
+        return launch_pipe_any<T>(GemvStack::one(w, rows, y), w2, cols, xq, xd, n, nx, pdl, stream,
                                  q);
     nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
 }
@@ -457,7 +462,7 @@ template <GgmlType T>
 void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd, int n,
                        bool pdl, cudaStream_t stream) {
     if constexpr (pipe_compiled<T>())
-        return launch_pipe_nx<T>(s, nullptr, cols, xq, xd, n, gemv_nx(n), pdl, stream);
+        return launch_pipe_any<T>(s, nullptr, cols, xq, xd, n, gemv_nx(n), pdl, stream);
     nt::fail("gemv: no stacked kernel for %s.", type_name(T));
 }
 

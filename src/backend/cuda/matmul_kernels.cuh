@@ -71,6 +71,9 @@ struct GemvConfig {
     bool pdl = false;  // programmatic dependent launch (pdl.cuh): weight loads start while the
                        // kernel before is finishing; only where no earlier work in the stream
                        // writes the weights (not with streamed layers)
+    bool tma = true;   // Pipe only: its form with the weights in flight in shared memory where
+                       // that can run (one activation row, sm_90+, 16-byte aligned rows;
+                       // matmul_gemv_tma.cuh); false: the register ring
 };
 
 // The dispatcher's choice for this shape (used when a GemvConfig field is 0).
