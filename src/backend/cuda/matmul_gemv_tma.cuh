@@ -4,7 +4,7 @@
 // with HBM's latency under load that is ~3.3 TB/s, where the 8B decode GEMVs plateau
 // (docs/BENCHMARKS.md). Here each warp owns a ring of shared-memory stages that the copy engine
 // of the multiprocessor fills (cp.async.bulk, one instruction per row chunk, completion counted
-// on an mbarrier per stage); about 16 KB per warp, so 150-200 KB per multiprocessor in flight
+// on an mbarrier per stage); about 8 KB per warp, so ~100-200 KB per multiprocessor in flight
 // without holding a register.
 //
 // Work split, activations and epilogue are the pipe kernel's (matmul_gemv_pipe.cuh): warps take
@@ -151,6 +151,17 @@ __global__ void __launch_bounds__(kPipeThreads, 4)
                           xd + int64_t(kb) * (Q::kBlockElems / 32), part, xr[u]);
         }
     }
+    // Activations loaded unit by unit run one unit ahead: the next unit's load is issued
+    // before the wait for its stage, so its latency hides under the wait rather than after it.
+    typename Q::X xn;
+    auto load_next = [&](int ku) {
+        const int kb = ku * kBPU + sub;
+        if (kb < nb)
+            Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
+                      part, xn);
+    };
+    if constexpr (kXU == 0)
+        if (total > 0) load_next(0);
     float acc[kV];
 #pragma unroll
     for (int h = 0; h < kV; ++h) acc[h] = 0.f;
@@ -176,12 +187,13 @@ __global__ void __launch_bounds__(kPipeThreads, 4)
                 }
             }
         } else {
-            for (int u = 0; u < ring.cu; ++u) {
-                const int kb = (c * ring.cu + u) * kBPU + sub;
+            const int units = min(ring.cu, upr - c * ring.cu);
+            for (int u = 0; u < units; ++u) {
+                const int ku = c * ring.cu + u;
+                const typename Q::X xv = xn;
+                load_next(ku + 1 == upr ? 0 : ku + 1);
+                const int kb = ku * kBPU + sub;
                 if (kb < nb) {
-                    typename Q::X xv;
-                    Q::load_x(xq + int64_t(kb) * Q::kBlockElems,
-                              xd + int64_t(kb) * (Q::kBlockElems / 32), part, xv);
 #pragma unroll
                     for (int h = 0; h < kV; ++h) {
                         typename Q::Raw r;
@@ -238,11 +250,12 @@ inline bool tma_usable() {
     return ok;
 }
 
-// Bytes of shared memory a warp's ring aims at (NT_TMA_RING, default 16 KB).
+// Bytes of shared memory a warp's ring aims at (NT_TMA_RING, default 8 KB: H200, 8B Q4_K_M
+// tg128 426 tok/s with 8 KB, 374 with 16 KB, whose rings leave fewer warps per multiprocessor).
 inline int tma_ring_bytes() {
     static const int bytes = [] {
         const char* e = std::getenv("NT_TMA_RING");
-        const long v = e ? std::atol(e) : 16384;
+        const long v = e ? std::atol(e) : 8192;
         return int(std::clamp<long>(v, 1024, 49152));
     }();
     return bytes;
@@ -286,7 +299,9 @@ const TmaFit& tma_fit() {
 inline TmaRing tma_ring(int upr, int unit_bytes, int kv, bool whole_rows) {
     const int target = tma_ring_bytes();
     TmaRing r;
-    r.cu = whole_rows ? upr : std::clamp(target / 4 / (kv * unit_bytes), 1, upr);
+    // Stages of at least a quarter of the ring (small copies cost as much to wait for).
+    const int step = kv * unit_bytes;
+    r.cu = whole_rows ? upr : std::clamp((target / 4 + step - 1) / step, 1, upr);
     r.row_stride = (r.cu * unit_bytes + 15) & ~15;
     r.stages = std::clamp(target / (kv * r.row_stride), 2, kTmaMaxStages);
     return r;
