@@ -47,7 +47,7 @@ stage() {
         ;;
     gemv)
         # One table per setting (GEMV_AB: space-separated VAR=VALUE settings, "-" for as shipped).
-        for env in ${GEMV_AB:-- NT_L2_AHEAD=0}; do
+        for env in ${GEMV_AB:-- NT_GEMV_TMA=0}; do
             [ "$env" = - ] && env=NT_AS_SHIPPED=1
             echo "+ $env bench_gemv --types ${GEMV_TYPES:=q4_K,q6_K,q8_0} --shapes 8b,70b --n 1 --pdl"
             env $env "$build/bench/bench_gemv" --types $GEMV_TYPES --shapes 8b,70b --n 1 --pdl \

@@ -27,7 +27,6 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.cuh"
-#include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
 #include "backend/cuda/matmul_gemv_stream.cuh"
 #include "backend/cuda/matmul_gemv_tma.cuh"
@@ -128,7 +127,7 @@ template <GgmlType T, int NX, int RW>
 __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
     gemv_q8_staged(const uint8_t* __restrict__ w, int64_t rows, int nb,
                    const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols,
-                   int n, float* __restrict__ y, int ksplit, int ahead) {
+                   int n, float* __restrict__ y, int ksplit) {
     using Q = Quant<T>;
     using S = Staging<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
@@ -192,16 +191,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
         cp_async_commit();
     };
 
-    // ahead: the CTA's first `ahead` tiles go to L2 before the wait, and each tile's
-    // successor `ahead` tiles on when it starts (l2_prefetch.cuh). A tile's rows are contiguous.
-    const int64_t tile_rows = int64_t(groups) * RW;
-    auto prefetch_tile = [&](int tile_iter) {
-        const int64_t r0 = (blockIdx.x + int64_t(tile_iter) * gridDim.x) * tile_rows;
-        if (tile_iter < my_tiles)
-            l2_prefetch(w + size_t(r0) * row_bytes, size_t(min(tile_rows, rows - r0)) * row_bytes);
-    };
     pdl_trigger();
-    for (int t = threadIdx.x; t < ahead; t += blockDim.x) prefetch_tile(t);
 #pragma unroll
     for (int s = 0; s < kGemvStages - 1; ++s) issue(s);
     pdl_wait(xq, xd, y);  // weights only above
@@ -210,7 +200,6 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
     const int64_t xd_stride = cols / 32;
     int i = 0;
     for (int ti = 0; ti < my_tiles; ++ti) {
-        if (ahead > 0 && threadIdx.x == 0) prefetch_tile(ti + ahead);
         float acc[RW][NX];
 #pragma unroll
         for (int r = 0; r < RW; ++r)
@@ -365,12 +354,9 @@ void launch_staged(const void* w, int64_t rows, int64_t cols, const int8_t* xq, 
             (tiles + resident - 1) / resident;  // balanced: every CTA gets per_cta or one less
         grid = (tiles + per_cta - 1) / per_cta;
     }
-    // The CTA's prefetch distance: its warps' together, in tiles.
-    const int64_t tile_bytes = rows_per_cta * (cols / Quant<T>::kBlockElems) * Quant<T>::kBlockBytes;
-    const int ahead = l2_ahead_units((tile_bytes + kGemvWarps - 1) / kGemvWarps);
     launch_kernel(pdl, gemv_q8_staged<T, NX, RW>, dim3(unsigned(grid)), dim3(kGemvThreads), smem,
                   stream, "gemv (staged)", static_cast<const uint8_t*>(w), rows,
-                  int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y, ksplit, ahead);
+                  int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y, ksplit);
 }
 
 template <GgmlType T, int NX, int RW>

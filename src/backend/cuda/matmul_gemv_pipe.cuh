@@ -27,7 +27,6 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
-#include "backend/cuda/l2_prefetch.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -111,7 +110,7 @@ template <GgmlType T, int NX, bool kPair, int kXU, int kV>
 __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBlocks))
     gemv_q8_pipe(GemvStack pr, const uint8_t* __restrict__ w2, int nb,
                  const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols, int n,
-                 PairQuant pq, bool early, int ahead) {
+                 PairQuant pq, bool early) {
     using Q = Quant<T>;
     const int64_t rows = pr.rows();
     constexpr int kLPB = Q::kLanesPerBlock;
@@ -171,14 +170,8 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     // coherent loads (ld_x16). An earlier version that read them through the read-only path
     // (__ldg, which the compiler may move above the wait) gave wrong Q4_K logits inside CUDA
     // graphs once its weights were fetched early (NT_PDL_PREFETCH=0 restores waiting first).
-    // ahead: the warp's first `ahead` groups go to L2 now (before the wait when early), and
-    // each finished group's successor `ahead` groups on (l2_prefetch.cuh).
-    auto prefetch_group = [&](int64_t j, int h) {
-        if (j < g1 - g0) l2_prefetch(row_of(g0 + j, h), row_bytes);
-    };
     pdl_trigger();
     if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
-    for (int j = lane; j < ahead * kV; j += 32) prefetch_group(j / kV, j % kV);
 #pragma unroll
     for (int s = 0; s < D; ++s) fetch(ring[s]);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
@@ -250,7 +243,6 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                     c_u = 0;
                     const int64_t g = g0 + c_g;
                     ++c_g;
-                    if (ahead > 0 && lane < kV) prefetch_group(c_g - 1 + ahead, lane);
 #pragma unroll
                     for (int k = 0; k < NX; ++k) {
                         float v[kV];
@@ -308,11 +300,10 @@ void launch_pipe_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const i
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
     const int64_t want = (groups + kPipeWarps - 1) / kPipeWarps;
     const int64_t grid = std::min<int64_t>(want, pipe_resident_ctas<T, NX, kPair, kXU, kV>());
-    const int64_t row_bytes = cols / Quant<T>::kBlockElems * Quant<T>::kBlockBytes;
     launch_kernel(pdl, gemv_q8_pipe<T, NX, kPair, kXU, kV>, dim3(unsigned(grid)),
                   dim3(kPipeThreads), 0, stream, "gemv (pipe)", pr, w2,
                   int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, q,
-                  pdl && pdl_prefetch_enabled(), l2_ahead_units(row_bytes * kV));
+                  pdl && pdl_prefetch_enabled());
 }
 
 // w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`. A single

@@ -1,18 +1,23 @@
 // The pipe GEMV with its weights in flight in shared memory rather than in registers
-// (internal; one activation row, sm_90+). The pipe kernel keeps each warp's next few units of
-// raw weights in registers, which caps the bytes in flight at about 37 KB per multiprocessor:
-// with HBM's latency under load that is ~3.3 TB/s, where the 8B decode GEMVs plateau
-// (docs/BENCHMARKS.md). Here each warp owns a ring of shared-memory stages that the copy engine
-// of the multiprocessor fills (cp.async.bulk, one instruction per row chunk, completion counted
-// on an mbarrier per stage); about 8 KB per warp, so ~100-200 KB per multiprocessor in flight
-// without holding a register.
+// (internal; one activation row, sm_90+, rows of one or two units: 8B's 4096 columns in Q4_K
+// and Q6_K). The pipe kernel keeps each warp's next few units of raw weights in registers,
+// which caps the bytes in flight per multiprocessor; here each warp owns a ring of
+// shared-memory stages, each one group of whole rows, that the multiprocessor's copy engine
+// fills (cp.async.bulk, one instruction a row, completion counted on an mbarrier per stage):
+// about 8 KB a warp in flight without holding a register.
 //
-// Work split, activations and epilogue are the pipe kernel's (matmul_gemv_pipe.cuh): warps take
-// contiguous, balanced ranges of row groups (kV rows, or a SwiGLU pair's two), activations come
-// from registers (kXU, rows of one or two units) or unit by unit through L1, and every lane
-// accumulates its units in the same order, so each output is bit-identical to the pipe
-// kernel's. A stage holds `cu` units of every row of a group (whole rows with register-held
-// activations); lane 0 of the warp issues stage j + S once all lanes have read stage j.
+// Work split, register-held activations and epilogue are the pipe kernel's
+// (matmul_gemv_pipe.cuh): warps take contiguous, balanced ranges of row groups (kV rows, or a
+// SwiGLU pair's two), and every lane accumulates its units in the same order, so each output is
+// bit-identical to the pipe kernel's. Lane 0 of the warp issues stage j + S once all lanes have
+// read stage j.
+//
+// Where it runs (H200, bench_gemv --pdl, GB/s, TMA form / register ring): Q4_K 4096x4096
+// 2133 / 1815, 128256x4096 3968 / 3501, 14336x4096 2641 / 2692; Q6_K 14336x4096 2801 / 2554,
+// 128256x4096 3876 / 3089; the Q6_K SwiGLU pair most of all (8B Q6_K tg128 346 / 289 tok/s).
+// A version for longer rows (stages of a few units, activations loaded unit by unit) lost to
+// the register ring on every such shape (Q4_K 4096x14336 2071 / 2893, 70B 8192x8192 1978 /
+// 2997; Q8_0 everywhere but the output matrix): it is not kept.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -27,11 +32,10 @@ namespace nt::cuda::detail {
 constexpr int kTmaMaxStages = 8;
 constexpr int kTmaBarrierBytes = kPipeWarps * kTmaMaxStages * 8;
 
-// A warp's ring: `stages` slots of kV row chunks of `row_stride` bytes (cu units each).
+// A warp's ring: `stages` slots of kV rows of `row_bytes` bytes each.
 struct TmaRing {
     int stages = 0;
-    int cu = 0;
-    int row_stride = 0;
+    int row_bytes = 0;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -88,13 +92,13 @@ __global__ void __launch_bounds__(kPipeThreads, 4)
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
     static_assert(!kPair || kV == 2, "a pair is a group of two rows");
-    static_assert(kXU == 0 || pipe_x_units<T>(kXU), "register-held activations");
+    static_assert(pipe_x_units<T>(kXU), "rows of one or two units, activations in registers");
     extern __shared__ __align__(16) uint8_t smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int part = lane % kLPB, sub = lane / kLPB;
     const int S = ring.stages;
-    const int stage_bytes = kV * ring.row_stride;
+    const int stage_bytes = kV * ring.row_bytes;
     uint8_t* buf = smem + size_t(warp) * S * stage_bytes;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(kPipeWarps) * S * stage_bytes) +
                      warp * kTmaMaxStages;
@@ -104,28 +108,22 @@ __global__ void __launch_bounds__(kPipeThreads, 4)
     const int64_t nw = int64_t(gridDim.x) * kPipeWarps;
     const int64_t groups = kPair ? rows : rows / kV;
     const int64_t g0 = groups * gw / nw, g1 = groups * (gw + 1) / nw;
-    const int upr = (nb + kBPU - 1) / kBPU;
-    const int chunks = (upr + ring.cu - 1) / ring.cu;  // stages per group
-    const int64_t total = (g1 - g0) * chunks;         // stages of this warp
-    const size_t row_bytes = size_t(nb) * kBB;
-    constexpr int kUnitBytes = kBPU * kBB;
+    const int64_t total = g1 - g0;  // stages (row groups) of this warp
     auto row_of = [&](int64_t g, int h) {
-        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * row_bytes;
+        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * ring.row_bytes;
         const int64_t r = g * kV + h;
         const int m = pr.matrix(r);
-        return pr.weights(m) + size_t(r - pr.begin(m)) * row_bytes;
+        return pr.weights(m) + size_t(r - pr.begin(m)) * ring.row_bytes;
     };
-    // Stage j: chunk j % chunks of group j / chunks, into slot j % S (lane 0 only).
+    // Stage j: group g0 + j into slot j % S (lane 0 only).
     auto issue = [&](int64_t j) {
-        const int64_t g = g0 + j / chunks;
-        const size_t off = size_t(j % chunks) * ring.cu * kUnitBytes;
-        const size_t left = row_bytes - off, most = size_t(ring.cu) * kUnitBytes;
-        const uint32_t len = uint32_t(left < most ? left : most);
         uint8_t* dst = buf + (j % S) * stage_bytes;
         uint64_t* bar = bars + j % S;
-        mbar_expect_tx(bar, kV * len);
+        mbar_expect_tx(bar, uint32_t(stage_bytes));
 #pragma unroll
-        for (int h = 0; h < kV; ++h) bulk_copy_g2s(dst + h * ring.row_stride, row_of(g, h) + off, len, bar);
+        for (int h = 0; h < kV; ++h)
+            bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h), uint32_t(ring.row_bytes),
+                          bar);
     };
 
     if (lane == 0) {
@@ -141,91 +139,54 @@ __global__ void __launch_bounds__(kPipeThreads, 4)
         for (int64_t j = 0; j < S && j < total; ++j) issue(j);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
 
-    typename Q::X xr[kXU > 0 ? kXU : 1];
-    if constexpr (kXU > 0) {
+    typename Q::X xr[kXU];
+#pragma unroll
+    for (int u = 0; u < kXU; ++u) {
+        const int kb = u * kBPU + sub;
+        if (kb < nb)
+            Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
+                      part, xr[u]);
+    }
+    for (int64_t j = 0; j < total; ++j) {
+        const int slot = int(j % S);
+        mbar_wait(bars + slot, uint32_t((j / S) & 1));
+        const uint8_t* st = buf + slot * stage_bytes;
+        float acc[kV];
+#pragma unroll
+        for (int h = 0; h < kV; ++h) acc[h] = 0.f;
+        // Rows decoded one at a time right before their dot products, as in the pipe kernel.
 #pragma unroll
         for (int u = 0; u < kXU; ++u) {
             const int kb = u * kBPU + sub;
-            if (kb < nb)
-                Q::load_x(xq + int64_t(kb) * Q::kBlockElems,
-                          xd + int64_t(kb) * (Q::kBlockElems / 32), part, xr[u]);
-        }
-    }
-    // Activations loaded unit by unit run one unit ahead: the next unit's load is issued
-    // before the wait for its stage, so its latency hides under the wait rather than after it.
-    typename Q::X xn;
-    auto load_next = [&](int ku) {
-        const int kb = ku * kBPU + sub;
-        if (kb < nb)
-            Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
-                      part, xn);
-    };
-    if constexpr (kXU == 0)
-        if (total > 0) load_next(0);
-    float acc[kV];
+            if (kb < nb) {
 #pragma unroll
-    for (int h = 0; h < kV; ++h) acc[h] = 0.f;
-    for (int64_t j = 0; j < total; ++j) {
-        const int slot = int(j % S);
-        const int c = int(j % chunks);
-        mbar_wait(bars + slot, uint32_t((j / S) & 1));
-        const uint8_t* st = buf + slot * stage_bytes;
-        // Rows decoded one at a time right before their dot products, as in the pipe kernel.
-        if constexpr (kXU > 0) {  // whole rows, one stage a group
-#pragma unroll
-            for (int u = 0; u < kXU; ++u) {
-                const int kb = u * kBPU + sub;
-                if (kb < nb) {
-#pragma unroll
-                    for (int h = 0; h < kV; ++h) {
-                        typename Q::Raw r;
-                        Q::load_raw(st + h * ring.row_stride + kb * kBB, part, r);
-                        typename Q::W wr;
-                        Q::decode(r, part, wr);
-                        acc[h] += Q::dot(wr, xr[u]);
-                    }
-                }
-            }
-        } else {
-            const int units = min(ring.cu, upr - c * ring.cu);
-            for (int u = 0; u < units; ++u) {
-                const int ku = c * ring.cu + u;
-                const typename Q::X xv = xn;
-                load_next(ku + 1 == upr ? 0 : ku + 1);
-                const int kb = ku * kBPU + sub;
-                if (kb < nb) {
-#pragma unroll
-                    for (int h = 0; h < kV; ++h) {
-                        typename Q::Raw r;
-                        Q::load_raw(st + h * ring.row_stride + (u * kBPU + sub) * kBB, part, r);
-                        typename Q::W wr;
-                        Q::decode(r, part, wr);
-                        acc[h] += Q::dot(wr, xv);
-                    }
+                for (int h = 0; h < kV; ++h) {
+                    typename Q::Raw r;
+                    Q::load_raw(st + h * ring.row_bytes + kb * kBB, part, r);
+                    typename Q::W wr;
+                    Q::decode(r, part, wr);
+                    acc[h] += Q::dot(wr, xr[u]);
                 }
             }
         }
         __syncwarp();  // every lane has read the slot: it may be refilled
         if (lane == 0 && j + S < total) issue(j + S);
-        if (c == chunks - 1) {  // a group is done
-            const int64_t g = g0 + j / chunks;
-            float v[kV];
+        const int64_t g = g0 + j;
+        float v[kV];
 #pragma unroll
-            for (int h = 0; h < kV; ++h) {
-                v[h] = acc[h];
+        for (int h = 0; h < kV; ++h) {
+            v[h] = acc[h];
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
-                acc[h] = 0.f;
-            }
-            if (lane == 0) {
-                if constexpr (kPair) {
-                    pr.y0[g] = pipe_silu_mul(v[0], v[1]);
-                } else {
-                    const int m = pr.matrix(g * kV);
-                    const int64_t b = pr.begin(m);
+            for (int o = 16; o > 0; o >>= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
+        }
+        if (lane == 0) {
+            if constexpr (kPair) {
+                pr.y0[g] = pipe_silu_mul(v[0], v[1]);
+            } else {
+                const int m = pr.matrix(g * kV);
+                const int64_t b = pr.begin(m);
 #pragma unroll
-                    for (int h = 0; h < kV; ++h) pr.out(m)[g * kV + h - b] = v[h];
-                }
+                for (int h = 0; h < kV; ++h) pr.out(m)[g * kV + h - b] = v[h];
             }
         }
     }
@@ -294,16 +255,11 @@ const TmaFit& tma_fit() {
     return fit;
 }
 
-// The ring for rows of `upr` units of `unit_bytes`, kV rows a stage; whole rows when the
-// activations are held in registers.
-inline TmaRing tma_ring(int upr, int unit_bytes, int kv, bool whole_rows) {
-    const int target = tma_ring_bytes();
+// The ring for groups of kv rows of row_bytes: as many stages as the target bytes hold.
+inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     TmaRing r;
-    // Stages of at least a quarter of the ring (small copies cost as much to wait for).
-    const int step = kv * unit_bytes;
-    r.cu = whole_rows ? upr : std::clamp((target / 4 + step - 1) / step, 1, upr);
-    r.row_stride = (r.cu * unit_bytes + 15) & ~15;
-    r.stages = std::clamp(target / (kv * r.row_stride), 2, kTmaMaxStages);
+    r.row_bytes = int(row_bytes);
+    r.stages = std::clamp(int(tma_ring_bytes() / (kv * row_bytes)), 2, kTmaMaxStages);
     return r;
 }
 
@@ -311,11 +267,9 @@ template <GgmlType T, bool kPair, int kXU, int kV>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
     using Q = Quant<T>;
-    constexpr int kBPU = 32 / Q::kLanesPerBlock;
     const int nb = int(cols / Q::kBlockElems);
-    const int upr = (nb + kBPU - 1) / kBPU;
-    const TmaRing ring = tma_ring(upr, kBPU * Q::kBlockBytes, kV, kXU > 0);
-    const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_stride + kTmaBarrierBytes;
+    const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
+    const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
     const TmaFit& f = tma_fit<T, kPair, kXU, kV>();
     const int per_sm = std::min(f.per_sm_regs, int(f.smem_per_sm / (smem + f.reserved)));
     if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
@@ -327,38 +281,46 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const in
                   pdl && pdl_prefetch_enabled(), ring);
 }
 
-// Whether a launch may take the TMA form: one activation row, sm_90+, and rows whose bytes
-// (and the matrices' starts) are 16-byte aligned, as the bulk copies need.
+// Units (32 / kLanesPerBlock blocks) per row.
 template <GgmlType T>
-bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
-    const int64_t row_bytes = cols / Quant<T>::kBlockElems * Quant<T>::kBlockBytes;
-    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    return nx == 1 && row_bytes % 16 == 0 && aligned(pr.m0) && aligned(pr.m1) &&
-           aligned(pr.m2) && aligned(w2) && tma_usable();
+int64_t pipe_units(int64_t cols) {
+    constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
+    return (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
 }
 
-// launch_pipe's choices (register-held activations, two rows a warp) for the TMA form.
+// Whether a launch takes the TMA form: one activation row, sm_90+, rows of one or two units
+// of a type whose activations the pipe kernel holds in registers, and rows whose bytes (and
+// the matrices' starts) are 16-byte aligned, as the bulk copies need.
+template <GgmlType T>
+bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
+    if constexpr (!pipe_x_units<T>(1)) {
+        return false;
+    } else {
+        const int64_t row_bytes = cols / Quant<T>::kBlockElems * Quant<T>::kBlockBytes;
+        auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+        return nx == 1 && pipe_x_units<T>(int(pipe_units<T>(cols))) && row_bytes % 16 == 0 &&
+               aligned(pr.m0) && aligned(pr.m1) && aligned(pr.m2) && aligned(w2) && tma_usable();
+    }
+}
+
+// launch_pipe's choices (two rows a warp for a single matrix with a row per resident warp)
+// for the TMA form; tma_fits holds.
 template <GgmlType T, bool kPair>
 void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
                 const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
-    constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
-    constexpr int kV = kPair ? 2 : 1;
-    const int64_t upr = (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
-    const bool two = !kPair && pr.e0 % 2 == 0 && pr.e1 % 2 == 0 && pr.e2 % 2 == 0 &&
-                     pipe_two_rows_enabled() &&
-                     pr.rows() >= int64_t(pipe_resident_ctas<T, 1, false, 0, 2>()) * kPipeWarps;
-    if constexpr (pipe_x_units<T>(2)) {
-        if (upr == 1) {
+    if constexpr (pipe_x_units<T>(1)) {
+        constexpr int kV = kPair ? 2 : 1;
+        const bool two = !kPair && pr.e0 % 2 == 0 && pr.e1 % 2 == 0 && pr.e2 % 2 == 0 &&
+                         pipe_two_rows_enabled() &&
+                         pr.rows() >= int64_t(pipe_resident_ctas<T, 1, false, 0, 2>()) * kPipeWarps;
+        if (pipe_units<T>(cols) == 1) {
             if (two) return launch_tma_k<T, false, 1, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
             return launch_tma_k<T, kPair, 1, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
         }
-        if (upr == 2) {
-            if (two) return launch_tma_k<T, false, 2, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
-            return launch_tma_k<T, kPair, 2, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
-        }
+        if (two) return launch_tma_k<T, false, 2, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
+        return launch_tma_k<T, kPair, 2, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
     }
-    if (two) return launch_tma_k<T, false, 0, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
-    launch_tma_k<T, kPair, 0, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
+    nt::fail("gemv: no TMA form for %s.", type_name(T));
 }
 
 // The pipe kernel, in its TMA form where that can run (tma_fits), else with its register ring.
@@ -377,11 +339,8 @@ void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const in
 // One-time setup of every TMA instantiation (never first inside a graph capture).
 template <GgmlType T>
 void prepare_tma() {
-    if (!tma_usable()) return;
-    tma_fit<T, false, 0, 1>();
-    tma_fit<T, false, 0, 2>();
-    tma_fit<T, true, 0, 2>();
-    if constexpr (pipe_x_units<T>(2)) {
+    if constexpr (pipe_x_units<T>(1)) {
+        if (!tma_usable()) return;
         tma_fit<T, false, 1, 1>();
         tma_fit<T, false, 1, 2>();
         tma_fit<T, true, 1, 2>();
