@@ -1,6 +1,6 @@
 // The pipe GEMV with its weights in flight in shared memory rather than in registers
-// (internal; one activation row, sm_90+, rows of one or two units: 8B's 4096 columns in Q4_K
-// and Q6_K). The pipe kernel keeps each warp's next few units of raw weights in registers,
+// (internal; one activation row, sm_90+, whole rows whose activations fit in registers: 8B's
+// 4096 columns in Q4_K and Q6_K, 70B's 8192 in Q4_K). The pipe kernel keeps each warp's next few units of raw weights in registers,
 // which caps the bytes in flight per multiprocessor; here each warp owns a ring of
 // shared-memory stages, each one group of whole rows, that the multiprocessor's copy engine
 // fills (cp.async.bulk, one instruction a row, completion counted on an mbarrier per stage):
@@ -81,8 +81,19 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 #endif
 
+// The row lengths (in units) whose activations the TMA form holds in registers: the pipe
+// kernel's (pipe_x_units), and for Q4_K also 4 units (70B's 8192 columns), which fit here
+// because no weights wait in registers.
+template <GgmlType T>
+constexpr bool tma_x_units(int upr) {
+    return pipe_x_units<T>(upr) || (T == GgmlType::Q4_K && upr == 4);
+}
+constexpr int tma_min_blocks(int kxu) {
+    return kxu >= 4 ? 3 : 4;
+}
+
 template <GgmlType T, bool kPair, int kXU, int kV>
-__global__ void __launch_bounds__(kPipeThreads, 4)
+__global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(kXU))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb,
                 const int8_t* __restrict__ xq, const float2* __restrict__ xd, PairQuant pq,
                 bool early, TmaRing ring) {
@@ -92,7 +103,7 @@ __global__ void __launch_bounds__(kPipeThreads, 4)
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
     static_assert(!kPair || kV == 2, "a pair is a group of two rows");
-    static_assert(pipe_x_units<T>(kXU), "rows of one or two units, activations in registers");
+    static_assert(tma_x_units<T>(kXU), "whole rows, activations in registers");
     extern __shared__ __align__(16) uint8_t smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -293,12 +304,12 @@ int64_t pipe_units(int64_t cols) {
 // the matrices' starts) are 16-byte aligned, as the bulk copies need.
 template <GgmlType T>
 bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
-    if constexpr (!pipe_x_units<T>(1)) {
+    if constexpr (!tma_x_units<T>(1)) {
         return false;
     } else {
         const int64_t row_bytes = cols / Quant<T>::kBlockElems * Quant<T>::kBlockBytes;
         auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-        return nx == 1 && pipe_x_units<T>(int(pipe_units<T>(cols))) && row_bytes % 16 == 0 &&
+        return nx == 1 && tma_x_units<T>(int(pipe_units<T>(cols))) && row_bytes % 16 == 0 &&
                aligned(pr.m0) && aligned(pr.m1) && aligned(pr.m2) && aligned(w2) && tma_usable();
     }
 }
@@ -308,7 +319,7 @@ bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
 template <GgmlType T, bool kPair>
 void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
                 const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
-    if constexpr (pipe_x_units<T>(1)) {
+    if constexpr (tma_x_units<T>(1)) {
         constexpr int kV = kPair ? 2 : 1;
         const bool two = !kPair && pr.e0 % 2 == 0 && pr.e1 % 2 == 0 && pr.e2 % 2 == 0 &&
                          pipe_two_rows_enabled() &&
@@ -316,6 +327,12 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
         if (pipe_units<T>(cols) == 1) {
             if (two) return launch_tma_k<T, false, 1, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
             return launch_tma_k<T, kPair, 1, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
+        }
+        if constexpr (tma_x_units<T>(4)) {
+            if (pipe_units<T>(cols) == 4) {
+                if (two) return launch_tma_k<T, false, 4, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
+                return launch_tma_k<T, kPair, 4, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
+            }
         }
         if (two) return launch_tma_k<T, false, 2, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
         return launch_tma_k<T, kPair, 2, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
@@ -339,7 +356,7 @@ void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const in
 // One-time setup of every TMA instantiation (never first inside a graph capture).
 template <GgmlType T>
 void prepare_tma() {
-    if constexpr (pipe_x_units<T>(1)) {
+    if constexpr (tma_x_units<T>(1)) {
         if (!tma_usable()) return;
         tma_fit<T, false, 1, 1>();
         tma_fit<T, false, 1, 2>();
@@ -347,6 +364,11 @@ void prepare_tma() {
         tma_fit<T, false, 2, 1>();
         tma_fit<T, false, 2, 2>();
         tma_fit<T, true, 2, 2>();
+        if constexpr (tma_x_units<T>(4)) {
+            tma_fit<T, false, 4, 1>();
+            tma_fit<T, false, 4, 2>();
+            tma_fit<T, true, 4, 2>();
+        }
     }
 }
 
