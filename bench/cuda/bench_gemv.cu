@@ -12,11 +12,10 @@
 //   quantization + GEMV). Variant: staged-p = staged kernel with a persistent grid, staged = one
 //   CTA per row tile, direct = registers only, stream = whole rows per warp with several
 //   16-byte loads per lane in flight (matmul_gemv_stream.cuh), pipe = register or shared-memory
-//   (TMA) ring of raw weights per warp, pipe-r = its register ring only; nxN rwR kK = activation rows
-//   per pass, weight rows per warp, warps splitting the columns. err: max |y - ref| /
-//   sum|w*x| over the checked rows, against the CPU backend's nt::vec_dot on the CPU's own
-//   quantized activations (the GPU quantizes them identically); ok / FAIL against the
-//   tolerance.
+//   (TMA) ring of raw weights per warp, pipe-r = its register ring only; nxN rwR kK = activation
+//   rows per pass, weight rows per warp, warps splitting the columns. err: max |y - ref| / sum|w*x|
+//   over the checked rows, against the CPU backend's nt::vec_dot on the CPU's own quantized
+//   activations (the GPU quantizes them identically); ok / FAIL against the tolerance.
 // --pdl: every GEMV as a programmatic dependent launch, so that in the timed back-to-back
 // sequence each one's weight loads start under the previous one's tail (as in decode).
 // A '*' marks the dispatcher's default variant. Exit status 1 if any check fails.
@@ -96,7 +95,8 @@ std::string describe(const GemvConfig& c) {
 
 bool same(const GemvConfig& a, const GemvConfig& b) {
     return a.kernel == b.kernel && a.nx == b.nx && a.rows_per_warp == b.rows_per_warp &&
-           a.ksplit == b.ksplit && (a.kernel != GemvKernel::Staged || a.persistent == b.persistent) &&
+           a.ksplit == b.ksplit &&
+           (a.kernel != GemvKernel::Staged || a.persistent == b.persistent) &&
            (a.kernel != GemvKernel::Pipe || a.tma == b.tma);
 }
 

@@ -440,7 +440,7 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
                       const PairQuant& q) {
     if constexpr (pipe_compiled<T>())
         return launch_pipe_any<T>(GemvStack::one(w, rows, y), w2, cols, xq, xd, n, nx, pdl, stream,
-                                 q);
+                                  q);
     nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
 }
 

@@ -1,10 +1,10 @@
 // The pipe GEMV with its weights in flight in shared memory rather than in registers
 // (internal; one activation row, sm_90+, whole rows whose activations fit in registers: 8B's
-// 4096 columns in Q4_K and Q6_K, 70B's 8192 in Q4_K). The pipe kernel keeps each warp's next few units of raw weights in registers,
-// which caps the bytes in flight per multiprocessor; here each warp owns a ring of
-// shared-memory stages, each one group of whole rows, that the multiprocessor's copy engine
-// fills (cp.async.bulk, one instruction a row, completion counted on an mbarrier per stage):
-// about 8 KB a warp in flight without holding a register.
+// 4096 columns in Q4_K and Q6_K, 70B's 8192 in Q4_K). The pipe kernel keeps each warp's next few
+// units of raw weights in registers, which caps the bytes in flight per multiprocessor; here each
+// warp owns a ring of shared-memory stages, each one group of whole rows, that the multiprocessor's
+// copy engine fills (cp.async.bulk, one instruction a row, completion counted on an mbarrier per
+// stage): about 8 KB a warp in flight without holding a register.
 //
 // Work split, register-held activations and epilogue are the pipe kernel's
 // (matmul_gemv_pipe.cuh): warps take contiguous, balanced ranges of row groups (kV rows, or a
@@ -14,10 +14,11 @@
 //
 // Where it runs (H200, bench_gemv --pdl, GB/s, TMA form / register ring): Q4_K 4096x4096
 // 2133 / 1815, 128256x4096 3968 / 3501, 14336x4096 2641 / 2692; Q6_K 14336x4096 2801 / 2554,
-// 128256x4096 3876 / 3089; the Q6_K SwiGLU pair most of all (8B Q6_K tg128 346 / 289 tok/s).
-// A version for longer rows (stages of a few units, activations loaded unit by unit) lost to
-// the register ring on every such shape (Q4_K 4096x14336 2071 / 2893, 70B 8192x8192 1978 /
-// 2997; Q8_0 everywhere but the output matrix): it is not kept.
+// 128256x4096 3876 / 3089; the Q6_K SwiGLU pair most of all. Whole models, tok/s: 8B Q4_K_M
+// tg128 451 / 421, 8B Q6_K 343 / 289, 70B Q4_K_M tg64 64.5 / 59.6. A version for longer rows
+// (stages of a few units, activations loaded unit by unit) lost to the register ring on every such
+// shape (Q4_K 4096x14336 2071 / 2893, 70B 8192x8192 1978 / 2997; Q8_0 everywhere but the output
+// matrix): it is not kept.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -94,9 +95,8 @@ constexpr int tma_min_blocks(int kxu) {
 
 template <GgmlType T, bool kPair, int kXU, int kV>
 __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(kXU))
-    gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb,
-                const int8_t* __restrict__ xq, const float2* __restrict__ xd, PairQuant pq,
-                bool early, TmaRing ring) {
+    gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
+                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Q = Quant<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(kXU))
         float acc[kV];
 #pragma unroll
         for (int h = 0; h < kV; ++h) acc[h] = 0.f;
-        // Rows decoded one at a time right before their dot products, as in the pipe kernel.
+            // Rows decoded one at a time right before their dot products, as in the pipe kernel.
 #pragma unroll
         for (int u = 0; u < kXU; ++u) {
             const int kb = u * kBPU + sub;
@@ -249,9 +249,9 @@ const TmaFit& tma_fit() {
                       "device attribute");
         NT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                       "device attribute");
-        NT_CUDA_CHECK(
-            cudaDeviceGetAttribute(&f.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
-            "device attribute");
+        NT_CUDA_CHECK(cudaDeviceGetAttribute(&f.smem_per_sm,
+                                             cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
+                      "device attribute");
         NT_CUDA_CHECK(
             cudaDeviceGetAttribute(&f.reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev),
             "device attribute");

@@ -758,8 +758,11 @@ struct Quant<GgmlType::Q6_K> {
             for (int i = 0; i < 4; ++i) {
                 const uint32_t lo = ((t & 1 ? w.lb[i] : w.la[i]) >> (4 * (t >> 1))) & 0x0F0F0F0Fu;
                 const uint32_t h = w.h[i];
-                const uint32_t hi =
-                    (t == 0 ? h << 4 : t == 1 ? h << 2 : t == 2 ? h : h >> 2) & 0x30303030u;
+                const uint32_t hi = (t == 0   ? h << 4
+                                     : t == 1 ? h << 2
+                                     : t == 2 ? h
+                                              : h >> 2) &
+                                    0x30303030u;
                 sq = dp4a(lo | hi, x.q[t][i], sq);
             }
             acc += x.d[t] * float((sq - 32 * x.s[t]) * w.sc[t]);
