@@ -47,10 +47,11 @@ stage() {
         ;;
     gemv)
         # One table per setting (GEMV_AB: space-separated VAR=VALUE settings, "-" for as shipped).
+        types=${GEMV_TYPES:-q4_K,q6_K,q8_0}
         for env in ${GEMV_AB:-- NT_GEMV_TMA=0}; do
             [ "$env" = - ] && env=NT_AS_SHIPPED=1
-            echo "+ $env bench_gemv --types ${GEMV_TYPES:=q4_K,q6_K,q8_0} --shapes 8b,70b --n 1 --pdl"
-            env $env "$build/bench/bench_gemv" --types $GEMV_TYPES --shapes 8b,70b --n 1 --pdl \
+            echo "+ $env bench_gemv --types $types --shapes 8b,70b --n 1 --pdl"
+            env $env "$build/bench/bench_gemv" --types "$types" --shapes 8b,70b --n 1 --pdl \
                 >"$out/gemv_$env.txt" 2>&1 || echo "bench_gemv FAILED"
             grep -E "^\*" "$out/gemv_$env.txt" | awk '{print "gemv '$env':", $2, $3, $4, $5, $9, $11}'
         done

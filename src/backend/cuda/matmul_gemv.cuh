@@ -392,12 +392,12 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
             return launch_stream_nx<T>(w, rows, cols, xq, xd, n, y, c.nx, stream);
     }
     if constexpr (pipe_compiled<T>()) {
-        if (c.kernel == GemvKernel::Pipe && c.tma)
-            return launch_pipe_any<T>(GemvStack::one(w, rows, y), nullptr, cols, xq, xd, n, c.nx,
-                                      c.pdl, stream);
-        if (c.kernel == GemvKernel::Pipe)
-            return launch_pipe_nx<T>(GemvStack::one(w, rows, y), nullptr, cols, xq, xd, n, c.nx,
-                                     c.pdl, stream);
+        if (c.kernel == GemvKernel::Pipe) {
+            const GemvStack one = GemvStack::one(w, rows, y);
+            if (c.tma)
+                return launch_pipe_any<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream);
+            return launch_pipe_nx<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream);
+        }
     }
 #define NT_GEMV_CASE(NX, RW)                                                                  \
     if (c.nx == NX && c.rows_per_warp == RW) {                                                \

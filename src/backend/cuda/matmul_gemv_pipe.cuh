@@ -293,6 +293,16 @@ int pipe_resident_ctas() {
     return resident;
 }
 
+// Whether a single matrix (or stack) goes two rows a warp: every matrix has an even row
+// count and there is a row for every resident warp of the two-row kernel (NX, XU); a short one
+// (70B's 1024-row k/v) would leave warps idle (H200: 911 vs 1076 GB/s). NT_PIPE_TWO_ROWS=0
+// turns it off.
+template <GgmlType T, int NX, int XU>
+bool pipe_two_rows(const GemvStack& pr) {
+    return pr.e0 % 2 == 0 && pr.e1 % 2 == 0 && pr.e2 % 2 == 0 && pipe_two_rows_enabled() &&
+           pr.rows() >= int64_t(pipe_resident_ctas<T, NX, false, XU, 2>()) * kPipeWarps;
+}
+
 template <GgmlType T, int NX, bool kPair, int kXU, int kV>
 void launch_pipe_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
                    const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q) {
@@ -318,28 +328,19 @@ void launch_pipe(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int
     constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
     constexpr int kV = kPair ? 2 : 1;
     const int64_t upr = (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
-    const int64_t rows = pr.rows();
-    const bool even = pr.e0 % 2 == 0 && pr.e1 % 2 == 0 && pr.e2 % 2 == 0;
-    // Two rows a warp only where the matrix has a row for every resident warp: a short one
-    // (70B's 1024-row k/v) would leave warps idle (H200: 911 vs 1076 GB/s).
-    auto two_rows = [&](auto xu_tag) {
-        constexpr int XU = decltype(xu_tag)::value;
-        return !kPair && even && pipe_two_rows_enabled() &&
-               rows >= int64_t(pipe_resident_ctas<T, NX, false, XU, 2>()) * kPipeWarps;
-    };
     if constexpr (NX == 1 && pipe_x_units<T>(2)) {
         if (upr == 1) {
-            if (two_rows(std::integral_constant<int, 1>{}))
+            if (!kPair && pipe_two_rows<T, 1, 1>(pr))
                 return launch_pipe_k<T, 1, false, 1, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
             return launch_pipe_k<T, 1, kPair, 1, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
         }
         if (upr == 2) {
-            if (two_rows(std::integral_constant<int, 2>{}))
+            if (!kPair && pipe_two_rows<T, 1, 2>(pr))
                 return launch_pipe_k<T, 1, false, 2, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
             return launch_pipe_k<T, 1, kPair, 2, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
         }
     }
-    if (two_rows(std::integral_constant<int, 0>{}))
+    if (!kPair && pipe_two_rows<T, NX, 0>(pr))
         return launch_pipe_k<T, NX, false, 0, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
     launch_pipe_k<T, NX, kPair, 0, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
 }

@@ -22,6 +22,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
@@ -233,37 +234,42 @@ inline int tma_ring_bytes() {
     return bytes;
 }
 
-// Per instantiation: the shared-memory limit raised once, and the CTAs per multiprocessor that
-// its registers allow (shared memory then decides per launch).
-struct TmaFit {
-    int sms = 0, per_sm_regs = 0, smem_per_sm = 0, reserved = 0;
+// The GPU's multiprocessors and shared memory, read once.
+struct TmaDevice {
+    int sms = 0, optin = 0, smem_per_sm = 0, reserved = 0;
 };
-template <GgmlType T, bool kPair, int kXU, int kV>
-const TmaFit& tma_fit() {
-    static const TmaFit fit = [] {
-        TmaFit f;
-        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV>;
-        int dev = 0, optin = 0;
+inline const TmaDevice& tma_device() {
+    static const TmaDevice d = [] {
+        TmaDevice v;
+        int dev = 0;
         NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
-        NT_CUDA_CHECK(cudaDeviceGetAttribute(&f.sms, cudaDevAttrMultiProcessorCount, dev),
-                      "device attribute");
-        NT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                      "device attribute");
-        NT_CUDA_CHECK(cudaDeviceGetAttribute(&f.smem_per_sm,
-                                             cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
-                      "device attribute");
-        NT_CUDA_CHECK(
-            cudaDeviceGetAttribute(&f.reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev),
-            "device attribute");
-        NT_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin),
-            "gemv tma shared memory limit");
-        NT_CUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&f.per_sm_regs, kernel, kPipeThreads, 0),
-            "gemv tma occupancy");
-        return f;
+        const std::pair<int*, cudaDeviceAttr> attrs[] = {
+            {&v.sms, cudaDevAttrMultiProcessorCount},
+            {&v.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin},
+            {&v.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
+            {&v.reserved, cudaDevAttrReservedSharedMemoryPerBlock}};
+        for (auto [out, attr] : attrs)
+            NT_CUDA_CHECK(cudaDeviceGetAttribute(out, attr, dev), "device attribute");
+        return v;
     }();
-    return fit;
+    return d;
+}
+
+// Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
+// CTAs per multiprocessor that its registers allow (shared memory then decides per launch).
+template <GgmlType T, bool kPair, int kXU, int kV>
+int tma_ctas_by_registers() {
+    static const int per_sm = [] {
+        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV>;
+        NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           tma_device().optin),
+                      "gemv tma shared memory limit");
+        int n = 0;
+        NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kPipeThreads, 0),
+                      "gemv tma occupancy");
+        return n;
+    }();
+    return per_sm;
 }
 
 // The ring for groups of kv rows of row_bytes: as many stages as the target bytes hold.
@@ -281,12 +287,13 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const in
     const int nb = int(cols / Q::kBlockElems);
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
-    const TmaFit& f = tma_fit<T, kPair, kXU, kV>();
-    const int per_sm = std::min(f.per_sm_regs, int(f.smem_per_sm / (smem + f.reserved)));
+    const TmaDevice& d = tma_device();
+    const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV>(),
+                                int(d.smem_per_sm / (smem + d.reserved)));
     if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
     const int64_t grid =
-        std::min<int64_t>((groups + kPipeWarps - 1) / kPipeWarps, int64_t(per_sm) * f.sms);
+        std::min<int64_t>((groups + kPipeWarps - 1) / kPipeWarps, int64_t(per_sm) * d.sms);
     launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV>, dim3(unsigned(grid)), dim3(kPipeThreads),
                   smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q,
                   pdl && pdl_prefetch_enabled(), ring);
@@ -321,9 +328,7 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
                 const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
     if constexpr (tma_x_units<T>(1)) {
         constexpr int kV = kPair ? 2 : 1;
-        const bool two = !kPair && pr.e0 % 2 == 0 && pr.e1 % 2 == 0 && pr.e2 % 2 == 0 &&
-                         pipe_two_rows_enabled() &&
-                         pr.rows() >= int64_t(pipe_resident_ctas<T, 1, false, 0, 2>()) * kPipeWarps;
+        const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
         if (pipe_units<T>(cols) == 1) {
             if (two) return launch_tma_k<T, false, 1, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
             return launch_tma_k<T, kPair, 1, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
@@ -358,16 +363,16 @@ template <GgmlType T>
 void prepare_tma() {
     if constexpr (tma_x_units<T>(1)) {
         if (!tma_usable()) return;
-        tma_fit<T, false, 1, 1>();
-        tma_fit<T, false, 1, 2>();
-        tma_fit<T, true, 1, 2>();
-        tma_fit<T, false, 2, 1>();
-        tma_fit<T, false, 2, 2>();
-        tma_fit<T, true, 2, 2>();
+        tma_ctas_by_registers<T, false, 1, 1>();
+        tma_ctas_by_registers<T, false, 1, 2>();
+        tma_ctas_by_registers<T, true, 1, 2>();
+        tma_ctas_by_registers<T, false, 2, 1>();
+        tma_ctas_by_registers<T, false, 2, 2>();
+        tma_ctas_by_registers<T, true, 2, 2>();
         if constexpr (tma_x_units<T>(4)) {
-            tma_fit<T, false, 4, 1>();
-            tma_fit<T, false, 4, 2>();
-            tma_fit<T, true, 4, 2>();
+            tma_ctas_by_registers<T, false, 4, 1>();
+            tma_ctas_by_registers<T, false, 4, 2>();
+            tma_ctas_by_registers<T, true, 4, 2>();
         }
     }
 }
