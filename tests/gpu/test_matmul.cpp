@@ -703,13 +703,105 @@ TEST(MatmulGraph, CapturedGemvReplaysIdentically) {
     }
 }
 
+// Rows too long for the pipe kernel's TMA form whole (70B's 28672 columns, 8B's 14336, Q6_K's
+// 8192) go in column slices whose sums the last warp of each row range adds in order: against
+// the CPU reference, the same bits on every launch (the counters come back to zero), with and
+// without programmatic dependent launch, and matmul() running exactly that. Row counts cover
+// two rows a warp and one (too few rows for two: 300 x 28672, and an odd count).
+TEST(MatmulSplit, LongRowsInColumnSlices) {
+    SKIP_WITHOUT_GPU();
+    using ncu::detail::GemvConfig;
+    using ncu::detail::GemvKernel;
+    int dev = 0, major = 0;
+    ck(cudaGetDevice(&dev));
+    ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaStream_t s;
+    ck(cudaStreamCreate(&s));
+    struct Case {
+        GgmlType t;
+        int64_t rows, cols;
+        int slices;
+    };
+    const Case cases[] = {{GgmlType::Q4_K, 2200, 14336, 7}, {GgmlType::Q4_K, 1000, 28672, 7},
+                          {GgmlType::Q4_K, 300, 28672, 7},  {GgmlType::Q6_K, 2200, 14336, 7},
+                          {GgmlType::Q6_K, 1000, 28672, 7}, {GgmlType::Q6_K, 2200, 8192, 2},
+                          {GgmlType::Q6_K, 301, 8192, 2}};
+    for (const Case& k : cases) {
+        const GgmlType t = k.t;
+        const int64_t rows = k.rows, cols = k.cols;
+        SCOPED_TRACE(std::string(nt::type_name(t)) + " " + std::to_string(rows) + "x" +
+                     std::to_string(cols));
+        const int slices = ncu::detail::gemv_split_slices(t, cols, 1);
+        if (major < 9) {
+            EXPECT_EQ(slices, 0);  // the TMA form needs compute capability 9.0
+            continue;
+        }
+        ASSERT_EQ(slices, k.slices);
+        EXPECT_EQ(ncu::detail::gemv_split_slices(t, cols, 2), 0);  // one activation row only
+        const std::vector<uint8_t> w = random_weights(t, rows, cols, 900 + uint64_t(rows));
+        const size_t rb = nt::row_bytes(t, cols);
+        Rng rng(901);
+        std::vector<float> x(static_cast<size_t>(cols));
+        for (auto& v : x) v = rng.normal();
+        const ActRef act = act_roundtrip(t, x, cols);
+        std::vector<double> ref(static_cast<size_t>(rows)), mag(static_cast<size_t>(rows));
+        std::vector<float> wf(static_cast<size_t>(cols));
+        for (int64_t r = 0; r < rows; ++r) {
+            nt::dequantize_row(t, w.data() + size_t(r) * rb, wf.data(), cols);
+            const std::vector<double> mins = block_mins(t, w.data() + size_t(r) * rb, cols);
+            double sum = 0, m = 0;
+            for (size_t b = 0; b < mins.size(); ++b) sum += mins[b] * act.s_fix[b];
+            for (int64_t c = 0; c < cols; ++c) {
+                const double p = double(wf[size_t(c)]) * act.xr[size_t(c)];
+                sum += p;
+                m += std::fabs(p);
+            }
+            ref[size_t(r)] = sum;
+            mag[size_t(r)] = m;
+        }
+        Dev<uint8_t> dw(w);
+        Dev<float> dx(x), dy(static_cast<size_t>(rows));
+        Workspace ws(ncu::matmul_workspace_bytes(cols, rows, 1), s);
+        Dev<int8_t> xq(static_cast<size_t>(cols));
+        Dev<float2> xd(static_cast<size_t>(cols) / 32);
+        ncu::detail::quantize_q8(dx.p, 1, cols, ncu::detail::act_quant(t), xq.p, xd.p, s);
+        GemvConfig c{GemvKernel::Pipe, 1, 1, 1, true};
+        c.split = {ws.ws.split.partial, ws.ws.split.partial_floats, ws.ws.split.counters,
+                   ws.ws.split.counter_count};
+        std::vector<float> first;
+        for (int run = 0; run < 3; ++run) {
+            c.pdl = run == 1;
+            ck(cudaMemsetAsync(dy.p, 0xFF, dy.n * sizeof(float), s));
+            ncu::detail::gemv_q8(t, dw.p, rows, cols, xq.p, xd.p, 1, dy.p, c, s);
+            ck(cudaStreamSynchronize(s));
+            const std::vector<float> y = dy.get();
+            if (run == 0) {
+                for (int64_t r = 0; r < rows; ++r)
+                    ASSERT_LE(std::fabs(y[size_t(r)] - ref[size_t(r)]), 5e-5 * mag[size_t(r)])
+                        << "row " << r << ": got " << y[size_t(r)] << ", want " << ref[size_t(r)];
+                first = y;
+            } else {
+                ASSERT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
+                    << "launch " << run << " differs from the first";
+            }
+        }
+        ck(cudaMemsetAsync(dy.p, 0xFF, dy.n * sizeof(float), s));
+        ncu::matmul({t, cols, rows, dw.p, w.size()}, dx.p, 1, dy.p, ws.ws, s);
+        ck(cudaStreamSynchronize(s));
+        const std::vector<float> y = dy.get();
+        EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
+            << "matmul() does not run the column split";
+    }
+    cudaStreamDestroy(s);
+}
+
 // A workspace that holds only a few rows of FP16 weights: the GEMM runs slice by slice.
 TEST(MatmulWorkspace, SlicedGemmMatches) {
     SKIP_WITHOUT_GPU();
     const int64_t rows = 700, cols = 512;
     const int n = 16;
-    const size_t small =
-        (size_t(32) << 20) + size_t(n) * cols * 2 + 256 + size_t(300) * cols * 2;  // 256-row slices
+    const size_t small = (size_t(32) << 20) + size_t(n) * cols * 2 + 256 + size_t(300) * cols * 2 +
+                         ncu::matmul_tail_bytes();  // 256-row slices
     check_matmul(GgmlType::Q4_K, rows, cols, n, 11, small);
     check_matmul(GgmlType::Q8_0, rows, cols, n, 12, small);
 }

@@ -18,11 +18,16 @@ using detail::GemvKernel;
 
 constexpr size_t kCublasWorkspace = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 constexpr int64_t kMinSliceRows = 128;
-// Counters of kernels that quantize their own output in groups of 256 rows (the SwiGLU pair):
-// at the end of a workspace of at least kCountersMinWorkspace bytes.
+// The workspace's tail (where it has room for it beyond kTailMinRest bytes): the column-split
+// GEMV's partial sums, then the counters of kernels that quantize their own output in groups
+// of 256 rows (the SwiGLU pair), then the column split's counters (one per warp of a slice).
+// 512K partial sums hold the largest split (70B's output matrix in Q6_K: 2 x 128256).
 constexpr int kQuantGroups = 1024;
-constexpr size_t kCountersBytes = kQuantGroups * sizeof(int);
-constexpr size_t kCountersMinWorkspace = size_t(1) << 20;
+constexpr int kSplitCounters = 4096;
+constexpr size_t kSplitPartialBytes = size_t(2) << 20;
+constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters) * sizeof(int);
+constexpr size_t kTailBytes = kSplitPartialBytes + kCountersBytes;
+constexpr size_t kTailMinRest = size_t(256) << 10;
 
 constexpr size_t align256(size_t b) {
     return (b + 255) & ~size_t(255);
@@ -113,12 +118,17 @@ bool matmul_supports(GgmlType t) {
     return is_quantized(t) || is_float(t);
 }
 
+size_t matmul_tail_bytes() {
+    return kTailBytes;
+}
+
 size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch) {
-    const size_t gemv = gemv_bytes(std::min(max_batch, kGemvMaxBatch), max_cols);
-    if (max_batch <= kGemvMaxBatch) return gemv;
+    const size_t gemv =
+        std::max(align256(gemv_bytes(std::min(max_batch, kGemvMaxBatch), max_cols)), kTailMinRest);
+    if (max_batch <= kGemvMaxBatch) return gemv + kTailBytes;
     const size_t slice = std::min(size_t(max_rows) * size_t(max_cols) * 2, kGemmSliceBytes);
     return std::max(gemv, kCublasWorkspace + gemm_x_bytes(max_batch, max_cols) + slice) +
-           kCountersBytes;
+           kTailBytes;
 }
 
 void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stream) {
@@ -128,9 +138,15 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     ws.bytes = bytes;
     ws.held = {};
     ws.done = nullptr;
-    if (bytes >= kCountersMinWorkspace) {
-        ws.bytes = bytes - kCountersBytes;
-        ws.done = reinterpret_cast<int*>(static_cast<uint8_t*>(buf) + ws.bytes);
+    ws.split = {};
+    if (bytes >= kTailBytes + kTailMinRest) {
+        ws.bytes = bytes - kTailBytes;
+        auto* tail = static_cast<uint8_t*>(buf) + ws.bytes;
+        ws.split.partial = reinterpret_cast<float*>(tail);
+        ws.split.partial_floats = int64_t(kSplitPartialBytes / sizeof(float));
+        ws.done = reinterpret_cast<int*>(tail + kSplitPartialBytes);
+        ws.split.counters = ws.done + kQuantGroups;
+        ws.split.counter_count = kSplitCounters;
         NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kCountersBytes, stream), "cudaMemsetAsync");
     }
     int dev = 0;
@@ -337,6 +353,8 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
         const ActivationSlot a = gemv_activations(w.type, x, n, cols, ws, stream, x_unchanged);
         GemvConfig c = detail::gemv_default(w.type, rows, cols, n, ws.sm_count);
         c.pdl = ws.pdl;
+        c.split = {ws.split.partial, ws.split.partial_floats, ws.split.counters,
+                   ws.split.counter_count};
         detail::gemv_q8(w.type, w.data, rows, cols, a.xq, a.xd, n, y, c, stream);
         forget_if_overwritten(ws, x, n, cols, y, rows);
         return;
@@ -539,6 +557,14 @@ void with_pipe_type(GgmlType t, const char* what, F&& f) {
 }
 
 }  // namespace
+
+int gemv_split_slices(GgmlType t, int64_t cols, int nx) {
+    if (!gemv_pair_available(t)) return 0;
+    int slices = 0;
+    with_pipe_type(t, "gemv split",
+                   [&](auto type) { slices = tma_split_slices<decltype(type)::value>(cols, nx); });
+    return slices;
+}
 
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t s,

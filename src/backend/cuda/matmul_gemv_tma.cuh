@@ -22,6 +22,8 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -38,6 +40,21 @@ constexpr int kTmaBarrierBytes = kPipeWarps * kTmaMaxStages * 8;
 struct TmaRing {
     int stages = 0;
     int row_bytes = 0;
+};
+
+// A column split (gemv_q8_tma's kSplit): rows too long to hold their activations in registers
+// (70B's 28672-column down projection, 8B's 14336) are cut into `slices` slices of whole
+// units, each of which the TMA form takes whole, as if the matrix were `slices` matrices of
+// short rows side by side. Warps [s wps, (s + 1) wps) take slice s, warp k of every slice the
+// same rows; each writes its sums to partial[s][rows], and the last of the `slices` warps k to
+// finish (counters[k], zero between launches) adds the slices in order into y: deterministic,
+// whichever warp does it.
+constexpr int kTmaMaxSlices = 8;
+struct TmaSplit {
+    int slices = 1;
+    int64_t stride = 0;  // bytes from one row to the next (slices * ring.row_bytes)
+    float* partial = nullptr;
+    int* counters = nullptr;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -94,16 +111,19 @@ constexpr int tma_min_blocks(int kxu) {
     return kxu >= 4 ? 3 : 4;
 }
 
-template <GgmlType T, bool kPair, int kXU, int kV>
+// nb: blocks of a stage's row (of a slice's, with kSplit).
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
 __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(kXU))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
-                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring) {
+                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
+                TmaSplit sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Q = Quant<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
     static_assert(!kPair || kV == 2, "a pair is a group of two rows");
+    static_assert(!(kPair && kSplit), "a pair's rows are whole");
     static_assert(tma_x_units<T>(kXU), "whole rows, activations in registers");
     extern __shared__ __align__(16) uint8_t smem[];
 
@@ -117,15 +137,20 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(kXU))
 
     const int64_t rows = pr.rows();
     const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + warp;
-    const int64_t nw = int64_t(gridDim.x) * kPipeWarps;
+    // With kSplit, wps warps a slice (the grid holds a multiple of `slices` warps).
+    const int64_t wps = int64_t(gridDim.x) * kPipeWarps / (kSplit ? sp.slices : 1);
+    const int slice = kSplit ? int(gw / wps) : 0;
+    const int64_t k = gw - slice * wps;  // this warp's rank in its slice
     const int64_t groups = kPair ? rows : rows / kV;
-    const int64_t g0 = groups * gw / nw, g1 = groups * (gw + 1) / nw;
+    const int64_t g0 = groups * k / wps, g1 = groups * (k + 1) / wps;
     const int64_t total = g1 - g0;  // stages (row groups) of this warp
+    const size_t stride = kSplit ? size_t(sp.stride) : size_t(ring.row_bytes);
+    const size_t at = size_t(slice) * ring.row_bytes;  // the slice's first byte in a row
     auto row_of = [&](int64_t g, int h) {
-        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * ring.row_bytes;
+        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * stride;
         const int64_t r = g * kV + h;
         const int m = pr.matrix(r);
-        return pr.weights(m) + size_t(r - pr.begin(m)) * ring.row_bytes;
+        return pr.weights(m) + size_t(r - pr.begin(m)) * stride + at;
     };
     // Stage j: group g0 + j into slot j % S (lane 0 only).
     auto issue = [&](int64_t j) {
@@ -150,6 +175,12 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(kXU))
     if (lane == 0)
         for (int64_t j = 0; j < S && j < total; ++j) issue(j);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
+    if constexpr (kSplit) {
+        pdl_order(sp.partial);
+        pdl_order(sp.counters);
+        xq += int64_t(slice) * nb * Q::kBlockElems;
+        xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
+    }
 
     typename Q::X xr[kXU];
 #pragma unroll
@@ -194,6 +225,9 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(kXU))
         if (lane == 0) {
             if constexpr (kPair) {
                 pr.y0[g] = pipe_silu_mul(v[0], v[1]);
+            } else if constexpr (kSplit) {
+#pragma unroll
+                for (int h = 0; h < kV; ++h) sp.partial[slice * rows + g * kV + h] = v[h];
             } else {
                 const int m = pr.matrix(g * kV);
                 const int64_t b = pr.begin(m);
@@ -204,6 +238,22 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(kXU))
     }
     if constexpr (kPair)
         if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
+    if constexpr (kSplit) {
+        int last = 0;
+        if (lane == 0) {
+            __threadfence();  // this warp's sums are visible before they are counted
+            last = atomicAdd(sp.counters + k, 1) == sp.slices - 1;
+            if (last) sp.counters[k] = 0;  // every slice has counted: ready for the next launch
+        }
+        if (__shfl_sync(0xffffffffu, last, 0)) {
+            __threadfence();
+            for (int64_t r = g0 * kV + lane; r < g1 * kV; r += 32) {
+                float sum = __ldcg(sp.partial + r);
+                for (int q = 1; q < sp.slices; ++q) sum += __ldcg(sp.partial + q * rows + r);
+                pr.y0[r] = sum;
+            }
+        }
+    }
 #else
     __trap();  // launched only on compute capability 9.0+ (tma_usable)
 #endif
@@ -257,10 +307,10 @@ inline const TmaDevice& tma_device() {
 
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
 // CTAs per multiprocessor that its registers allow (shared memory then decides per launch).
-template <GgmlType T, bool kPair, int kXU, int kV>
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
 int tma_ctas_by_registers() {
     static const int per_sm = [] {
-        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV>;
+        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit>;
         NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            tma_device().optin),
                       "gemv tma shared memory limit");
@@ -280,23 +330,32 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     return r;
 }
 
-template <GgmlType T, bool kPair, int kXU, int kV>
-void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
-                  const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
+// nb: blocks of a stage's row (of a slice's when split: sp.slices > 1).
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
+void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
+                  const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
+                  const TmaSplit& sp = {}, int counter_count = 0) {
     using Q = Quant<T>;
-    const int nb = int(cols / Q::kBlockElems);
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
     const TmaDevice& d = tma_device();
-    const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV>(),
+    const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(),
                                 int(d.smem_per_sm / (smem + d.reserved)));
     if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
-    const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
-    const int64_t grid =
+    const int64_t groups = (kPair ? pr.rows() : pr.rows() / kV) * sp.slices;
+    int64_t grid =
         std::min<int64_t>((groups + kPipeWarps - 1) / kPipeWarps, int64_t(per_sm) * d.sms);
-    launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV>, dim3(unsigned(grid)), dim3(kPipeThreads),
-                  smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q,
-                  pdl && pdl_prefetch_enabled(), ring);
+    if constexpr (kSplit) {
+        // A whole number of warps a slice: the grid a multiple of slices / gcd(slices, 4).
+        const int64_t m = sp.slices / std::gcd(sp.slices, kPipeWarps);
+        grid = std::max(m, grid / m * m);
+        if (grid * kPipeWarps / sp.slices > counter_count)
+            nt::fail("gemv: %lld warps a slice need more than the workspace's %d counters.",
+                     (long long)(grid * kPipeWarps / sp.slices), counter_count);
+    }
+    launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
+                  dim3(kPipeThreads), smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q,
+                  pdl && pdl_prefetch_enabled(), ring, sp);
 }
 
 // Units (32 / kLanesPerBlock blocks) per row.
@@ -328,21 +387,99 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
                 const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
     if constexpr (tma_x_units<T>(1)) {
         constexpr int kV = kPair ? 2 : 1;
+        const int nb = int(cols / Quant<T>::kBlockElems);
         const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
         if (pipe_units<T>(cols) == 1) {
-            if (two) return launch_tma_k<T, false, 1, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
-            return launch_tma_k<T, kPair, 1, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
+            if (two) return launch_tma_k<T, false, 1, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
+            return launch_tma_k<T, kPair, 1, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
         }
         if constexpr (tma_x_units<T>(4)) {
             if (pipe_units<T>(cols) == 4) {
-                if (two) return launch_tma_k<T, false, 4, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
-                return launch_tma_k<T, kPair, 4, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
+                if (two) return launch_tma_k<T, false, 4, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
+                return launch_tma_k<T, kPair, 4, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
             }
         }
-        if (two) return launch_tma_k<T, false, 2, 2>(pr, w2, cols, xq, xd, pdl, stream, q);
-        return launch_tma_k<T, kPair, 2, kV>(pr, w2, cols, xq, xd, pdl, stream, q);
+        if (two) return launch_tma_k<T, false, 2, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
+        return launch_tma_k<T, kPair, 2, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
     }
     nt::fail("gemv: no TMA form for %s.", type_name(T));
+}
+
+// Whether rows too long for the TMA form are cut into column slices (on unless
+// NT_GEMV_SPLIT=0, for A/B runs against the register ring).
+inline bool tma_split_enabled() {
+    static const bool on = env_switch("NT_GEMV_SPLIT");
+    return on;
+}
+
+// The slice width (units) for rows of `upr` units that the TMA form does not take whole: the
+// widest it takes whole that cuts the row into 2 .. kTmaMaxSlices equal slices; 0 for none.
+// 70B's 28672 columns (14 units): 7 slices of 2; 8B's 14336 (7): 7 of 1; Q6_K's 8192 (4): 2 of 2.
+template <GgmlType T>
+int tma_slice_units(int64_t upr) {
+    if (tma_x_units<T>(int(upr))) return 0;
+    for (int su : {4, 2, 1})
+        if (tma_x_units<T>(su) && upr % su == 0 && upr / su >= 2 && upr / su <= kTmaMaxSlices)
+            return su;
+    return 0;
+}
+
+// The slices a single matrix's rows of `cols` columns are cut into at nx activation rows (the
+// TMA form, on this GPU, unless NT_GEMV_SPLIT=0); 0 where they are not.
+template <GgmlType T>
+int tma_split_slices(int64_t cols, int nx) {
+    if constexpr (!tma_x_units<T>(1)) {
+        return 0;
+    } else {
+        using Q = Quant<T>;
+        constexpr int kBPU = 32 / Q::kLanesPerBlock;
+        const int64_t nb = cols / Q::kBlockElems;
+        if (nx != 1 || nb % kBPU != 0 || !tma_split_enabled() || !tma_usable()) return 0;
+        const int su = tma_slice_units<T>(nb / kBPU);
+        if (su == 0) return 0;
+        const int slices = int(nb / kBPU / su);
+        return nb * Q::kBlockBytes % (16 * slices) == 0 ? slices : 0;  // 16-byte aligned slices
+    }
+}
+
+// A single matrix whose rows the TMA form takes in column slices (tma_split_slices), with the
+// scratch for them: launched, true; otherwise false, nothing launched.
+template <GgmlType T>
+bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const float2* xd, int nx,
+                      bool pdl, cudaStream_t stream, const GemvSplitScratch& scr) {
+    if constexpr (!tma_x_units<T>(1)) {
+        return false;
+    } else {
+        const int slices = tma_split_slices<T>(cols, nx);
+        const int64_t rows = pr.rows();
+        if (slices == 0 || pr.count != 1 || !scr.partial || !scr.counters ||
+            reinterpret_cast<uintptr_t>(pr.m0) % 16 != 0 || slices * rows > scr.partial_floats)
+            return false;
+        using Q = Quant<T>;
+        const int64_t nb = cols / Q::kBlockElems;
+        const TmaSplit sp{slices, nb * Q::kBlockBytes, scr.partial, scr.counters};
+        const int snb = int(nb / slices);
+        auto go = [&](auto xu_tag) {
+            constexpr int XU = decltype(xu_tag)::value;
+            // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
+            const int64_t warps = int64_t(tma_ctas_by_registers<T, false, XU, 2, true>()) *
+                                  tma_device().sms * kPipeWarps;
+            if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
+                return launch_tma_k<T, false, XU, 2, true>(pr, nullptr, snb, xq, xd, pdl, stream,
+                                                           {}, sp, scr.counter_count);
+            launch_tma_k<T, false, XU, 1, true>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp,
+                                                scr.counter_count);
+        };
+        const int su = int(pipe_units<T>(cols) / slices);
+        if (su == 1) {
+            go(std::integral_constant<int, 1>{});
+        } else if (su == 2) {
+            go(std::integral_constant<int, 2>{});
+        } else {
+            if constexpr (tma_x_units<T>(4)) go(std::integral_constant<int, 4>{});
+        }
+        return true;
+    }
 }
 
 // The pipe kernel, in its TMA form where that can run (tma_fits), else with its register ring.
@@ -363,17 +500,17 @@ template <GgmlType T>
 void prepare_tma() {
     if constexpr (tma_x_units<T>(1)) {
         if (!tma_usable()) return;
-        tma_ctas_by_registers<T, false, 1, 1>();
-        tma_ctas_by_registers<T, false, 1, 2>();
-        tma_ctas_by_registers<T, true, 1, 2>();
-        tma_ctas_by_registers<T, false, 2, 1>();
-        tma_ctas_by_registers<T, false, 2, 2>();
-        tma_ctas_by_registers<T, true, 2, 2>();
-        if constexpr (tma_x_units<T>(4)) {
-            tma_ctas_by_registers<T, false, 4, 1>();
-            tma_ctas_by_registers<T, false, 4, 2>();
-            tma_ctas_by_registers<T, true, 4, 2>();
-        }
+        auto each = [](auto xu_tag) {
+            constexpr int XU = decltype(xu_tag)::value;
+            tma_ctas_by_registers<T, false, XU, 1>();
+            tma_ctas_by_registers<T, false, XU, 2>();
+            tma_ctas_by_registers<T, true, XU, 2>();
+            tma_ctas_by_registers<T, false, XU, 1, true>();
+            tma_ctas_by_registers<T, false, XU, 2, true>();
+        };
+        each(std::integral_constant<int, 1>{});
+        each(std::integral_constant<int, 2>{});
+        if constexpr (tma_x_units<T>(4)) each(std::integral_constant<int, 4>{});
     }
 }
 

@@ -60,6 +60,16 @@ enum class GemvKernel : int {
                  // ksplit 1; see matmul_gemv_pipe.cuh)
 };
 
+// Scratch for a GEMV whose rows are cut into column slices (the pipe kernel's TMA form, for
+// rows too long to hold their activations in registers: matmul_gemv_tma.cuh): each slice's
+// sums in `partial` ([slices][rows]), `counters` zero between launches.
+struct GemvSplitScratch {
+    float* partial = nullptr;
+    int64_t partial_floats = 0;
+    int* counters = nullptr;
+    int counter_count = 0;
+};
+
 // A GEMV launch shape. Zeros mean "choose": gemv_config() fills them in.
 struct GemvConfig {
     GemvKernel kernel = GemvKernel::Staged;
@@ -74,6 +84,10 @@ struct GemvConfig {
     bool tma = true;   // Pipe only: its form with the weights in flight in shared memory where
                        // that can run (one activation row, sm_90+, 16-byte aligned rows;
                        // matmul_gemv_tma.cuh); false: the register ring
+    // Pipe, TMA form only: where rows are too long for it whole, cut them into column slices
+    // using this scratch (matmul() passes the workspace's; none: such rows take the register
+    // ring). Single launches only, ordered on one stream (the counters are shared).
+    GemvSplitScratch split{};
 };
 
 // The dispatcher's choice for this shape (used when a GemvConfig field is 0).
@@ -81,6 +95,9 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
                        GemvConfig want = {});
 // What matmul() runs: gemv_config with the kernel measured fastest for the type.
 GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count);
+// The column slices a Pipe GEMV with split scratch cuts rows of `cols` columns into on this
+// GPU (GemvConfig::split), at nx activation rows; 0 where it takes them whole or not at all.
+int gemv_split_slices(GgmlType t, int64_t cols, int nx);
 // Whether a (kernel, nx, rows_per_warp) combination is compiled for type t.
 bool gemv_config_available(GgmlType t, const GemvConfig& c);
 
