@@ -414,12 +414,17 @@ inline bool tma_split_enabled() {
 
 // The slice width (units) for rows of `upr` units that the TMA form does not take whole: the
 // widest it takes whole that cuts the row into 2 .. kTmaMaxSlices equal slices; 0 for none.
-// 70B's 28672 columns (14 units): 7 slices of 2; 8B's 14336 (7): 7 of 1; Q6_K's 8192 (4): 2 of 2.
+// 70B's 28672 columns (14 units): 7 slices of 2; Q6_K's 8192 (4): 2 of 2; 8B's 14336 (7): 7 of
+// 1, for Q6_K only. H200, bench_gemv --pdl, GB/s, column slices / register ring: Q4_K
+// 8192x28672 3855 / 3345; Q6_K 8192x28672 3520 / 2739, 28672x8192 3651 / 2776, 8192x8192
+// 2832 / 2537, 4096x14336 2779 / 2463; but Q4_K 4096x14336 2275 / 2921 (a Q4_K unit is 1152
+// bytes a row: too little work between one row's reductions and the next).
 template <GgmlType T>
 int tma_slice_units(int64_t upr) {
     if (tma_x_units<T>(int(upr))) return 0;
     for (int su : {4, 2, 1})
-        if (tma_x_units<T>(su) && upr % su == 0 && upr / su >= 2 && upr / su <= kTmaMaxSlices)
+        if (tma_x_units<T>(su) && (su > 1 || T == GgmlType::Q6_K) && upr % su == 0 &&
+            upr / su >= 2 && upr / su <= kTmaMaxSlices)
             return su;
     return 0;
 }
