@@ -349,8 +349,8 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
           GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
         const int64_t be = nt::traits(t).block_elems;
         // The third shape is 8B's 4096 columns, whose rows the pipe kernel's TMA form takes
-        // (Q4_K, Q6_K), with rows enough for two a warp (and the pair below 1100 of each); the
-        // fourth 70B's 8192, which it takes for Q4_K.
+        // (Q4_K, Q6_K, Q8_0), with rows enough for two a warp (and the pair below 1100 of each);
+        // the fourth 70B's 8192, which it takes for Q4_K.
         std::vector<std::pair<int64_t, int64_t>> shapes = {{45, be == 32 ? 32 * 150 : 256 * 19},
                                                            {9001, be == 32 ? 32 * 9 : 256 * 2},
                                                            {2200, 4096}};
@@ -704,10 +704,10 @@ TEST(MatmulGraph, CapturedGemvReplaysIdentically) {
 }
 
 // Rows too long for the pipe kernel's TMA form whole (70B's 28672 columns; Q6_K's 8192 and
-// 14336) go in column slices whose sums the last warp of each row range adds in order: against
-// the CPU reference, the same bits on every launch (the counters come back to zero), with and
-// without programmatic dependent launch, and matmul() running exactly that. Row counts cover
-// two rows a warp and one (too few rows for two: 300 x 28672, and an odd count).
+// 14336; Q8_0's 14336) go in column slices whose sums the last warp of each row range adds in
+// order: against the CPU reference, the same bits on every launch (the counters come back to zero),
+// with and without programmatic dependent launch, and matmul() running exactly that. Row counts
+// cover two rows a warp and one (too few rows for two: 300 x 28672, and an odd count).
 TEST(MatmulSplit, LongRowsInColumnSlices) {
     SKIP_WITHOUT_GPU();
     using ncu::detail::GemvConfig;
@@ -726,7 +726,8 @@ TEST(MatmulSplit, LongRowsInColumnSlices) {
     const Case cases[] = {{GgmlType::Q4_K, 2200, 14336, 0}, {GgmlType::Q4_K, 1000, 28672, 7},
                           {GgmlType::Q4_K, 300, 28672, 7},  {GgmlType::Q6_K, 2200, 14336, 7},
                           {GgmlType::Q6_K, 1000, 28672, 7}, {GgmlType::Q6_K, 2200, 8192, 2},
-                          {GgmlType::Q6_K, 301, 8192, 2}};
+                          {GgmlType::Q6_K, 301, 8192, 2},   {GgmlType::Q8_0, 2200, 14336, 7},
+                          {GgmlType::Q8_0, 300, 28672, 7}};
     for (const Case& k : cases) {
         const GgmlType t = k.t;
         const int64_t rows = k.rows, cols = k.cols;

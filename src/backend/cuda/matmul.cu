@@ -524,8 +524,10 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
     // staged kernel's persistent grid streams as well).
     // 70B's Q6_K 1024x8192: pipe 5.81 vs 4.40 us for staged-p rw2 k4, so neither takes
     // matrices of fewer than 2048 rows.
+    // With its TMA form (sm_90) the pipe kernel takes Q8_0's large output matrix too.
     const bool mid = rows >= 2048;
-    const bool pipe_q8 = t == GgmlType::Q8_0 && mid && rows <= 32768;
+    const bool pipe_q8 = t == GgmlType::Q8_0 && mid &&
+                         (rows <= 32768 || (n == 1 && detail::tma_takes<GgmlType::Q8_0>(cols)));
     if (n == 1 && (t == GgmlType::Q4_K || (t == GgmlType::Q6_K && mid) || pipe_q8)) {
         want.kernel = GemvKernel::Pipe;
         want.rows_per_warp = 1;

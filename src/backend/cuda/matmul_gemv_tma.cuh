@@ -100,20 +100,41 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 }
 #endif
 
+// The types with a TMA form.
+template <GgmlType T>
+constexpr bool tma_compiled() {
+    return T == GgmlType::Q4_K || T == GgmlType::Q6_K || T == GgmlType::Q8_0;
+}
 // The row lengths (in units) whose activations the TMA form holds in registers: the pipe
 // kernel's (pipe_x_units), and for Q4_K also 4 units (70B's 8192 columns), which fit here
-// because no weights wait in registers.
+// because no weights wait in registers; Q8_0 (units of 512 columns, 5 registers each) 4 and 8
+// units (8B's 4096 columns, and slices of its 14336).
 template <GgmlType T>
 constexpr bool tma_x_units(int upr) {
+    if (T == GgmlType::Q8_0) return upr == 4 || upr == 8;
     return pipe_x_units<T>(upr) || (T == GgmlType::Q4_K && upr == 4);
 }
-constexpr int tma_min_blocks(int kxu) {
-    return kxu >= 4 ? 3 : 4;
+constexpr int tma_min_blocks(GgmlType t, int kxu) {
+    return kxu >= 4 && t != GgmlType::Q8_0 ? 3 : 4;
+}
+// f(std::integral_constant<int, XU>{}) for the row length upr (units) if the TMA form holds
+// such rows' activations in registers (tma_x_units); false otherwise.
+template <GgmlType T, class F>
+bool with_tma_units(int64_t upr, F&& f) {
+    auto one = [&](auto xu_tag) {
+        constexpr int XU = decltype(xu_tag)::value;
+        if constexpr (tma_x_units<T>(XU)) {
+            if (upr == XU) return f(xu_tag), true;
+        }
+        return false;
+    };
+    return one(std::integral_constant<int, 1>{}) || one(std::integral_constant<int, 2>{}) ||
+           one(std::integral_constant<int, 4>{}) || one(std::integral_constant<int, 8>{});
 }
 
 // nb: blocks of a stage's row (of a slice's, with kSplit).
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
-__global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(kXU))
+__global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
                 const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
                 TmaSplit sp) {
@@ -370,7 +391,7 @@ int64_t pipe_units(int64_t cols) {
 // the matrices' starts) are 16-byte aligned, as the bulk copies need.
 template <GgmlType T>
 bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
-    if constexpr (!tma_x_units<T>(1)) {
+    if constexpr (!tma_compiled<T>()) {
         return false;
     } else {
         const int64_t row_bytes = cols / Quant<T>::kBlockElems * Quant<T>::kBlockBytes;
@@ -385,24 +406,16 @@ bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
 template <GgmlType T, bool kPair>
 void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
                 const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
-    if constexpr (tma_x_units<T>(1)) {
-        constexpr int kV = kPair ? 2 : 1;
-        const int nb = int(cols / Quant<T>::kBlockElems);
-        const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
-        if (pipe_units<T>(cols) == 1) {
-            if (two) return launch_tma_k<T, false, 1, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
-            return launch_tma_k<T, kPair, 1, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
-        }
-        if constexpr (tma_x_units<T>(4)) {
-            if (pipe_units<T>(cols) == 4) {
-                if (two) return launch_tma_k<T, false, 4, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
-                return launch_tma_k<T, kPair, 4, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
-            }
-        }
-        if (two) return launch_tma_k<T, false, 2, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
-        return launch_tma_k<T, kPair, 2, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
-    }
-    nt::fail("gemv: no TMA form for %s.", type_name(T));
+    constexpr int kV = kPair ? 2 : 1;
+    const int nb = int(cols / Quant<T>::kBlockElems);
+    const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
+    const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
+        constexpr int XU = decltype(xu_tag)::value;
+        if (two) return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
+        launch_tma_k<T, kPair, XU, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
+    });
+    if (!launched)
+        nt::fail("gemv: no TMA form for %s rows of %lld.", type_name(T), (long long)cols);
 }
 
 // Whether rows too long for the TMA form are cut into column slices (on unless
@@ -422,7 +435,7 @@ inline bool tma_split_enabled() {
 template <GgmlType T>
 int tma_slice_units(int64_t upr) {
     if (tma_x_units<T>(int(upr))) return 0;
-    for (int su : {4, 2, 1})
+    for (int su : {8, 4, 2, 1})
         if (tma_x_units<T>(su) && (su > 1 || T == GgmlType::Q6_K) && upr % su == 0 &&
             upr / su >= 2 && upr / su <= kTmaMaxSlices)
             return su;
@@ -433,7 +446,7 @@ int tma_slice_units(int64_t upr) {
 // TMA form, on this GPU, unless NT_GEMV_SPLIT=0); 0 where they are not.
 template <GgmlType T>
 int tma_split_slices(int64_t cols, int nx) {
-    if constexpr (!tma_x_units<T>(1)) {
+    if constexpr (!tma_compiled<T>()) {
         return 0;
     } else {
         using Q = Quant<T>;
@@ -452,7 +465,7 @@ int tma_split_slices(int64_t cols, int nx) {
 template <GgmlType T>
 bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const float2* xd, int nx,
                       bool pdl, cudaStream_t stream, const GemvSplitScratch& scr) {
-    if constexpr (!tma_x_units<T>(1)) {
+    if constexpr (!tma_compiled<T>()) {
         return false;
     } else {
         const int slices = tma_split_slices<T>(cols, nx);
@@ -475,15 +488,20 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
             launch_tma_k<T, false, XU, 1, true>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp,
                                                 scr.counter_count);
         };
-        const int su = int(pipe_units<T>(cols) / slices);
-        if (su == 1) {
-            go(std::integral_constant<int, 1>{});
-        } else if (su == 2) {
-            go(std::integral_constant<int, 2>{});
-        } else {
-            if constexpr (tma_x_units<T>(4)) go(std::integral_constant<int, 4>{});
-        }
+        with_tma_units<T>(pipe_units<T>(cols) / slices, go);
         return true;
+    }
+}
+
+// Whether the TMA form takes a single matrix's rows of `cols` columns at one activation row on
+// this GPU, whole or in column slices.
+template <GgmlType T>
+bool tma_takes(int64_t cols) {
+    if constexpr (!tma_compiled<T>()) {
+        return false;
+    } else {
+        return tma_usable() &&
+               (tma_x_units<T>(int(pipe_units<T>(cols))) || tma_split_slices<T>(cols, 1) > 0);
     }
 }
 
@@ -503,19 +521,22 @@ void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const in
 // One-time setup of every TMA instantiation (never first inside a graph capture).
 template <GgmlType T>
 void prepare_tma() {
-    if constexpr (tma_x_units<T>(1)) {
+    if constexpr (tma_compiled<T>()) {
         if (!tma_usable()) return;
         auto each = [](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
-            tma_ctas_by_registers<T, false, XU, 1>();
-            tma_ctas_by_registers<T, false, XU, 2>();
-            tma_ctas_by_registers<T, true, XU, 2>();
-            tma_ctas_by_registers<T, false, XU, 1, true>();
-            tma_ctas_by_registers<T, false, XU, 2, true>();
+            if constexpr (tma_x_units<T>(XU)) {
+                tma_ctas_by_registers<T, false, XU, 1>();
+                tma_ctas_by_registers<T, false, XU, 2>();
+                tma_ctas_by_registers<T, true, XU, 2>();
+                tma_ctas_by_registers<T, false, XU, 1, true>();
+                tma_ctas_by_registers<T, false, XU, 2, true>();
+            }
         };
         each(std::integral_constant<int, 1>{});
         each(std::integral_constant<int, 2>{});
-        if constexpr (tma_x_units<T>(4)) each(std::integral_constant<int, 4>{});
+        each(std::integral_constant<int, 4>{});
+        each(std::integral_constant<int, 8>{});
     }
 }
 
