@@ -22,6 +22,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <numeric>
 #include <type_traits>
 #include <utility>
@@ -386,6 +387,16 @@ int64_t pipe_units(int64_t cols) {
     return (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
 }
 
+// The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
+// default 8192).
+inline int64_t q8_tma_min_rows() {
+    static const int64_t rows = [] {
+        const char* e = std::getenv("NT_Q8_TMA_ROWS");
+        return e ? std::atoll(e) : int64_t(8192);
+    }();
+    return rows;
+}
+
 // Whether a launch takes the TMA form: one activation row, sm_90+, rows of one or two units
 // of a type whose activations the pipe kernel holds in registers, and rows whose bytes (and
 // the matrices' starts) are 16-byte aligned, as the bulk copies need.
@@ -396,6 +407,10 @@ bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
     } else {
         const int64_t row_bytes = cols / Quant<T>::kBlockElems * Quant<T>::kBlockBytes;
         auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+        // Q8_0's whole rows only in large launches: H200, bench_gemv --pdl, TMA form / register
+        // ring, us: 14336x4096 17.7 / 20.1, 128256x4096 132.7 / 168.4, but 4096x4096 7.30 / 6.66
+        // (with two rows a warp its stages are 8.7 KB, so only 3 CTAs fit a multiprocessor).
+        if (T == GgmlType::Q8_0 && pr.rows() < q8_tma_min_rows()) return false;
         return nx == 1 && tma_x_units<T>(int(pipe_units<T>(cols))) && row_bytes % 16 == 0 &&
                aligned(pr.m0) && aligned(pr.m1) && aligned(pr.m2) && aligned(w2) && tma_usable();
     }
