@@ -38,9 +38,9 @@ struct Batch {
 };
 
 struct RopeParams {
-    int n_rot = 0;             // rotated dims per head (== head_dim for Llama)
+    int n_rot = 0;  // rotated dims per head (== head_dim for Llama)
     float freq_base = 10000.f;
-    float freq_scale = 1.f;    // linear scaling (1/factor)
+    float freq_scale = 1.f;  // linear scaling (1/factor)
     // Llama 3.1 scaling: per-dimension frequency factors (rope_freqs.weight or computed from
     // rope.scaling.* keys); empty when absent. Size n_rot / 2. Frequencies are divided by them.
     std::vector<float> freq_factors;
@@ -69,7 +69,7 @@ struct Activations {
 };
 
 class Backend {
-public:
+  public:
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
 
@@ -110,10 +110,13 @@ public:
     virtual void rope(float* q, float* k) = 0;
     // Stores k and v of the current batch into layer `layer`'s cache, then computes causal
     // attention of every q row over its sequence's cached positions 0..pos (GQA).
-    virtual void attention(int layer, const float* q, const float* k, const float* v, float* out) = 0;
+    virtual void attention(int layer, const float* q, const float* k, const float* v,
+                           float* out) = 0;
     // rope(q, k), then attention(layer, q, k, v, out): one call, so a backend may turn k on its
-    // way into the cache. `next`: the type of the weight the next matmul on `out` multiplies (a
-    // hint, as for add_rmsnorm: the CUDA backend quantizes out for it in the attention kernel).
+    // way into the cache, or turn q and k inside its attention kernel and leave them as they
+    // were (callers read neither afterwards). `next`: the type of the weight the next matmul on
+    // `out` multiplies (a hint, as for add_rmsnorm: the CUDA backend quantizes out for it in the
+    // attention kernel).
     virtual void rope_attention(int layer, float* q, float* k, const float* v, float* out,
                                 GgmlType /*next*/) {
         rope(q, k);

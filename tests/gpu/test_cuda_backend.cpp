@@ -935,12 +935,13 @@ void gpu_attention_step(CudaBackend& gpu, const ModelShape& s, KvMirror& kv, con
     }
 }
 
-// rope_attention (one kernel turns q and k and fills the cache, where every pair turns) against
-// the CPU's rope then attention: a prompt (prefill kernel) and decode steps that read what the
-// earlier steps stored, over more than one context slice (the decode kernel's own merge);
-// partial rotation takes the unfused path. Then the output projection: at decode the attention
-// kernel quantizes the output for it (Q8_K, Q8_0 and Q8_1 by the weight's type), which must be
-// bit for bit what the matmul's own quantization of the same floats gives.
+// rope_attention (one kernel turns q and k and fills the cache, where every pair turns; at one
+// decode row the attention kernel itself does) against the CPU's rope then attention: a prompt
+// (prefill kernel) and decode steps that read what the earlier steps stored, over more than one
+// context slice (the decode kernel's own merge); partial rotation takes the unfused path. Then the
+// output projection: at decode the attention kernel quantizes the output for it (Q8_K, Q8_0 and
+// Q8_1 by the weight's type), which must be bit for bit what the matmul's own quantization of the
+// same floats gives.
 TEST(CudaBackend, RopeAttention) {
     NT_REQUIRE_GPU();
     for (const RopeCase& c :
@@ -967,23 +968,42 @@ TEST(CudaBackend, RopeAttention) {
             for (int i = 0; i < n; i++) b.add(1, pos++, 1, true);
             const size_t nq = size_t(n) * size_t(s.n_head) * size_t(s.head_dim);
             const size_t nk = size_t(n) * size_t(s.n_head_kv) * size_t(s.head_dim);
-            p.set(&Activations::q, random_floats(nq, 41 + uint32_t(step), -3.f, 3.f));
-            p.set(&Activations::k, random_floats(nk, 51 + uint32_t(step)));
-            p.set(&Activations::v, random_floats(nk, 61 + uint32_t(step)));
+            const std::vector<float> q = random_floats(nq, 41 + uint32_t(step), -3.f, 3.f),
+                                     k = random_floats(nk, 51 + uint32_t(step)),
+                                     v = random_floats(nk, 61 + uint32_t(step));
+            p.set(&Activations::q, q);
+            p.set(&Activations::k, k);
+            p.set(&Activations::v, v);
             p.begin(b);
             Activations& ca = p.cpu.acts();
             Activations& ga = p.gpu.acts();
             p.cpu.rope_attention(0, ca.q, ca.k, ca.v, ca.att, next[o]);
-            p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att, next[o]);
-            p.gpu.matmul(gwo[o], ga.att, n, ga.xn);
-            p.gpu.end_step();
             const std::string what = "hd " + std::to_string(c.head_dim) + " n_rot " +
                                      std::to_string(c.n_rot) + " step " + std::to_string(step) +
                                      " then " + type_name(next[o]);
+            // First with the rope in its own kernel (q and k then turned in place, as on the
+            // CPU); at one decode row again with the attention kernel doing it (leaving q and k
+            // as they were), which must give the same bits and store the same cache cell (the
+            // later steps read it).
+            p.gpu.set_rope_fusion(false);
+            p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att, next[o]);
+            p.gpu.end_step();
             expect_close(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), 1e-6f,
                          1e-6f, what + " q");
             expect_close(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), 1e-6f,
                          1e-6f, what + " k");
+            const std::vector<float> unfused = p.get_gpu(&Activations::att, nq);
+            p.gpu.set_rope_fusion(true);
+            p.gpu.upload(ga.q, q.data(), q.size() * sizeof(float));
+            p.gpu.upload(ga.k, k.data(), k.size() * sizeof(float));
+            p.gpu.upload(ga.v, v.data(), v.size() * sizeof(float));
+            p.gpu.begin_step(b);
+            p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att, next[o]);
+            p.gpu.matmul(gwo[o], ga.att, n, ga.xn);
+            p.gpu.end_step();
+            expect_equal(p.get_gpu(&Activations::att, nq), unfused, what + " rope in attention");
+            if (n == 1 && c.n_rot == c.head_dim)  // the fused path ran: q and k left alone
+                expect_equal(p.get_gpu(&Activations::q, nq), q, what + " q untouched");
             expect_close(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq),
                          step == 0 ? kPrefillTol : kDecodeTol, 0.f, what + " attention");
             // The projection again, on the attention output's floats quantized by the matmul

@@ -29,6 +29,7 @@
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
+#include "backend/cuda/rope.cuh"
 #include "core/error.h"
 
 namespace nt::cuda {
@@ -129,6 +130,15 @@ struct DecodeArgs {
     int8_t* xq;
     float2* xd;
     int qmode;
+    // tiled, optional (RopeIn): q, k and v as the GEMVs left them; the kernel turns q, and the
+    // slice that holds a row's newest position turns k and stores that position's k and v in
+    // the caches (kc_new, vc_new: kc and vc, writable). inv_freq null: q turned and the cache
+    // filled before.
+    const float* k_new;
+    const float* v_new;
+    const float* inv_freq;
+    __half* kc_new;
+    __half* vc_new;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
     float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
 };
@@ -219,9 +229,9 @@ struct DecodeTile {
     static constexpr int SETS_PV = kThreads / (HD / 2);  // head sets in the P*V phase (2 or 4)
     static constexpr int MAXJ_S = kMaxGroup / SETS_S;
     static constexpr int MAXJ_PV = kMaxGroup / SETS_PV;
-    static size_t smem_bytes(int group) {
+    static size_t smem_bytes(int group) {  // (+ HD: the rope's cos and sin)
         return size_t(2 * 2 * TP * ROW) * sizeof(__half) +
-               size_t(group * HD + group * TP + 3 * group) * sizeof(float);
+               size_t(group * HD + group * TP + 3 * group + HD) * sizeof(float);
     }
 };
 
@@ -289,6 +299,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     float* ms = ps + G * TP;                                    // [G] running max
     float* ls = ms + G;                                         // [G] running sum
     float* cs = ls + G;                                         // [G] this tile's rescale factor
+    float* rc = cs + G;                                         // [HD / 2] rope cos, then sin
 
     pdl_trigger();
     const int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
@@ -299,12 +310,42 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     if (start >= end) return;  // past the sequence's end: not counted, not merged
     const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
+    // The rope's angles need only the step's positions: computed before the wait, as the rope
+    // kernel does.
+    const bool rope = a.inv_freq != nullptr;
+    const int newest = a.pos[row];
+    if (rope) {
+        for (int j = t; j < HD / 2; j += kThreads)
+            detail::rope_angle(newest, a.inv_freq[j], rc[j], rc[HD / 2 + j]);
+        __syncthreads();
+    }
     // q and the cache come from the kernels before (this may be a programmatic dependent launch)
-    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd);
+    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new,
+             a.kc_new, a.vc_new);
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
     const int n_tiles = (end - start + TP - 1) / TP;
 
+    // With the rope: the newest position's k (turned) and v, rounded to F16 as rope_kv_store
+    // rounds them, go to the caches and straight into the tile (chunk cc: 8 of the head's dims).
+    auto store_newest = [&](__half* kd, __half* vd, size_t off, int cc) {
+        const size_t e = size_t(row) * a.kv_dim + size_t(kvh) * HD + cc * 8;
+        uint4 kh, vh;
+        __half2* k2 = reinterpret_cast<__half2*>(&kh);
+        __half2* v2 = reinterpret_cast<__half2*>(&vh);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = cc * 4 + i;
+            const float2 x = detail::rope_turn(a.k_new[e + 2 * i], a.k_new[e + 2 * i + 1], rc[j],
+                                               rc[HD / 2 + j]);
+            k2[i] = __float22half2_rn(x);
+            v2[i] = __float22half2_rn(make_float2(a.v_new[e + 2 * i], a.v_new[e + 2 * i + 1]));
+        }
+        *reinterpret_cast<uint4*>(kd) = kh;
+        *reinterpret_cast<uint4*>(vd) = vh;
+        *reinterpret_cast<uint4*>(a.kc_new + base + off) = kh;
+        *reinterpret_cast<uint4*>(a.vc_new + base + off) = vh;
+    };
     // Rows of a tile past `end` are neither loaded nor read: the scores skip them and P*V stops
     // at the tile's last position (short contexts do a fraction of a tile's work).
     auto load_tile = [&](int tile, int buf) {
@@ -314,15 +355,31 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         for (int c = t; c < nrows * CH; c += kThreads) {
             const int r = c / CH, cc = c % CH;
             const size_t off = size_t(p0 + r) * a.kv_dim + cc * 8;
-            cp_async16(kbuf + (buf * TP + r) * ROW + cc * 8, kg + off, true);
-            cp_async16(vbuf + (buf * TP + r) * ROW + cc * 8, vg + off, true);
+            __half* kd = kbuf + (buf * TP + r) * ROW + cc * 8;
+            __half* vd = vbuf + (buf * TP + r) * ROW + cc * 8;
+            if (rope && p0 + r == newest) {
+                store_newest(kd, vd, off, cc);
+            } else {
+                cp_async16(kd, kg + off, true);
+                cp_async16(vd, vg + off, true);
+            }
         }
         cp_async_commit();
     };
     load_tile(0, 0);
 
+    // q pre-scaled, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
     const float* qrow = a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD;
-    for (int i = t; i < G * HD; i += kThreads) qs[i] = qrow[i] * a.scale_log2;
+    for (int i = t; i < G * HD; i += kThreads) {
+        float v = qrow[i];
+        if (rope) {
+            const int d = i % HD, j = d / 2;
+            const float2 x =
+                detail::rope_turn(qrow[i - (d & 1)], qrow[i - (d & 1) + 1], rc[j], rc[HD / 2 + j]);
+            v = d & 1 ? x.y : x.x;
+        }
+        qs[i] = v * a.scale_log2;
+    }
     if (t < G) {
         ms[t] = -INFINITY;
         ls[t] = 0.f;
@@ -760,6 +817,9 @@ void check_shape(const AttnShape& s) {
 bool attn_has_fast_decode(const AttnShape& s) {
     return (s.head_dim == 64 || s.head_dim == 128) && s.group() <= kMaxGroup;
 }
+bool attn_decode_fuses_rope(const AttnShape& s, int n_rows) {
+    return n_rows == 1 && attn_has_fast_decode(s);
+}
 bool attn_has_prefill(const AttnShape& s) {
     return s.head_dim == 64 || s.head_dim == 128;
 }
@@ -826,7 +886,7 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
 bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
-                 int version, const ActivationSlot* quant, bool pdl) {
+                 int version, const ActivationSlot* quant, bool pdl, const RopeIn* rope) {
     if (n_rows <= 0) return false;
     check_shape(s);
     if (splits < 1 || splits > kMaxSplits)
@@ -854,6 +914,17 @@ bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
     a.xq = nullptr;
     a.xd = nullptr;
     a.qmode = -1;
+    a.k_new = a.v_new = a.inv_freq = nullptr;
+    a.kc_new = a.vc_new = nullptr;
+    if (rope) {
+        if (version != 0 || !attn_decode_fuses_rope(s, n_rows))
+            fail("attention: the decode kernel cannot do the rope here (%d rows).", n_rows);
+        a.k_new = rope->k;
+        a.v_new = rope->v;
+        a.inv_freq = rope->inv_freq;
+        a.kc_new = rope->k_cache;
+        a.vc_new = rope->v_cache;
+    }
     const bool tiled = version == 2 || (version == 0 && attn_has_fast_decode(s));
     if (tiled && !attn_has_fast_decode(s))
         fail("attention: no tiled decode kernel for head_dim %d.", s.head_dim);

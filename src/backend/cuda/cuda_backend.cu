@@ -62,6 +62,7 @@ CudaBackend::CudaBackend(int device) {
     for (auto& e : upload_done_)
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     graphs_on_ = env_switch("NT_CUDA_GRAPHS");
+    rope_fusion_ = env_switch("NT_ROPE_FUSION");
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
 }
 
@@ -461,6 +462,12 @@ void CudaBackend::set_graphs(bool on) {
     if (!on) drop_graphs();
 }
 
+void CudaBackend::set_rope_fusion(bool on) {
+    flush();
+    rope_fusion_ = on;
+    drop_graphs();  // recorded steps hold the other choice
+}
+
 void CudaBackend::set_pdl(bool on) {
     flush();
     pdl_allowed_ = on;
@@ -534,11 +541,19 @@ void CudaBackend::run(const Op& op) {
             const cuda::AttnShape as{shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_ctx_};
             __half* kc = static_cast<__half*>(kv_) + size_t(op.i0) * kv_layer_elems_;
             __half* vc = kc + size_t(shape_.n_layer) * kv_layer_elems_;
-            if (op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim) {
+            // A step of one decode row: the attention kernel turns q and k and stores the new
+            // position itself (one kernel fewer a layer). Decided on the host from the op and the
+            // step's shape: the same in capture and replay.
+            const bool decode_only = n_dec_ == n_rows_ && n_tiles_ == 0;
+            const bool fuse_rope = op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim &&
+                                   decode_only && rope_fusion_ &&
+                                   cuda::attn_decode_fuses_rope(as, n_dec_);
+            const cuda::RopeIn rope_in{f(1), f(2), rope_inv_freq_, kc, vc};
+            if (!fuse_rope && op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim) {
                 cuda::rope_kv_store(f(0), f(1), f(2), d_pos, d_seq, n_rows_, shape_.n_head,
                                     shape_.n_head_kv, shape_.head_dim, rope_inv_freq_, n_ctx_, kc,
                                     vc, stream_, mm_->pdl);
-            } else {
+            } else if (!fuse_rope) {
                 if (op.kind == OpKind::RopeAttention)
                     cuda::rope(f(0), f(1), d_pos, n_rows_, shape_.n_head, shape_.n_head_kv,
                                shape_.head_dim, n_rot_, rope_inv_freq_, stream_);
@@ -548,11 +563,12 @@ void CudaBackend::run(const Op& op) {
             // Decided on the host from the op and the step's shape: the same in capture and replay.
             cuda::ActivationSlot slot;
             const bool quantize =
-                op.kind == OpKind::RopeAttention && n_dec_ == n_rows_ && n_tiles_ == 0 &&
+                op.kind == OpKind::RopeAttention && decode_only &&
                 cuda::matmul_activation_slot(*mm_, op.next, n_rows_, as.q_dim(), &slot);
             if (cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
                                   attn_scratch_, attn_done_, f(3), stream_, 0,
-                                  quantize ? &slot : nullptr, mm_->pdl)) {
+                                  quantize ? &slot : nullptr, mm_->pdl,
+                                  fuse_rope ? &rope_in : nullptr)) {
                 cuda::matmul_adopt_activations(*mm_, f(3), n_rows_, as.q_dim(), slot);
                 after_matmul_ = true;
             }

@@ -85,6 +85,10 @@ class CudaBackend : public Backend {
     // Programmatic dependent launches for the GEMVs (on by default where the GPU has them).
     // Off for streamed layers, whose weights an earlier copy in the stream order writes.
     void set_pdl(bool on);
+    // A decode step of one row turns q and k and stores the new K/V cell inside the attention
+    // kernel rather than in a rope kernel before it (on unless NT_ROPE_FUSION=0; the same bits
+    // either way). q and k are then left as the projections wrote them.
+    void set_rope_fusion(bool on);
     struct GraphStats {
         int captures = 0;   // graphs recorded
         int replays = 0;    // steps served by a recorded graph
@@ -190,6 +194,7 @@ class CudaBackend : public Backend {
     bool pdl_allowed_ = true;
     bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
+    bool rope_fusion_ = true;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
     GraphKey key_{0, 0};

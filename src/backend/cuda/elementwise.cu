@@ -14,6 +14,7 @@
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
+#include "backend/cuda/rope.cuh"
 #include "core/error.h"
 #include "quant/types.h"
 
@@ -347,13 +348,8 @@ __global__ void rope_kernel(float* q, float* k, const int32_t* pos, int n_head, 
                             int head_dim, int half, const float* inv_freq) {
     extern __shared__ float cs[];  // [half] cos, then [half] sin
     const int i = blockIdx.x;
-    const float p = float(pos[i]);
-    for (int j = threadIdx.x; j < half; j += blockDim.x) {
-        double s, c;
-        sincos(double(mul(p, inv_freq[j])), &s, &c);
-        cs[j] = float(c);
-        cs[half + j] = float(s);
-    }
+    for (int j = threadIdx.x; j < half; j += blockDim.x)
+        detail::rope_angle(pos[i], inv_freq[j], cs[j], cs[half + j]);
     __syncthreads();
     const int pairs = (n_head + n_head_kv) * half;
     for (int t = threadIdx.x; t < pairs; t += blockDim.x) {
@@ -361,9 +357,9 @@ __global__ void rope_kernel(float* q, float* k, const int32_t* pos, int n_head, 
         float* v = h < n_head ? q + (int64_t(i) * n_head + h) * head_dim
                               : k + (int64_t(i) * n_head_kv + (h - n_head)) * head_dim;
         v += 2 * j;
-        const float a = v[0], b = v[1], c = cs[j], s = cs[half + j];
-        v[0] = sub(mul(a, c), mul(b, s));
-        v[1] = addf(mul(a, s), mul(b, c));
+        const float2 x = detail::rope_turn(v[0], v[1], cs[j], cs[half + j]);
+        v[0] = x.x;
+        v[1] = x.y;
     }
 }
 
@@ -399,8 +395,8 @@ __global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t
     // The angle needs only the step's positions (uploaded before the step's first kernel), so
     // as a programmatic dependent launch its double-precision sincos runs under the tail of the
     // GEMV before; q, k, v and the cache are touched after the wait.
-    double sd = 0, cd = 1;
-    if (!STORE || h < n_head + n_head_kv) sincos(double(mul(float(pos[i]), inv_freq[j])), &sd, &cd);
+    float c = 1.f, s = 0.f;
+    if (!STORE || h < n_head + n_head_kv) detail::rope_angle(pos[i], inv_freq[j], c, s);
     pdl_wait(q, k, st.v, st.kc, st.vc);
     if (STORE && h >= n_head + n_head_kv) {  // a v pair: stored as it is
         const float* vp = st.v + i * kv_dim + (h - n_head - n_head_kv) * head_dim + 2 * j;
@@ -411,7 +407,6 @@ __global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t
     float* v = h < n_head ? q + (i * n_head + h) * head_dim
                           : k + (i * n_head_kv + (h - n_head)) * head_dim;
     v += 2 * j;
-    const float c = float(cd), s = float(sd);
     float a, b;
     if constexpr (VEC) {
         const float2 p = *reinterpret_cast<const float2*>(v);
@@ -419,7 +414,8 @@ __global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t
     } else {
         a = v[0], b = v[1];
     }
-    const float x0 = sub(mul(a, c), mul(b, s)), x1 = addf(mul(a, s), mul(b, c));
+    const float2 x = detail::rope_turn(a, b, c, s);
+    const float x0 = x.x, x1 = x.y;
     if constexpr (VEC) {
         *reinterpret_cast<float2*>(v) = make_float2(x0, x1);
     } else {
