@@ -268,16 +268,6 @@ bool qkv_stack_enabled() {
     static const bool on = env_switch("NT_QKV_STACK");
     return on;
 }
-// NT_QKV_STACK=all (an A/B experiment): every matrix of a type with the pipe kernel joins the
-// stack at one activation row, also those whose own GEMV is another kernel (Q6_K's and Q8_0's
-// 1024-row k and v); their sums then differ from a lone GEMV's in the last bits.
-bool qkv_stack_all() {
-    static const bool on = [] {
-        const char* e = std::getenv("NT_QKV_STACK");
-        return e && std::string(e) == "all";
-    }();
-    return on;
-}
 
 // The stacked path of matmul_qkv: false (nothing launched) where no two matrices stack.
 bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float* const (&y)[3],
@@ -286,12 +276,12 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     const int64_t cols = w[0].cols;
     // Only matrices whose own GEMV is the pipe kernel: each row is then summed as it would be
     // alone (bit for bit), and a small one the staged kernel does better (Q8_0's k and v) is
-    // not pulled in (8B Q8_0 tg128: 289.1 stacked vs 295.6 forked).
+    // not pulled in (8B Q8_0 tg128: 289.1 stacked vs 295.6 forked; again with the TMA form,
+    // 309.1 vs 319.5, and Q6_K 353.2 vs 365.3).
     bool pipe[3], stacked[3] = {false, false, false};
     for (int i = 0; i < 3; ++i)
         pipe[i] = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count).kernel ==
-                      GemvKernel::Pipe ||
-                  (qkv_stack_all() && n == 1 && detail::gemv_pair_available(w[i].type));
+                  GemvKernel::Pipe;
     // The stacks first (one per type), then the matrices left over.
     bool any = false;
     for (int i = 0; i < 3; ++i) {
