@@ -1,6 +1,6 @@
 // The pipe GEMV with its weights in flight in shared memory rather than in registers
-// (internal; one activation row, sm_90+, whole rows whose activations fit in registers: 8B's
-// 4096 columns in Q4_K and Q6_K, 70B's 8192 in Q4_K). The pipe kernel keeps each warp's next few
+// (internal; one activation row, sm_90+, rows whose activations fit in registers: 8B's 4096
+// columns in Q4_K, Q6_K and Q8_0, 70B's 8192 in Q4_K). The pipe kernel keeps each warp's next few
 // units of raw weights in registers, which caps the bytes in flight per multiprocessor; here each
 // warp owns a ring of shared-memory stages, each one group of whole rows, that the multiprocessor's
 // copy engine fills (cp.async.bulk, one instruction a row, completion counted on an mbarrier per
@@ -12,13 +12,16 @@
 // bit-identical to the pipe kernel's. Lane 0 of the warp issues stage j + S once all lanes have
 // read stage j.
 //
+// Rows too long for that (70B's 28672 columns, Q6_K's 8192 and 14336, Q8_0's 14336) go in
+// column slices that it takes whole (TmaSplit), given scratch for the slices' partial sums.
+//
 // Where it runs (H200, bench_gemv --pdl, GB/s, TMA form / register ring): Q4_K 4096x4096
 // 2133 / 1815, 128256x4096 3968 / 3501, 14336x4096 2641 / 2692; Q6_K 14336x4096 2801 / 2554,
-// 128256x4096 3876 / 3089; the Q6_K SwiGLU pair most of all. Whole models, tok/s: 8B Q4_K_M
-// tg128 451 / 421, 8B Q6_K 343 / 289, 70B Q4_K_M tg64 64.5 / 59.6. A version for longer rows
-// (stages of a few units, activations loaded unit by unit) lost to the register ring on every such
-// shape (Q4_K 4096x14336 2071 / 2893, 70B 8192x8192 1978 / 2997; Q8_0 everywhere but the output
-// matrix): it is not kept.
+// 128256x4096 3876 / 3089; the Q6_K SwiGLU pair most of all; in column slices, Q4_K 8192x28672
+// 3855 / 3345, Q6_K 3520 / 2739. Whole models, tok/s: 8B Q4_K_M tg128 451 / 421, 8B Q6_K 343 /
+// 289, 70B Q4_K_M tg64 64.5 / 59.6, and with column slices 70.0 / 64.9. A version for longer
+// rows with stages of a few units and activations loaded unit by unit lost to the register ring
+// on every such shape (Q4_K 4096x14336 2071 / 2893, 70B 8192x8192 1978 / 2997): it is not kept.
 #pragma once
 #include <algorithm>
 #include <cstdint>
