@@ -1165,10 +1165,13 @@ TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
             // would be far off (equal to the bit unless a kernel accumulates with atomics).
             expect_close(g, e, 1e-5f, 1e-5f, "graph replay vs eager, step " + std::to_string(step));
         }
+        // (With NT_CUDA_GRAPHS=0, as under compute-sanitizer, neither backend records graphs.)
         const CudaBackend::GraphStats& st = graph_gpu.graph_stats();
-        EXPECT_EQ(st.captures, 2);  // keys (2 rows, 2 logits) and (1, 1)
-        EXPECT_EQ(st.replays, 7);
-        EXPECT_EQ(st.fallbacks, 0);
+        if (graph_gpu.graphs()) {
+            EXPECT_EQ(st.captures, 2);  // keys (2 rows, 2 logits) and (1, 1)
+            EXPECT_EQ(st.replays, 7);
+            EXPECT_EQ(st.fallbacks, 0);
+        }
         EXPECT_EQ(eager_gpu.graph_stats().captures, 0);
     }
 }
@@ -1178,6 +1181,7 @@ TEST(CudaBackend, GraphFallbackOnDifferentOps) {
     NT_REQUIRE_GPU();
     ModelShape s = make_shape(64, 4, 1);
     Pair p(s, 16, 1, 64);
+    if (!p.gpu.graphs()) GTEST_SKIP() << "CUDA graphs are off (NT_CUDA_GRAPHS=0)";
     const int64_t n = 3 * s.n_embd;
     Batch b;
     b.add(1, 0, 0, true);
