@@ -191,8 +191,7 @@ int main(int argc, char** argv) try {
                 // long for its TMA form whole go in column slices there.
                 if (def.kernel == GemvKernel::Pipe && def.tma && n == 1) {
                     GemvConfig c = def;
-                    c.split = {ws.split.partial, ws.split.partial_floats, ws.split.counters,
-                               ws.split.counter_count};
+                    c.split = ws.split;
                     variants.push_back(c);
                 }
                 if (quantized && opt.all_variants) {

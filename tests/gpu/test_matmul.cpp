@@ -769,8 +769,7 @@ TEST(MatmulSplit, LongRowsInColumnSlices) {
         Dev<float2> xd(static_cast<size_t>(cols) / 32);
         ncu::detail::quantize_q8(dx.p, 1, cols, ncu::detail::act_quant(t), xq.p, xd.p, s);
         GemvConfig c{GemvKernel::Pipe, 1, 1, 1, true};
-        c.split = {ws.ws.split.partial, ws.ws.split.partial_floats, ws.ws.split.counters,
-                   ws.ws.split.counter_count};
+        c.split = ws.ws.split;
         std::vector<float> first;
         for (int run = 0; run < 3; ++run) {
             c.pdl = run == 1;

@@ -116,8 +116,8 @@ __global__ void kv_store_kernel(const float* k, const float* v, const int32_t* p
 
 struct DecodeArgs {
     const float* q;
-    const __half* kc;
-    const __half* vc;
+    __half* kc;  // written only with the rope (inv_freq)
+    __half* vc;
     const int32_t* pos;
     const int32_t* seq;
     const int32_t* rows;
@@ -132,13 +132,10 @@ struct DecodeArgs {
     int qmode;
     // tiled, optional (RopeIn): q, k and v as the GEMVs left them; the kernel turns q, and the
     // slice that holds a row's newest position turns k and stores that position's k and v in
-    // the caches (kc_new, vc_new: kc and vc, writable). inv_freq null: q turned and the cache
-    // filled before.
+    // the caches. inv_freq null: q turned and the cache filled before.
     const float* k_new;
     const float* v_new;
     const float* inv_freq;
-    __half* kc_new;
-    __half* vc_new;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
     float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
 };
@@ -320,8 +317,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         __syncthreads();
     }
     // q and the cache come from the kernels before (this may be a programmatic dependent launch)
-    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new,
-             a.kc_new, a.vc_new);
+    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
     const int n_tiles = (end - start + TP - 1) / TP;
@@ -343,8 +339,8 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         }
         *reinterpret_cast<uint4*>(kd) = kh;
         *reinterpret_cast<uint4*>(vd) = vh;
-        *reinterpret_cast<uint4*>(a.kc_new + base + off) = kh;
-        *reinterpret_cast<uint4*>(a.vc_new + base + off) = vh;
+        *reinterpret_cast<uint4*>(a.kc + base + off) = kh;
+        *reinterpret_cast<uint4*>(a.vc + base + off) = vh;
     };
     // Rows of a tile past `end` are neither loaded nor read: the scores skip them and P*V stops
     // at the tile's last position (short contexts do a fraction of a tile's work).
@@ -883,7 +879,7 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
     return size_t(n_rows) * size_t(s.n_head) * size_t(splits) * size_t(s.head_dim + 2);
 }
 
-bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
+bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
                  int version, const ActivationSlot* quant, bool pdl, const RopeIn* rope) {
@@ -915,15 +911,12 @@ bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, cons
     a.xd = nullptr;
     a.qmode = -1;
     a.k_new = a.v_new = a.inv_freq = nullptr;
-    a.kc_new = a.vc_new = nullptr;
     if (rope) {
         if (version != 0 || !attn_decode_fuses_rope(s, n_rows))
             fail("attention: the decode kernel cannot do the rope here (%d rows).", n_rows);
         a.k_new = rope->k;
         a.v_new = rope->v;
         a.inv_freq = rope->inv_freq;
-        a.kc_new = rope->k_cache;
-        a.vc_new = rope->v_cache;
     }
     const bool tiled = version == 2 || (version == 0 && attn_has_fast_decode(s));
     if (tiled && !attn_has_fast_decode(s))

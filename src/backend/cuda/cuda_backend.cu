@@ -548,7 +548,7 @@ void CudaBackend::run(const Op& op) {
             const bool fuse_rope = op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim &&
                                    decode_only && rope_fusion_ &&
                                    cuda::attn_decode_fuses_rope(as, n_dec_);
-            const cuda::RopeIn rope_in{f(1), f(2), rope_inv_freq_, kc, vc};
+            const cuda::RopeIn rope_in{f(1), f(2), rope_inv_freq_};
             if (!fuse_rope && op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim) {
                 cuda::rope_kv_store(f(0), f(1), f(2), d_pos, d_seq, n_rows_, shape_.n_head,
                                     shape_.n_head_kv, shape_.head_dim, rope_inv_freq_, n_ctx_, kc,

@@ -354,8 +354,7 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
         const ActivationSlot a = gemv_activations(w.type, x, n, cols, ws, stream, x_unchanged);
         GemvConfig c = detail::gemv_default(w.type, rows, cols, n, ws.sm_count);
         c.pdl = ws.pdl;
-        c.split = {ws.split.partial, ws.split.partial_floats, ws.split.counters,
-                   ws.split.counter_count};
+        c.split = ws.split;
         detail::gemv_q8(w.type, w.data, rows, cols, a.xq, a.xd, n, y, c, stream);
         forget_if_overwritten(ws, x, n, cols, y, rows);
         return;

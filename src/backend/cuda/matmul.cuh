@@ -37,6 +37,18 @@ struct ActivationKey {
     float2* xd = nullptr;  // quantized output) the one after its input's
 };
 
+namespace detail {
+// Scratch for a GEMV whose rows are cut into column slices (the pipe kernel's TMA form, for
+// rows too long to hold their activations in registers: matmul_gemv_tma.cuh): each slice's
+// sums in `partial` ([slices][rows]), `counters` zero between launches.
+struct GemvSplitScratch {
+    float* partial = nullptr;
+    int64_t partial_floats = 0;
+    int* counters = nullptr;
+    int counter_count = 0;
+};
+}  // namespace detail
+
 // Scratch for one stream's matmuls. Calls sharing a workspace must be ordered (same stream).
 struct MatmulWorkspace {
     void* buf = nullptr;  // device memory, 256-byte aligned (cudaMalloc)
@@ -49,12 +61,7 @@ struct MatmulWorkspace {
     int* done = nullptr;
     // Scratch for GEMVs that cut long rows into column slices (partial sums and counters, at
     // the end of buf; null where done is).
-    struct {
-        float* partial = nullptr;
-        int64_t partial_floats = 0;
-        int* counters = nullptr;
-        int counter_count = 0;
-    } split;
+    detail::GemvSplitScratch split;
     // GEMVs as programmatic dependent launches (their weight loads overlap the end of the
     // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
     // whose weights are written by earlier work in the stream (streamed layers) turn it off.

@@ -394,10 +394,9 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
     if constexpr (pipe_compiled<T>()) {
         if (c.kernel == GemvKernel::Pipe) {
             const GemvStack one = GemvStack::one(w, rows, y);
-            if (c.tma && launch_tma_split<T>(one, cols, xq, xd, c.nx, c.pdl, stream, c.split))
-                return;
             if (c.tma)
-                return launch_pipe_any<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream);
+                return launch_pipe_any<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream, {},
+                                          c.split);
             return launch_pipe_nx<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream);
         }
     }

@@ -293,6 +293,13 @@ int pipe_resident_ctas() {
     return resident;
 }
 
+// Units (32 / kLanesPerBlock blocks) per row.
+template <GgmlType T>
+int64_t pipe_units(int64_t cols) {
+    constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
+    return (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
+}
+
 // Whether a single matrix (or stack) goes two rows a warp: every matrix has an even row
 // count and there is a row for every resident warp of the two-row kernel (NX, XU); a short one
 // (70B's 1024-row k/v) would leave warps idle (H200: 911 vs 1076 GB/s). NT_PIPE_TWO_ROWS=0
@@ -325,9 +332,8 @@ void launch_pipe_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const i
 template <GgmlType T, int NX, bool kPair>
 void launch_pipe(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
                  const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q) {
-    constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
     constexpr int kV = kPair ? 2 : 1;
-    const int64_t upr = (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
+    const int64_t upr = pipe_units<T>(cols);
     if constexpr (NX == 1 && pipe_x_units<T>(2)) {
         if (upr == 1) {
             if (!kPair && pipe_two_rows<T, 1, 1>(pr))

@@ -383,13 +383,6 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   pdl && pdl_prefetch_enabled(), ring, sp);
 }
 
-// Units (32 / kLanesPerBlock blocks) per row.
-template <GgmlType T>
-int64_t pipe_units(int64_t cols) {
-    constexpr int kBPU = 32 / Quant<T>::kLanesPerBlock;
-    return (cols / Quant<T>::kBlockElems + kBPU - 1) / kBPU;
-}
-
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
 // default 8192).
 inline int64_t q8_tma_min_rows() {
@@ -400,9 +393,9 @@ inline int64_t q8_tma_min_rows() {
     return rows;
 }
 
-// Whether a launch takes the TMA form: one activation row, sm_90+, rows of one or two units
-// of a type whose activations the pipe kernel holds in registers, and rows whose bytes (and
-// the matrices' starts) are 16-byte aligned, as the bulk copies need.
+// Whether a launch takes the TMA form with whole rows: one activation row, sm_90+, rows whose
+// activations it holds in registers (tma_x_units), and rows whose bytes (and the matrices'
+// starts) are 16-byte aligned, as the bulk copies need.
 template <GgmlType T>
 bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
     if constexpr (!tma_compiled<T>()) {
@@ -486,10 +479,11 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
     if constexpr (!tma_compiled<T>()) {
         return false;
     } else {
+        if (!scr.partial || !scr.counters || pr.count != 1) return false;
         const int slices = tma_split_slices<T>(cols, nx);
         const int64_t rows = pr.rows();
-        if (slices == 0 || pr.count != 1 || !scr.partial || !scr.counters ||
-            reinterpret_cast<uintptr_t>(pr.m0) % 16 != 0 || slices * rows > scr.partial_floats)
+        if (slices == 0 || reinterpret_cast<uintptr_t>(pr.m0) % 16 != 0 ||
+            slices * rows > scr.partial_floats)
             return false;
         using Q = Quant<T>;
         const int64_t nb = cols / Q::kBlockElems;
@@ -523,11 +517,13 @@ bool tma_takes(int64_t cols) {
     }
 }
 
-// The pipe kernel, in its TMA form where that can run (tma_fits), else with its register ring.
+// The pipe kernel, in its TMA form where that can run: whole rows (tma_fits), or, given scratch,
+// a single matrix in column slices (launch_tma_split); else with its register ring.
 template <GgmlType T>
 void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const int8_t* xq,
                      const float2* xd, int n, int nx, bool pdl, cudaStream_t stream,
-                     const PairQuant& q = {}) {
+                     const PairQuant& q = {}, const GemvSplitScratch& split = {}) {
+    if (!w2 && launch_tma_split<T>(pr, cols, xq, xd, nx, pdl, stream, split)) return;
     if (tma_fits<T>(pr, w2, cols, nx)) {
         const auto* b = static_cast<const uint8_t*>(w2);
         if (b) return launch_tma<T, true>(pr, b, cols, xq, xd, pdl, stream, q);

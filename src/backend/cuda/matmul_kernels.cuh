@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/matmul.cuh"
 #include "quant/types.h"
 
 namespace nt::cuda::detail {
@@ -58,16 +59,6 @@ enum class GemvKernel : int {
     Pipe = 3,    // GPU-filling grid of warps over contiguous row ranges, several units of raw
                  // weight registers in flight per warp (Q4_K, Q6_K, Q8_0; rows_per_warp 1,
                  // ksplit 1; see matmul_gemv_pipe.cuh)
-};
-
-// Scratch for a GEMV whose rows are cut into column slices (the pipe kernel's TMA form, for
-// rows too long to hold their activations in registers: matmul_gemv_tma.cuh): each slice's
-// sums in `partial` ([slices][rows]), `counters` zero between launches.
-struct GemvSplitScratch {
-    float* partial = nullptr;
-    int64_t partial_floats = 0;
-    int* counters = nullptr;
-    int counter_count = 0;
 };
 
 // A GEMV launch shape. Zeros mean "choose": gemv_config() fills them in.

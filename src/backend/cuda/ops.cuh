@@ -110,15 +110,14 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 // not whole quantization blocks, or on the generic path).
 // rope (optional, where attn_decode_fuses_rope): q as the GEMV left it, not yet turned; the kernel
 // turns it, and turns rope->k and stores the newest position's k and v in the caches itself
-// (what rope_kv_store does before an unfused call), with the same bits.
+// (what rope_kv_store does before an unfused call), with the same bits. Only then are the
+// caches written.
 struct RopeIn {
     const float* k = nullptr;  // [n_rows][kv_dim], not yet turned
     const float* v = nullptr;
     const float* inv_freq = nullptr;  // [head_dim / 2]: every pair turns
-    __half* k_cache = nullptr;        // the caches given to attn_decode, writable
-    __half* v_cache = nullptr;
 };
-bool attn_decode(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
+bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
                  int version = 0, const ActivationSlot* quant = nullptr, bool pdl = false,
