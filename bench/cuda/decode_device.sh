@@ -35,12 +35,13 @@ stage() {
         done) &
         ;;
     ab)
-        # One line per setting (AB: space-separated VAR=VALUE settings, "-" for as shipped).
+        # One line per setting (AB: space-separated settings, each VAR=VALUE[,VAR=VALUE...],
+        # "-" for as shipped).
         for t in ${AB_MODELS:-q4_k_m}; do
             wait_model $t
             for env in ${AB:-- NT_PIPE_TWO_ROWS=0 NT_PDL_PREFETCH=0 NT_PDL=0}; do
                 [ "$env" = - ] && env=NT_AS_SHIPPED=1
-                r=$(env $env "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')
+                r=$(env ${env//,/ } "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')
                 echo "ab: $t $env tg128 $r"
             done
         done

@@ -15,6 +15,11 @@
 // Rows too long for that (70B's 28672 columns, Q6_K's 8192 and 14336, Q8_0's 14336) go in
 // column slices that it takes whole (TmaSplit), given scratch for the slices' partial sums.
 //
+// The copies carry L2's evict-first policy (8B tg128, H200, with / without: Q4_K_M 463 / 455,
+// Q6_K 367 / 363.5). Tried and not kept: asking L2 for a warp's next 1-8 stages before the wait
+// (slower at every depth, Q4_K_M 439 down to 416), and fewer CTAs a multiprocessor so that the
+// next kernel's could start beside them (2: 362, 3: 442).
+//
 // Where it runs (H200, bench_gemv --pdl, GB/s, TMA form / register ring): Q4_K 4096x4096
 // 2133 / 1815, 128256x4096 3968 / 3501, 14336x4096 2641 / 2692; Q6_K 14336x4096 2801 / 2554,
 // 128256x4096 3876 / 3089; the Q6_K SwiGLU pair most of all; in column slices, Q4_K 8192x28672
@@ -40,10 +45,13 @@ namespace nt::cuda::detail {
 constexpr int kTmaMaxStages = 8;
 constexpr int kTmaBarrierBytes = kPipeWarps * kTmaMaxStages * 8;
 
-// A warp's ring: `stages` slots of kV rows of `row_bytes` bytes each.
+// A warp's ring: `stages` slots of kV rows of `row_bytes` bytes each. With `evict_first` the
+// weights stream through L2 with its evict-first policy: read once per token, they then push
+// out less of what is read again (activations, the KV cache, the split's partial sums).
 struct TmaRing {
     int stages = 0;
     int row_bytes = 0;
+    bool evict_first = false;
 };
 
 // A column split (gemv_q8_tma's kSplit): rows too long to hold their activations in registers
@@ -89,6 +97,20 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
             "r"(smem_u32(dst)),
         "l"(src), "r"(bytes), "r"(smem_u32(bar))
         : "memory");
+}
+// The same with an L2 cache policy (createpolicy) for the bytes read.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes,
+                                              uint64_t* bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
+        : "memory");
+}
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    return policy;
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
     uint32_t done = 0;
@@ -177,15 +199,21 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
         const int m = pr.matrix(r);
         return pr.weights(m) + size_t(r - pr.begin(m)) * stride + at;
     };
+    const uint64_t policy = ring.evict_first ? l2_evict_first_policy() : 0;
     // Stage j: group g0 + j into slot j % S (lane 0 only).
     auto issue = [&](int64_t j) {
         uint8_t* dst = buf + (j % S) * stage_bytes;
         uint64_t* bar = bars + j % S;
         mbar_expect_tx(bar, uint32_t(stage_bytes));
 #pragma unroll
-        for (int h = 0; h < kV; ++h)
-            bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h), uint32_t(ring.row_bytes),
-                          bar);
+        for (int h = 0; h < kV; ++h) {
+            if (ring.evict_first)
+                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h),
+                              uint32_t(ring.row_bytes), bar, policy);
+            else
+                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h),
+                              uint32_t(ring.row_bytes), bar);
+        }
     };
 
     if (lane == 0) {
@@ -347,11 +375,19 @@ int tma_ctas_by_registers() {
     return per_sm;
 }
 
+// Whether weights stream with L2's evict-first policy (on unless NT_TMA_EVICT_FIRST=0, for A/B
+// runs).
+inline bool tma_evict_first() {
+    static const bool on = env_switch("NT_TMA_EVICT_FIRST");
+    return on;
+}
+
 // The ring for groups of kv rows of row_bytes: as many stages as the target bytes hold.
 inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
     r.stages = std::clamp(int(tma_ring_bytes() / (kv * row_bytes)), 2, kTmaMaxStages);
+    r.evict_first = tma_evict_first();
     return r;
 }
 
