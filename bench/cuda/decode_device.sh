@@ -70,6 +70,7 @@ stage() {
     70b)
         # Resident 70B Q4_K_M (42.5 GB): the 8B Q8_0 and Q6_K files make room on a 64 GB disk.
         rm -f "$(model q8_0)" "$(model q6_k)"
+        mkdir -p "$models"
         [ -f "$m70" ] || run python3 "$synth" "$m70" --shape 70b --ftype q4_k_m --repeat-layers >/dev/null
         run "$nt" bench -m "$m70" --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E "^\||^decode:"
         ;;
