@@ -545,15 +545,15 @@ void CudaBackend::run(const Op& op) {
             // position itself (one kernel fewer a layer). Decided on the host from the op and the
             // step's shape: the same in capture and replay.
             const bool decode_only = n_dec_ == n_rows_ && n_tiles_ == 0;
-            const bool fuse_rope = op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim &&
-                                   decode_only && rope_fusion_ &&
+            const bool full_rope = op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim;
+            const bool fuse_rope = full_rope && decode_only && rope_fusion_ &&
                                    cuda::attn_decode_fuses_rope(as, n_dec_);
             const cuda::RopeIn rope_in{f(1), f(2), rope_inv_freq_};
-            if (!fuse_rope && op.kind == OpKind::RopeAttention && n_rot_ == shape_.head_dim) {
+            if (full_rope && !fuse_rope) {
                 cuda::rope_kv_store(f(0), f(1), f(2), d_pos, d_seq, n_rows_, shape_.n_head,
                                     shape_.n_head_kv, shape_.head_dim, rope_inv_freq_, n_ctx_, kc,
                                     vc, stream_, mm_->pdl);
-            } else if (!fuse_rope) {
+            } else if (!full_rope) {
                 if (op.kind == OpKind::RopeAttention)
                     cuda::rope(f(0), f(1), d_pos, n_rows_, shape_.n_head, shape_.n_head_kv,
                                shape_.head_dim, n_rot_, rope_inv_freq_, stream_);

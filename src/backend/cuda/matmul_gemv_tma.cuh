@@ -329,11 +329,7 @@ inline bool tma_usable() {
 // Bytes of shared memory a warp's ring aims at (NT_TMA_RING, default 8 KB: H200, 8B Q4_K_M
 // tg128 426 tok/s with 8 KB, 374 with 16 KB, whose rings leave fewer warps per multiprocessor).
 inline int tma_ring_bytes() {
-    static const int bytes = [] {
-        const char* e = std::getenv("NT_TMA_RING");
-        const long v = e ? std::atol(e) : 8192;
-        return int(std::clamp<long>(v, 1024, 49152));
-    }();
+    static const int bytes = int(std::clamp<long long>(env_int("NT_TMA_RING", 8192), 1024, 49152));
     return bytes;
 }
 
@@ -422,10 +418,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
 // default 8192).
 inline int64_t q8_tma_min_rows() {
-    static const int64_t rows = [] {
-        const char* e = std::getenv("NT_Q8_TMA_ROWS");
-        return e ? std::atoll(e) : int64_t(8192);
-    }();
+    static const int64_t rows = env_int("NT_Q8_TMA_ROWS", 8192);
     return rows;
 }
 
