@@ -254,6 +254,39 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
             cudaFree(scratch);
             cudaFree(done);
         }
+        if (rows == 1 && attn_decode_fuses_rope(s, rows)) {
+            // A decode step's own launch: the kernel also turns q and k and stores the newest
+            // position (the cache cells it writes are the reference's no longer: timing only,
+            // after the checks; the test suite checks this path against the CPU).
+            float* kn = dev_copy(random_floats(size_t(s.kv_dim()), 11, -1.f, 1.f));
+            float* vn = dev_copy(random_floats(size_t(s.kv_dim()), 12, -1.f, 1.f));
+            std::vector<float> freq(size_t(s.head_dim / 2));
+            for (size_t j = 0; j < freq.size(); j++)
+                freq[j] = std::pow(500000.f, -2.f * float(j) / float(s.head_dim));
+            float* dfreq = dev_copy(freq);
+            const RopeIn rope{kn, vn, dfreq};
+            std::printf("rope fused (one row), graph us:");
+            for (int ctx : {8, 64, 128, 256, 512, 1024, 4096}) {
+                if (o.ctx && ctx != o.ctx) continue;
+                int32_t* dpos = dev_copy(std::vector<int32_t>(1, ctx - 1));
+                const int splits = attn_decode_splits(s, rows, dev.sm_count);
+                float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
+                int* done = dev_zeros<int>(size_t(s.n_head_kv));
+                const double g_us =
+                    bench::time_graph_us(stream, 20, std::max(1, o.iters / 20), [&](int i) {
+                        attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots), drows, 1,
+                                    splits, scratch, done, dout, stream, 0, nullptr, true, &rope);
+                    });
+                std::printf("  %d: %.1f", ctx, g_us);
+                cudaFree(dpos);
+                cudaFree(scratch);
+                cudaFree(done);
+            }
+            std::printf("\n");
+            cudaFree(kn);
+            cudaFree(vn);
+            cudaFree(dfreq);
+        }
         cudaFree(dq);
         cudaFree(dout);
         cudaFree(drows);

@@ -406,6 +406,69 @@ TEST(CudaKernels, RopeVersionsBitIdentical) {
     }
 }
 
+// The decode kernel with the rope inside (one row) against rope_kv_store then the same kernel
+// without it: the same output and caches, bit for bit, wherever the newest position falls: in
+// the first or second tile of its slice (both load before the programmatic wait, the newest row
+// written after it) or a later one (loaded in the loop), with one to three slices.
+TEST(CudaKernels, DecodeAttentionRopeInsideAtEveryTile) {
+    NT_REQUIRE_GPU();
+    cuda::attn_init();
+    for (const RopeCase& c :
+         {RopeCase{128, 8, 2, 128, 1.f, false}, RopeCase{64, 16, 8, 64, 1.f, true}}) {
+        const cuda::AttnShape s{c.n_head, c.n_head_kv, c.head_dim, 512};
+        const size_t qd = size_t(s.q_dim()), kd = size_t(s.kv_dim()), cells = size_t(s.n_ctx) * kd;
+        std::vector<float> inv(size_t(c.head_dim / 2));
+        for (size_t i = 0; i < inv.size(); i++)
+            inv[i] = std::pow(500000.f, -2.0f * float(i) / float(c.head_dim)) /
+                     (c.factors ? float(1 + i % 5) : 1.f);
+        std::vector<uint16_t> kc0(cells), vc0(cells);
+        const std::vector<float> kr = random_floats(cells, 91), vr = random_floats(cells, 92);
+        for (size_t i = 0; i < cells; i++) {
+            kc0[i] = f32_to_f16(kr[i]);
+            vc0[i] = f32_to_f16(vr[i]);
+        }
+        const std::vector<float> q = random_floats(qd, 93, -3.f, 3.f), k = random_floats(kd, 94),
+                                 v = random_floats(kd, 95);
+        DevBuf<float> dinv(inv), dv(v);
+        DevBuf<int32_t> dseq(std::vector<int32_t>{0}), drows(std::vector<int32_t>{0});
+        for (int splits : {1, 2, 3}) {
+            for (int ctx : {1, 30, 64, 65, 100, 128, 129, 200, 300, 512}) {
+                const std::string what = "hd " + std::to_string(c.head_dim) + " kv heads " +
+                                         std::to_string(c.n_head_kv) + " splits " +
+                                         std::to_string(splits) + " ctx " + std::to_string(ctx);
+                DevBuf<int32_t> dpos(std::vector<int32_t>{ctx - 1});
+                DevBuf<float> scratch(
+                    std::max<size_t>(1, cuda::attn_decode_scratch_floats(s, 1, splits)));
+                DevBuf<int> done(std::vector<int>(size_t(s.n_head_kv), 0));
+                auto run = [&](bool inside, std::vector<uint16_t>& kc, std::vector<uint16_t>& vc) {
+                    DevBuf<float> dq(q), dk(k), out(qd);
+                    DevBuf<uint16_t> dkc(kc0), dvc(vc0);
+                    __half* kh = reinterpret_cast<__half*>(dkc.p);
+                    __half* vh = reinterpret_cast<__half*>(dvc.p);
+                    const cuda::RopeIn rope{dk.p, dv.p, dinv.p};
+                    if (!inside)
+                        cuda::rope_kv_store(dq.p, dk.p, dv.p, dpos.p, dseq.p, 1, s.n_head,
+                                            s.n_head_kv, s.head_dim, dinv.p, s.n_ctx, kh, vh,
+                                            nullptr);
+                    cuda::attn_decode(s, dq.p, kh, vh, dpos.p, dseq.p, drows.p, 1, splits,
+                                      scratch.p, done.p, out.p, nullptr, 0, nullptr, false,
+                                      inside ? &rope : nullptr);
+                    kc = dkc.get();
+                    vc = dvc.get();
+                    return out.get();
+                };
+                std::vector<uint16_t> kc1, vc1, kc2, vc2;
+                const std::vector<float> want = run(false, kc1, vc1);
+                expect_equal(run(true, kc2, vc2), want, what + ": output");
+                EXPECT_TRUE(kc2 == kc1) << what << ": k cache";
+                EXPECT_TRUE(vc2 == vc1) << what << ": v cache";
+                EXPECT_TRUE(done.get() == std::vector<int>(size_t(s.n_head_kv), 0))
+                    << what << ": slice counters left at zero";
+            }
+        }
+    }
+}
+
 // Host reference for add_rmsnorm: x += y, then the CPU backend's norm (double sum of squares).
 void add_rmsnorm_reference(std::vector<float>& x, const std::vector<float>* y,
                            const std::vector<float>& w, int n, int dim, float eps,

@@ -8,7 +8,9 @@
 // for a CUDA graph; the slice bounds come from the positions read on the device. In the tiled
 // kernel the merge is done by the last slice of a (row, KV head) to finish (a counter per pair,
 // left at zero for the next launch), and a context that fits in one slice is written directly:
-// no second kernel, and at short contexts no partial results at all.
+// no second kernel, and at short contexts no partial results at all. Where the kernel does the
+// rope (one decode row), the cache rows before the newest are final before the kernel before it
+// ends, so its first two tiles load before the programmatic wait.
 //
 // Prompt (runs of consecutive positions of one sequence): flash attention on tensor cores.
 // A block takes 64 query rows of one head; each of its 4 warps owns 16 rows and keeps Q, the
@@ -272,7 +274,7 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
     }
 }
 
-// Tiled: one block per (slice, KV head, row) and all `group` query heads of that KV head.
+// Tiled: one block per (KV head, slice, row) and all `group` query heads of that KV head.
 // Scores: thread t takes position t % 64 for heads t / 64, t / 64 + 2, ... (q broadcast from
 // shared memory, K rows read conflict-free thanks to the padding). Softmax: warp w takes heads
 // w, w + 4, ... P*V: thread t takes dims 2(t % (HD/2)) and +1 for heads t / (HD/2), ... .
@@ -299,7 +301,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     float* rc = cs + G;                                         // [HD / 2] rope cos, then sin
 
     pdl_trigger();
-    const int split = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+    const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
     const int t = threadIdx.x;
     const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
     const int h0 = kvh * G;
@@ -307,24 +309,18 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     if (start >= end) return;  // past the sequence's end: not counted, not merged
     const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
-    // The rope's angles need only the step's positions: computed before the wait, as the rope
-    // kernel does.
     const bool rope = a.inv_freq != nullptr;
     const int newest = a.pos[row];
-    if (rope) {
-        for (int j = t; j < HD / 2; j += kThreads)
-            detail::rope_angle(newest, a.inv_freq[j], rc[j], rc[HD / 2 + j]);
-        __syncthreads();
-    }
-    // q and the cache come from the kernels before (this may be a programmatic dependent launch)
-    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
     const int n_tiles = (end - start + TP - 1) / TP;
+    constexpr int CH = HD / 8;  // 16-byte chunks of a K or V row
 
     // With the rope: the newest position's k (turned) and v, rounded to F16 as rope_kv_store
     // rounds them, go to the caches and straight into the tile (chunk cc: 8 of the head's dims).
-    auto store_newest = [&](__half* kd, __half* vd, size_t off, int cc) {
+    auto store_newest = [&](int tile, int buf, int cc) {
+        const int r = newest - (start + tile * TP);
+        const size_t off = size_t(newest) * a.kv_dim + cc * 8;
         const size_t e = size_t(row) * a.kv_dim + size_t(kvh) * HD + cc * 8;
         uint4 kh, vh;
         __half2* k2 = reinterpret_cast<__half2*>(&kh);
@@ -337,44 +333,60 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
             k2[i] = __float22half2_rn(x);
             v2[i] = __float22half2_rn(make_float2(a.v_new[e + 2 * i], a.v_new[e + 2 * i + 1]));
         }
-        *reinterpret_cast<uint4*>(kd) = kh;
-        *reinterpret_cast<uint4*>(vd) = vh;
+        *reinterpret_cast<uint4*>(kbuf + (buf * TP + r) * ROW + cc * 8) = kh;
+        *reinterpret_cast<uint4*>(vbuf + (buf * TP + r) * ROW + cc * 8) = vh;
         *reinterpret_cast<uint4*>(a.kc + base + off) = kh;
         *reinterpret_cast<uint4*>(a.vc + base + off) = vh;
     };
+    auto holds_newest = [&](int tile) {
+        const int p0 = start + tile * TP;
+        return rope && newest >= p0 && newest < min(end, p0 + TP);
+    };
     // Rows of a tile past `end` are neither loaded nor read: the scores skip them and P*V stops
-    // at the tile's last position (short contexts do a fraction of a tile's work).
+    // at the tile's last position (short contexts do a fraction of a tile's work). With the rope
+    // the newest row is not loaded: store_newest writes it (after the wait: it needs k and v).
     auto load_tile = [&](int tile, int buf) {
-        constexpr int CH = HD / 8;
         const int p0 = start + tile * TP;
         const int nrows = min(TP, end - p0);
         for (int c = t; c < nrows * CH; c += kThreads) {
             const int r = c / CH, cc = c % CH;
+            if (rope && p0 + r == newest) continue;
             const size_t off = size_t(p0 + r) * a.kv_dim + cc * 8;
-            __half* kd = kbuf + (buf * TP + r) * ROW + cc * 8;
-            __half* vd = vbuf + (buf * TP + r) * ROW + cc * 8;
-            if (rope && p0 + r == newest) {
-                store_newest(kd, vd, off, cc);
-            } else {
-                cp_async16(kd, kg + off, true);
-                cp_async16(vd, vg + off, true);
-            }
+            cp_async16(kbuf + (buf * TP + r) * ROW + cc * 8, kg + off, true);
+            cp_async16(vbuf + (buf * TP + r) * ROW + cc * 8, vg + off, true);
         }
         cp_async_commit();
     };
-    load_tile(0, 0);
+    // With the rope fused, this kernel is the only one of the step that writes this layer's
+    // cache, and only at the newest position: every other row is final before the kernel before
+    // has finished, so the first two tiles load before the wait, off the critical path.
+    int issued = 0;
+    if (rope)
+        for (; issued < min(2, n_tiles); issued++) load_tile(issued, issued);
+    // The rope's angles need only the step's positions: computed before the wait, as the rope
+    // kernel does.
+    if (rope) {
+        for (int j = t; j < HD / 2; j += kThreads)
+            detail::rope_angle(newest, a.inv_freq[j], rc[j], rc[HD / 2 + j]);
+        __syncthreads();
+    }
+    // q and the cache come from the kernels before (this may be a programmatic dependent launch)
+    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
+    if (issued == 0) load_tile(issued++, 0);
+    for (int i = 0; i < issued; i++)
+        if (holds_newest(i))
+            for (int cc = t; cc < CH; cc += kThreads) store_newest(i, i & 1, cc);
 
     // q pre-scaled, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
-    const float* qrow = a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD;
-    for (int i = t; i < G * HD; i += kThreads) {
-        float v = qrow[i];
+    const float2* qrow =
+        reinterpret_cast<const float2*>(a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD);
+    for (int i = t; i < G * HD / 2; i += kThreads) {
+        float2 v = qrow[i];
         if (rope) {
-            const int d = i % HD, j = d / 2;
-            const float2 x =
-                detail::rope_turn(qrow[i - (d & 1)], qrow[i - (d & 1) + 1], rc[j], rc[HD / 2 + j]);
-            v = d & 1 ? x.y : x.x;
+            const int j = i % (HD / 2);
+            v = detail::rope_turn(v.x, v.y, rc[j], rc[HD / 2 + j]);
         }
-        qs[i] = v * a.scale_log2;
+        reinterpret_cast<float2*>(qs)[i] = make_float2(v.x * a.scale_log2, v.y * a.scale_log2);
     }
     if (t < G) {
         ms[t] = -INFINITY;
@@ -391,7 +403,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     for (int tile = 0; tile < n_tiles; tile++) {
         const int buf = tile & 1;
         if (tile + 1 < n_tiles) {
-            load_tile(tile + 1, buf ^ 1);
+            if (issued == tile + 1) {
+                load_tile(issued++, buf ^ 1);
+                if (holds_newest(tile + 1))
+                    for (int cc = t; cc < CH; cc += kThreads) store_newest(tile + 1, buf ^ 1, cc);
+            }
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -930,7 +946,9 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
             a.qmode = int(quant->mode);
         }
         if (splits > 1 && !done) fail("attention: the split decode kernel needs its counters.");
-        const dim3 grid(unsigned(splits), unsigned(s.n_head_kv), unsigned(n_rows));
+        // KV heads fastest: the blocks are dispatched in order, so the first slices (the only
+        // ones a short context has) get multiprocessors first, ahead of the blocks that exit.
+        const dim3 grid(unsigned(s.n_head_kv), unsigned(splits), unsigned(n_rows));
         auto go = [&](auto kernel, size_t smem) {
             launch_kernel(pdl, kernel, grid, dim3(kThreads), smem, stream,
                           "attention decode kernel (tiled)", a);
