@@ -542,31 +542,50 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    static_assert(kMaxSplits <= TP, "the slice weights reuse the scores' [G][TP] buffer");
-    float* wts = ps;  // [G][TP] slice weights (live <= splits <= kMaxSplits <= TP)
+    static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
+                  "a lane reads two slices' (m, l); the weights reuse the scores' [G][TP] buffer");
+    // Every read here comes from L2 and waits on the one before it unless issued together:
+    // each (m, l) is read once, and the partials are read eight slices at a time.
+    float* wts = ps;  // [G][TP] slice weights
     for (int g = warp; g < G; g += kThreads / 32) {
-        const size_t idx0 = (size_t(z) * a.n_head + h0 + g) * a.splits;
-        float M = -INFINITY;
-        for (int s = lane; s < live; s += 32) M = fmaxf(M, __ldcg(&a.part_ml[idx0 + s]).x);
-        M = warp_max(M);
-        float L = 0.f;
-        for (int s = lane; s < live; s += 32) {
-            const float2 ml = __ldcg(&a.part_ml[idx0 + s]);
-            wts[g * TP + s] = exp2f(ml.x - M);
-            L += ml.y * wts[g * TP + s];
-        }
-        L = warp_sum(L);
+        const float2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
+        const float2 ml0 = lane < live ? __ldcg(ml + lane) : make_float2(-INFINITY, 0.f);
+        const float2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : make_float2(-INFINITY, 0.f);
+        const float M = warp_max(fmaxf(ml0.x, ml1.x));  // finite: every live slice has positions
+        const float w0 = exp2f(ml0.x - M), w1 = exp2f(ml1.x - M);  // 0 past `live`
+        const float L = warp_sum(ml0.y * w0 + ml1.y * w1);
+        if (lane < live) wts[g * TP + lane] = w0;
+        if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
         if (lane == 0) ls[g] = 1.f / L;
     }
     __syncthreads();
-    for (int e = t; e < G * HD; e += kThreads) {
-        const int g = e / HD, d = e % HD;
-        const size_t idx0 = (size_t(z) * a.n_head + h0 + g) * a.splits;
-        float o = 0.f;
-        for (int s = 0; s < live; s++)
-            o += __ldcg(&a.part_acc[(idx0 + s) * HD + d]) * wts[g * TP + s];
-        a.out[size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d] = o * ls[g];
-        if (a.qmode >= 0) qs[e] = o * ls[g];
+    constexpr int kBatch = 8;
+    for (int u = t; u < G * HD / 4; u += kThreads) {  // 4 consecutive dims of one head
+        const int g = u / (HD / 4), d = (u % (HD / 4)) * 4;
+        const float4* pa = reinterpret_cast<const float4*>(
+            a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
+        const float* w = wts + g * TP;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = 0; s0 < live; s0 += kBatch) {
+            float4 v[kBatch];
+#pragma unroll
+            for (int i = 0; i < kBatch; i++)
+                if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 4));
+#pragma unroll
+            for (int i = 0; i < kBatch; i++)
+                if (s0 + i < live) {
+                    const float ws = w[s0 + i];
+                    o.x += v[i].x * ws;
+                    o.y += v[i].y * ws;
+                    o.z += v[i].z * ws;
+                    o.w += v[i].w * ws;
+                }
+        }
+        const float inv = ls[g];
+        o = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
+        *reinterpret_cast<float4*>(a.out + size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d) =
+            o;
+        if (a.qmode >= 0) *reinterpret_cast<float4*>(qs + g * HD + d) = o;
     }
     if (a.qmode >= 0) {
         __syncthreads();
