@@ -4,7 +4,7 @@
 #   bench/cuda/decode_device.sh models   # synthetic Llama-3 8B in Q4_K_M, Q8_0 and Q6_K (written in the background)
 #   bench/cuda/decode_device.sh ab       # 8B tg128 (AB_MODELS, default q4_k_m) as shipped, then with each setting of AB
 #   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (GEMV_TYPES, n = 1), as shipped and with each setting of GEMV_AB
-#   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions, prefill
+#   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions (and one row with the rope inside), prefill
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
 #   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64 (after types: needs the disk)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
@@ -59,7 +59,7 @@ stage() {
         ;;
     attention)
         "$build/bench/bench_attention" --iters 200 >"$out/attention.txt" 2>&1 || echo "bench_attention FAILED"
-        grep -E "^ +(8|64|128|512|4096) +1 " "$out/attention.txt"
+        grep -E "^ +(8|64|128|512|4096) +1 |^rope fused" "$out/attention.txt"
         ;;
     types)
         for t in ${TYPES:-q4_k_m q8_0 q6_k}; do
