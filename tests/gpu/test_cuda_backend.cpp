@@ -357,6 +357,16 @@ struct DevBuf {
     }
 };
 
+// The rope's inverse frequencies for a kernel-level test: base 500000 over n_rot dims, divided
+// by Llama-3.1-like factors 1..5 where the case has them.
+std::vector<float> inverse_frequencies(const RopeCase& c) {
+    std::vector<float> inv(size_t(c.n_rot / 2));
+    for (size_t i = 0; i < inv.size(); i++)
+        inv[i] = std::pow(500000.f, -2.0f * float(i) / float(c.n_rot)) /
+                 (c.factors ? float(1 + i % 5) : 1.f);
+    return inv;
+}
+
 // The thread-per-pair rope kernel gives the bits of the block-per-row one it replaced (same
 // angle, same double-precision sincos, same roundings), over long positions, partial rotation
 // and q/k that are not 8-byte aligned (the scalar path).
@@ -368,12 +378,7 @@ TEST(CudaKernels, RopeVersionsBitIdentical) {
         {64, 6, 3, 32, 1.f, false},    {96, 3, 1, 64, 1.f, false},
     };
     for (const RopeCase& c : cases) {
-        const int half = c.n_rot / 2;
-        std::vector<float> inv(static_cast<size_t>(half));
-        for (int i = 0; i < half; i++)
-            inv[size_t(i)] = std::pow(500000.f, -2.0f * float(i) / float(c.n_rot)) /
-                             (c.factors ? float(1 + i % 5) : 1.f);
-        DevBuf<float> dinv(inv);
+        DevBuf<float> dinv(inverse_frequencies(c));
         for (int n : {1, 2, 7, 8, 100, 600}) {
             for (int offset : {0, 1}) {
                 std::mt19937 rng(uint32_t(n * 7 + offset));
@@ -417,10 +422,6 @@ TEST(CudaKernels, DecodeAttentionRopeInsideAtEveryTile) {
          {RopeCase{128, 8, 2, 128, 1.f, false}, RopeCase{64, 16, 8, 64, 1.f, true}}) {
         const cuda::AttnShape s{c.n_head, c.n_head_kv, c.head_dim, 512};
         const size_t qd = size_t(s.q_dim()), kd = size_t(s.kv_dim()), cells = size_t(s.n_ctx) * kd;
-        std::vector<float> inv(size_t(c.head_dim / 2));
-        for (size_t i = 0; i < inv.size(); i++)
-            inv[i] = std::pow(500000.f, -2.0f * float(i) / float(c.head_dim)) /
-                     (c.factors ? float(1 + i % 5) : 1.f);
         std::vector<uint16_t> kc0(cells), vc0(cells);
         const std::vector<float> kr = random_floats(cells, 91), vr = random_floats(cells, 92);
         for (size_t i = 0; i < cells; i++) {
@@ -429,7 +430,7 @@ TEST(CudaKernels, DecodeAttentionRopeInsideAtEveryTile) {
         }
         const std::vector<float> q = random_floats(qd, 93, -3.f, 3.f), k = random_floats(kd, 94),
                                  v = random_floats(kd, 95);
-        DevBuf<float> dinv(inv), dv(v);
+        DevBuf<float> dinv(inverse_frequencies(c)), dv(v);
         DevBuf<int32_t> dseq(std::vector<int32_t>{0}), drows(std::vector<int32_t>{0});
         for (int splits : {1, 2, 3}) {
             for (int ctx : {1, 30, 64, 65, 100, 128, 129, 200, 300, 512}) {

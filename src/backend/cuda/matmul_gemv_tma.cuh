@@ -143,19 +143,26 @@ constexpr bool tma_x_units(int upr) {
 constexpr int tma_min_blocks(GgmlType t, int kxu) {
     return kxu >= 4 && t != GgmlType::Q8_0 ? 3 : 4;
 }
-// f(std::integral_constant<int, XU>{}) for the row length upr (units) if the TMA form holds
-// such rows' activations in registers (tma_x_units); false otherwise.
+// f(std::integral_constant<int, XU>{}) for every row length XU (units) whose activations the
+// TMA form holds in registers (tma_x_units), in increasing order, until f returns true.
 template <GgmlType T, class F>
-bool with_tma_units(int64_t upr, F&& f) {
+bool any_tma_units(F&& f) {
     auto one = [&](auto xu_tag) {
-        constexpr int XU = decltype(xu_tag)::value;
-        if constexpr (tma_x_units<T>(XU)) {
-            if (upr == XU) return f(xu_tag), true;
-        }
+        if constexpr (tma_x_units<T>(decltype(xu_tag)::value)) return bool(f(xu_tag));
         return false;
     };
     return one(std::integral_constant<int, 1>{}) || one(std::integral_constant<int, 2>{}) ||
            one(std::integral_constant<int, 4>{}) || one(std::integral_constant<int, 8>{});
+}
+// f(std::integral_constant<int, XU>{}) for the row length upr (units) if the TMA form holds
+// such rows' activations in registers (tma_x_units); false otherwise.
+template <GgmlType T, class F>
+bool with_tma_units(int64_t upr, F&& f) {
+    return any_tma_units<T>([&](auto xu_tag) {
+        if (upr != decltype(xu_tag)::value) return false;
+        f(xu_tag);
+        return true;
+    });
 }
 
 // nb: blocks of a stage's row (of a slice's, with kSplit).
@@ -208,11 +215,11 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
 #pragma unroll
         for (int h = 0; h < kV; ++h) {
             if (ring.evict_first)
-                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h),
-                              uint32_t(ring.row_bytes), bar, policy);
+                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h), uint32_t(ring.row_bytes),
+                              bar, policy);
             else
-                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h),
-                              uint32_t(ring.row_bytes), bar);
+                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h), uint32_t(ring.row_bytes),
+                              bar);
         }
     };
 
@@ -566,20 +573,15 @@ template <GgmlType T>
 void prepare_tma() {
     if constexpr (tma_compiled<T>()) {
         if (!tma_usable()) return;
-        auto each = [](auto xu_tag) {
+        any_tma_units<T>([](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
-            if constexpr (tma_x_units<T>(XU)) {
-                tma_ctas_by_registers<T, false, XU, 1>();
-                tma_ctas_by_registers<T, false, XU, 2>();
-                tma_ctas_by_registers<T, true, XU, 2>();
-                tma_ctas_by_registers<T, false, XU, 1, true>();
-                tma_ctas_by_registers<T, false, XU, 2, true>();
-            }
-        };
-        each(std::integral_constant<int, 1>{});
-        each(std::integral_constant<int, 2>{});
-        each(std::integral_constant<int, 4>{});
-        each(std::integral_constant<int, 8>{});
+            tma_ctas_by_registers<T, false, XU, 1>();
+            tma_ctas_by_registers<T, false, XU, 2>();
+            tma_ctas_by_registers<T, true, XU, 2>();
+            tma_ctas_by_registers<T, false, XU, 1, true>();
+            tma_ctas_by_registers<T, false, XU, 2, true>();
+            return false;  // every one
+        });
     }
 }
 
