@@ -363,30 +363,21 @@ inline const TmaDevice& tma_device() {
     return d;
 }
 
-// Per instantiation, once: the shared-memory limit raised to the most a CTA may have beside its
-// static shared memory (the folded norm's, NormFold), and the CTAs per multiprocessor that its
-// registers allow (shared memory then decides per launch).
-struct TmaKernelInfo {
-    int per_sm = 0;          // CTAs a multiprocessor by registers
-    size_t static_smem = 0;  // bytes of static shared memory a CTA
-};
+// Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
+// CTAs per multiprocessor that its registers allow (shared memory then decides per launch).
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
-const TmaKernelInfo& tma_kernel_info() {
-    static const TmaKernelInfo info = [] {
+int tma_ctas_by_registers() {
+    static const int per_sm = [] {
         auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit>;
-        cudaFuncAttributes fa{};
-        NT_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel), "gemv tma attributes");
         NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           tma_device().optin - int(fa.sharedSizeBytes)),
+                                           tma_device().optin),
                       "gemv tma shared memory limit");
-        TmaKernelInfo k;
-        k.static_smem = fa.sharedSizeBytes;
-        NT_CUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.per_sm, kernel, kPipeThreads, 0),
-            "gemv tma occupancy");
-        return k;
+        int n = 0;
+        NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kPipeThreads, 0),
+                      "gemv tma occupancy");
+        return n;
     }();
-    return info;
+    return per_sm;
 }
 
 // Whether weights stream with L2's evict-first policy (on unless NT_TMA_EVICT_FIRST=0, for A/B
@@ -414,8 +405,8 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
     const TmaDevice& d = tma_device();
-    const TmaKernelInfo& k = tma_kernel_info<T, kPair, kXU, kV, kSplit>();
-    const int per_sm = std::min(k.per_sm, int(d.smem_per_sm / (smem + k.static_smem + d.reserved)));
+    const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(),
+                                int(d.smem_per_sm / (smem + d.reserved)));
     if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
     const int64_t groups = (kPair ? pr.rows() : pr.rows() / kV) * sp.slices;
     int64_t grid =
@@ -541,7 +532,7 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         auto go = [&](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
             // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
-            const int64_t warps = int64_t(tma_kernel_info<T, false, XU, 2, true>().per_sm) *
+            const int64_t warps = int64_t(tma_ctas_by_registers<T, false, XU, 2, true>()) *
                                   tma_device().sms * kPipeWarps;
             if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
                 return launch_tma_k<T, false, XU, 2, true>(pr, nullptr, snb, xq, xd, pdl, stream,
@@ -590,11 +581,11 @@ void prepare_tma() {
         if (!tma_usable()) return;
         any_tma_units<T>([](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
-            tma_kernel_info<T, false, XU, 1>();
-            tma_kernel_info<T, false, XU, 2>();
-            tma_kernel_info<T, true, XU, 2>();
-            tma_kernel_info<T, false, XU, 1, true>();
-            tma_kernel_info<T, false, XU, 2, true>();
+            tma_ctas_by_registers<T, false, XU, 1>();
+            tma_ctas_by_registers<T, false, XU, 2>();
+            tma_ctas_by_registers<T, true, XU, 2>();
+            tma_ctas_by_registers<T, false, XU, 1, true>();
+            tma_ctas_by_registers<T, false, XU, 2, true>();
             return false;  // every one
         });
     }
