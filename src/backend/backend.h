@@ -96,14 +96,6 @@ class Backend {
     }
     // y[i][r] = sum_c W[r][c] * x[i][c] for n rows of x. Small n is a GEMV, large n a GEMM.
     virtual void matmul(const WeightView& w, const float* x, int n, float* y) = 0;
-    // matmul(w, x, n, y), then add_rmsnorm(res, y, norm, n, dim, out, next) (dim = w.rows): a
-    // block's output projection and the residual add and norm after it, in one call, so a
-    // backend may do the norm at the end of the matmul (the CUDA backend does, at decode).
-    virtual void matmul_add_rmsnorm(const WeightView& w, const float* x, int n, float* y,
-                                    float* res, const WeightView& norm, float* out, GgmlType next) {
-        matmul(w, x, n, y);
-        add_rmsnorm(res, y, norm, n, int(w.rows), out, next);
-    }
     // The attention block's three projections of one normed input: q = wq x, k = wk x,
     // v = wv x. One call, so a backend may run them concurrently (they are independent and each
     // too small to fill a large GPU alone at decode). No output may alias x.

@@ -45,37 +45,30 @@ void for_each_weight(ModelWeights& w, Fn&& fn) {
     fn(w.output_norm);
     if (w.output.data != w.tok_embd.data) fn(w.output);
     for (auto& l : w.layers)
-        for (WeightView* v :
-             {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w1, &l.w3, &l.w2})
-            fn(*v);
+        for (WeightView* v : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w1, &l.w3, &l.w2}) fn(*v);
 }
 
 // Supplies each layer's weights to the forward pass. Resident models return their views; a
 // streaming source may wait for a layer to arrive and recycle its slot after release().
 class WeightSource {
-  public:
+public:
     virtual ~WeightSource() = default;
     virtual const LayerWeights& acquire(int layer) = 0;
     virtual void release(int /*layer*/) {}
-    // The layer's weights where they stay usable at any time, without acquire (all of them
-    // resident); nullptr otherwise. The forward pass then folds that layer's first norm into
-    // the matmul before it (Backend::matmul_add_rmsnorm).
-    virtual const LayerWeights* resident(int /*layer*/) const { return nullptr; }
 };
 
 class ResidentWeights : public WeightSource {
-  public:
+public:
     explicit ResidentWeights(const ModelWeights& w) : w_(w) {}
     const LayerWeights& acquire(int layer) override { return w_.layers[size_t(layer)]; }
-    const LayerWeights* resident(int layer) const override { return &w_.layers[size_t(layer)]; }
 
-  private:
+private:
     const ModelWeights& w_;
 };
 
 // Runs one step: the batch's tokens through every layer; logits of the rows flagged in the
 // batch end up in backend.acts().logits ([n_logits][n_vocab], backend memory).
-void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& layers, Backend& be,
-                   const Batch& batch);
+void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& layers,
+                   Backend& be, const Batch& batch);
 
 }  // namespace nt

@@ -508,25 +508,6 @@ void CudaBackend::run(const Op& op) {
         case OpKind::Matmul:
             cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
             return;
-        case OpKind::MatmulAddRmsNorm: {
-            // Decided on the host from the op's fields alone, like AddRmsNorm.
-            cuda::ActivationSlot slot;
-            const bool quantize = cuda::matmul_activation_slot(*mm_, op.next, op.i0, op.i1, &slot);
-            const cuda::AddRmsNorm norm{f(2), op.w2, shape_.norm_eps, f(3),
-                                        quantize ? &slot : nullptr};
-            bool quantized = quantize;
-            if (!cuda::matmul_add_rmsnorm(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged,
-                                          norm)) {
-                cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
-                quantized = cuda::add_rmsnorm(f(2), f(1), op.w2, op.i0, op.i1, shape_.norm_eps,
-                                              f(3), norm.quant, stream_, mm_->pdl);
-            }
-            if (quantized) {
-                cuda::matmul_adopt_activations(*mm_, f(3), op.i0, op.i1, slot);
-                after_matmul_ = true;
-            }
-            return;
-        }
         case OpKind::GateUp: {
             // Decided on the host from the op's fields alone, like every matmul choice; with
             // `next` the pair also quantizes gate for the down projection.
@@ -670,25 +651,6 @@ void CudaBackend::matmul(const WeightView& w, const float* x, int n, float* y) {
     op.i0 = n;
     op.p[0] = x;
     op.p[1] = y;
-    submit(op);
-}
-
-void CudaBackend::matmul_add_rmsnorm(const WeightView& w, const float* x, int n, float* y,
-                                     float* res, const WeightView& norm, float* out,
-                                     GgmlType next) {
-    require_init("matmul_add_rmsnorm");
-    check_norm_weight(norm, int(w.rows));
-    Op op;
-    op.kind = OpKind::MatmulAddRmsNorm;
-    op.w = w;
-    op.w2 = norm;
-    op.i0 = n;
-    op.i1 = int(w.rows);
-    op.p[0] = x;
-    op.p[1] = y;
-    op.p[2] = res;
-    op.p[3] = out;
-    op.next = next;
     submit(op);
 }
 

@@ -48,11 +48,6 @@ class CudaBackend : public Backend {
     void add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float* out,
                      GgmlType next) override;
     void matmul(const WeightView& w, const float* x, int n, float* y) override;
-    // At one row, where the GEMV is the pipe kernel, its last CTA does the add, the norm and
-    // the next matmul's quantization (cuda::matmul_add_rmsnorm): the norm's kernel is gone
-    // from the chain. Otherwise matmul, then add_rmsnorm.
-    void matmul_add_rmsnorm(const WeightView& w, const float* x, int n, float* y, float* res,
-                            const WeightView& norm, float* out, GgmlType next) override;
     // Decode steps whose q/k/v do not stack into one launch: k and v on two side streams,
     // concurrently with q (cuda::matmul_qkv).
     void qkv(const WeightView& wq, const WeightView& wk, const WeightView& wv, const float* x,
@@ -113,7 +108,6 @@ class CudaBackend : public Backend {
         RmsNorm,
         AddRmsNorm,
         Matmul,
-        MatmulAddRmsNorm,
         Rope,
         Attention,
         RopeAttention,

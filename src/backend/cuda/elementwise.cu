@@ -14,7 +14,6 @@
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
-#include "backend/cuda/rmsnorm.cuh"
 #include "backend/cuda/rope.cuh"
 #include "core/error.h"
 #include "quant/types.h"
@@ -239,11 +238,15 @@ __global__ void embed_kernel(const uint8_t* table, size_t row_bytes, const int32
 
 // Sum over the block; every thread gets the result. `red` holds one float per warp.
 __device__ __forceinline__ float block_sum(float v, float* red) {
-    v = detail::warp_sum(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    return detail::warp_sum(lane < n_warps ? red[lane] : 0.f);
+    v = lane < n_warps ? red[lane] : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 // One block per row. The row is read twice (sum of squares, then scale); the second read hits
@@ -265,7 +268,7 @@ __global__ void rmsnorm_kernel(const float* x, const uint8_t* w, int dim, float 
     }
     s = block_sum(s, red);
     // As the CPU: scale = 1 / sqrt(mean + eps), then (x * scale) * w, each rounded.
-    const float scale = detail::rms_scale(s, dim, eps);
+    const float scale = __frcp_rn(__fsqrt_rn(addf(__fdiv_rn(s, float(dim)), eps)));
     for (int j = threadIdx.x; j < dim; j += blockDim.x)
         o[j] = mul(mul(xr[j], scale), elem<T>(w, j));
 }
@@ -273,15 +276,13 @@ __global__ void rmsnorm_kernel(const float* x, const uint8_t* w, int dim, float 
 // x += y, the row's RMSNorm and, for MODE >= 0, the GEMV's int8 activations of the result
 // (MODE = int(detail::ActQuant)), in one pass: one block per row, dim / 8 threads (dim a
 // multiple of 256, at most 8192) holding 8 consecutive elements each, so the row is read once
-// and stays in registers. The arithmetic is rmsnorm.cuh's, which the GEMVs that fold this norm
-// in share (same bits): the scale and the products are rmsnorm_kernel's, operation for
+// and stays in registers. The scale and the products are rmsnorm_kernel's, operation for
 // operation (only the sum of squares runs in another order); the quantization is
-// quantize_q8's (the same per-block functions on the same floats). WT: F32 (16-byte aligned)
-// or F16 weights.
-using detail::kNoQuant;
-using detail::kQ80;
-using detail::kQ81;
-using detail::kQ8K;
+// quantize_q8's (the same per-block functions on the same floats): Q8_0/Q8_1 with 4 threads
+// per 32-element block, Q8_K with a warp per 256. WT: F32 (16-byte aligned) or F16 weights.
+constexpr int kNoQuant = -1;
+constexpr int kQ80 = int(detail::ActQuant::Q8_0), kQ81 = int(detail::ActQuant::Q8_1),
+              kQ8K = int(detail::ActQuant::Q8_K);
 
 template <GgmlType WT, int MODE>
 __global__ void __launch_bounds__(1024)
@@ -297,22 +298,47 @@ __global__ void __launch_bounds__(1024)
     // The norm's weights before the wait (nothing in the stream writes them; their latency
     // hides behind the kernel before when this one is a programmatic dependent launch).
     if constexpr (WT == GgmlType::F32) {
-        detail::load8(reinterpret_cast<const float*>(w) + t * 8, wv);
+        const float4 a = __ldg(reinterpret_cast<const float4*>(w) + t * 2);
+        const float4 b = __ldg(reinterpret_cast<const float4*>(w) + t * 2 + 1);
+        wv[0] = a.x, wv[1] = a.y, wv[2] = a.z, wv[3] = a.w, wv[4] = b.x, wv[5] = b.y, wv[6] = b.z,
+        wv[7] = b.w;
     } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) wv[i] = elem<WT>(w, t * 8 + i);
     }
     pdl_wait(x, y, out, xq, xd);
-    detail::load8(x + e0, v);
-    if (y) {
-        float yv[8];
-        detail::load8(y + e0, yv);
-        detail::add8(v, yv);
-        detail::store8(x + e0, v);
+    {
+        const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
+        const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
     }
-    const float s = block_sum(detail::sumsq8(v), red);
-    const float scale = detail::rms_scale(s, dim, eps);
-    detail::norm_store8<MODE>(v, wv, scale, out, xq, xd, e0, t & 31);
+    if (y) {
+        const float4 a = reinterpret_cast<const float4*>(y + e0)[0];
+        const float4 b = reinterpret_cast<const float4*>(y + e0)[1];
+        v[0] = addf(v[0], a.x), v[1] = addf(v[1], a.y), v[2] = addf(v[2], a.z),
+        v[3] = addf(v[3], a.w), v[4] = addf(v[4], b.x), v[5] = addf(v[5], b.y),
+        v[6] = addf(v[6], b.z), v[7] = addf(v[7], b.w);
+        reinterpret_cast<float4*>(x + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        reinterpret_cast<float4*>(x + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s += v[i] * v[i];
+    s = block_sum(s, red);
+    const float scale = __frcp_rn(__fsqrt_rn(addf(__fdiv_rn(s, float(dim)), eps)));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = mul(mul(v[i], scale), wv[i]);
+    reinterpret_cast<float4*>(out + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(out + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    if constexpr (MODE != kNoQuant) {
+        int q[8];
+        const float2 dq = MODE == kQ8K ? detail::q8k_block(v, t & 31, q)
+                                       : detail::q8_block<8, MODE == kQ81>(v, q);
+        detail::store_q8(xq + e0, q);
+        // Both layouts keep one pair per 32 elements, and 4 threads cover 32.
+        if ((t & 3) == 0) xd[e0 / 32] = dq;
+    }
 }
 
 // Version 1: one block per batch row: the row's cos/sin table first (double precision, so the

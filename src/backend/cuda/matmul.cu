@@ -20,14 +20,12 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;  // cuBLAS's recommendatio
 constexpr int64_t kMinSliceRows = 128;
 // The workspace's tail (where it has room for it beyond kTailMinRest bytes): the column-split
 // GEMV's partial sums, then the counters of kernels that quantize their own output in groups
-// of 256 rows (the SwiGLU pair), then the column split's counters (one per warp of a slice),
-// then the counter of the GEMVs that fold a norm in.
+// of 256 rows (the SwiGLU pair), then the column split's counters (one per warp of a slice).
 // 512K partial sums hold the largest split (70B's output matrix in Q6_K: 2 x 128256).
 constexpr int kQuantGroups = 1024;
 constexpr int kSplitCounters = 4096;
 constexpr size_t kSplitPartialBytes = size_t(2) << 20;
-constexpr int kFoldCounters = 1;
-constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters + kFoldCounters) * sizeof(int);
+constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters) * sizeof(int);
 constexpr size_t kTailBytes = kSplitPartialBytes + kCountersBytes;
 constexpr size_t kTailMinRest = size_t(256) << 10;
 
@@ -141,7 +139,6 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     ws.held = {};
     ws.done = nullptr;
     ws.split = {};
-    ws.fold_counter = nullptr;
     if (bytes >= kTailBytes + kTailMinRest) {
         ws.bytes = bytes - kTailBytes;
         auto* tail = static_cast<uint8_t*>(buf) + ws.bytes;
@@ -150,7 +147,6 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
         ws.done = reinterpret_cast<int*>(tail + kSplitPartialBytes);
         ws.split.counters = ws.done + kQuantGroups;
         ws.split.counter_count = kSplitCounters;
-        ws.fold_counter = ws.split.counters + kSplitCounters;
         NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kCountersBytes, stream), "cudaMemsetAsync");
     }
     int dev = 0;
@@ -343,51 +339,6 @@ bool matmul_qkv(const WeightView (&w)[3], const float* x, int n, float* const (&
             NT_CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent (q/k/v join)");
     }
     for (int i = 0; i < 3; ++i) forget_if_overwritten(ws, x, n, cols, y[i], w[i].rows);
-    return true;
-}
-
-namespace {
-
-// Whether GEMVs fold the norm after them (on unless NT_NORM_FOLD=0, for A/B runs).
-bool norm_fold_enabled() {
-    static const bool on = env_switch("NT_NORM_FOLD");
-    return on;
-}
-
-bool aligned16(const void* p) {
-    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-}  // namespace
-
-bool matmul_add_rmsnorm(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
-                        cudaStream_t stream, bool x_unchanged, const AddRmsNorm& norm) {
-    const int64_t dim = w.rows;
-    // The CTA that folds the norm walks the row in chunks of 8 elements a thread.
-    const int64_t chunk = int64_t(detail::kPipeThreads) * 8;
-    if (n != 1 || !norm_fold_enabled() || !ws.fold_counter || !is_quantized(w.type) ||
-        dim % chunk != 0 || dim > 8192 || norm.w.type != GgmlType::F32 ||
-        norm.w.cols * norm.w.rows < dim || !aligned16(norm.w.data) || !aligned16(norm.x) ||
-        !aligned16(norm.out) || !aligned16(y))
-        return false;
-    check_args(w, x, n, y);
-    GemvConfig c = detail::gemv_default(w.type, dim, w.cols, n, ws.sm_count);
-    if (c.kernel != GemvKernel::Pipe) return false;
-    const ActivationSlot a = gemv_activations(w.type, x, n, w.cols, ws, stream, x_unchanged);
-    c.pdl = ws.pdl;
-    c.split = ws.split;
-    c.fold = {norm.x,
-              static_cast<const float*>(norm.w.data),
-              norm.eps,
-              norm.out,
-              norm.quant ? norm.quant->xq : nullptr,
-              norm.quant ? norm.quant->xd : nullptr,
-              norm.quant ? int(norm.quant->mode) : -1,
-              ws.fold_counter};
-    detail::gemv_q8(w.type, w.data, dim, w.cols, a.xq, a.xd, n, y, c, stream);
-    // The norm rewrites x and out, and its quantization the workspace's slot: nothing held
-    // stays valid (the caller adopts the norm's quantization, as after add_rmsnorm).
-    ws.held = {};
     return true;
 }
 

@@ -62,9 +62,6 @@ struct MatmulWorkspace {
     // Scratch for GEMVs that cut long rows into column slices (partial sums and counters, at
     // the end of buf; null where done is).
     detail::GemvSplitScratch split;
-    // The counter of GEMVs that fold the norm after them (matmul_add_rmsnorm; zero between
-    // launches; null where done is).
-    int* fold_counter = nullptr;
     // GEMVs as programmatic dependent launches (their weight loads overlap the end of the
     // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
     // whose weights are written by earlier work in the stream (streamed layers) turn it off.
@@ -159,26 +156,6 @@ bool matmul_activation_slot(const MatmulWorkspace& ws, GgmlType t, int n, int64_
 // if this were a matmul on x.
 void matmul_adopt_activations(MatmulWorkspace& ws, const float* x, int n, int64_t cols,
                               const ActivationSlot& slot);
-
-// The residual add and RMSNorm after a matmul: x += y, then out = rmsnorm(x) * w (w: the
-// norm's weights, of y's width), and out quantized into `quant` where given (an
-// ActivationSlot from matmul_activation_slot for the next matmul's type, to adopt afterwards
-// as add_rmsnorm's is).
-struct AddRmsNorm {
-    float* x = nullptr;
-    WeightView w;
-    float eps = 0.f;
-    float* out = nullptr;
-    const ActivationSlot* quant = nullptr;
-};
-// matmul(), with that norm done by the GEMV's last CTA instead of a kernel of its own (one
-// launch fewer in the chain of a decode step; the same bits as matmul() then add_rmsnorm).
-// Returns false, launching nothing, where it does not apply: a batch other than one row, a
-// GEMV other than the pipe kernel's, a width that is not a multiple of 1024 or above 8192,
-// norm weights other than F32, a misaligned pointer, no counter in the workspace, or
-// NT_NORM_FOLD=0 (for A/B runs). The caller then runs matmul() and add_rmsnorm.
-bool matmul_add_rmsnorm(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
-                        cudaStream_t stream, bool x_unchanged, const AddRmsNorm& norm);
 
 // Whether matmul() supports weights of this type.
 bool matmul_supports(GgmlType t);

@@ -33,7 +33,6 @@
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/rmsnorm.cuh"
 
 namespace nt::cuda::detail {
 
@@ -71,6 +70,12 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 // Sums acc over the warp, then over the ksplit warps of each row group, and writes the rows
@@ -391,9 +396,8 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
             const GemvStack one = GemvStack::one(w, rows, y);
             if (c.tma)
                 return launch_pipe_any<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream, {},
-                                          c.split, c.fold);
-            return launch_pipe_nx<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream, {},
-                                     c.fold);
+                                          c.split);
+            return launch_pipe_nx<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream);
         }
     }
 #define NT_GEMV_CASE(NX, RW)                                                                  \

@@ -31,7 +31,6 @@
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
-#include "backend/cuda/rmsnorm.cuh"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -111,7 +110,7 @@ template <GgmlType T, int NX, bool kPair, int kXU, int kV>
 __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBlocks))
     gemv_q8_pipe(GemvStack pr, const uint8_t* __restrict__ w2, int nb,
                  const int8_t* __restrict__ xq, const float2* __restrict__ xd, int64_t cols, int n,
-                 PairQuant pq, bool early, NormFold nf) {
+                 PairQuant pq, bool early) {
     using Q = Quant<T>;
     const int64_t rows = pr.rows();
     constexpr int kLPB = Q::kLanesPerBlock;
@@ -274,8 +273,6 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     }
     if constexpr (kPair && NX == 1)
         if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
-    if constexpr (!kPair && NX == 1)
-        if (nf.counter) norm_fold_tail(nf, pr.y0, int(rows));
 }
 
 // CTAs of one instantiation that fit on the GPU at once (host-side, computed once).
@@ -315,8 +312,7 @@ bool pipe_two_rows(const GemvStack& pr) {
 
 template <GgmlType T, int NX, bool kPair, int kXU, int kV>
 void launch_pipe_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
-                   const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q,
-                   const NormFold& fold) {
+                   const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q) {
     // One warp per row group at most; a whole GPU's worth of CTAs at most.
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
     const int64_t want = (groups + kPipeWarps - 1) / kPipeWarps;
@@ -324,7 +320,7 @@ void launch_pipe_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const i
     launch_kernel(pdl, gemv_q8_pipe<T, NX, kPair, kXU, kV>, dim3(unsigned(grid)),
                   dim3(kPipeThreads), 0, stream, "gemv (pipe)", pr, w2,
                   int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, q,
-                  pdl && pdl_prefetch_enabled(), fold);
+                  pdl && pdl_prefetch_enabled());
 }
 
 // w2 != nullptr: SwiGLU pair (y = silu(w x) * (w2 x)), both of `rows` x `cols`. A single
@@ -335,25 +331,24 @@ void launch_pipe_k(const GemvStack& pr, const uint8_t* w2, int64_t cols, const i
 // 2683 GB/s, 8192 x 8192 2159 -> 2778, 28672 x 8192 2403 -> 3315, 8192 x 28672 2325 -> 2945.
 template <GgmlType T, int NX, bool kPair>
 void launch_pipe(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
-                 const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q,
-                 const NormFold& f) {
+                 const float2* xd, int n, bool pdl, cudaStream_t stream, const PairQuant& q) {
     constexpr int kV = kPair ? 2 : 1;
     const int64_t upr = pipe_units<T>(cols);
     if constexpr (NX == 1 && pipe_x_units<T>(2)) {
         if (upr == 1) {
             if (!kPair && pipe_two_rows<T, 1, 1>(pr))
-                return launch_pipe_k<T, 1, false, 1, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q, f);
-            return launch_pipe_k<T, 1, kPair, 1, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q, f);
+                return launch_pipe_k<T, 1, false, 1, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
+            return launch_pipe_k<T, 1, kPair, 1, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
         }
         if (upr == 2) {
             if (!kPair && pipe_two_rows<T, 1, 2>(pr))
-                return launch_pipe_k<T, 1, false, 2, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q, f);
-            return launch_pipe_k<T, 1, kPair, 2, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q, f);
+                return launch_pipe_k<T, 1, false, 2, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
+            return launch_pipe_k<T, 1, kPair, 2, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
         }
     }
     if (!kPair && pipe_two_rows<T, NX, 0>(pr))
-        return launch_pipe_k<T, NX, false, 0, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q, f);
-    launch_pipe_k<T, NX, kPair, 0, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q, f);
+        return launch_pipe_k<T, NX, false, 0, 2>(pr, w2, cols, xq, xd, n, pdl, stream, q);
+    launch_pipe_k<T, NX, kPair, 0, kV>(pr, w2, cols, xq, xd, n, pdl, stream, q);
 }
 
 // w2: the SwiGLU pair's second matrix (nullptr for none); q: the pair's own output
@@ -361,12 +356,12 @@ void launch_pipe(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int
 template <GgmlType T>
 void launch_pipe_nx(const GemvStack& pr, const void* w2, int64_t cols, const int8_t* xq,
                     const float2* xd, int n, int nx, bool pdl, cudaStream_t stream,
-                    const PairQuant& q = {}, const NormFold& fold = {}) {
+                    const PairQuant& q = {}) {
     const auto* b = static_cast<const uint8_t*>(w2);
     auto go = [&](auto nx_tag) {
         constexpr int NX = decltype(nx_tag)::value;
-        if (b) return launch_pipe<T, NX, true>(pr, b, cols, xq, xd, n, pdl, stream, q, {});
-        launch_pipe<T, NX, false>(pr, pr.m0, cols, xq, xd, n, pdl, stream, PairQuant{}, fold);
+        if (b) return launch_pipe<T, NX, true>(pr, b, cols, xq, xd, n, pdl, stream, q);
+        launch_pipe<T, NX, false>(pr, pr.m0, cols, xq, xd, n, pdl, stream, PairQuant{});
     };
     switch (nx) {
         case 1:

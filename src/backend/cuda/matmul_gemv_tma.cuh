@@ -169,8 +169,8 @@ bool with_tma_units(int64_t upr, F&& f) {
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
 __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
-                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring, TmaSplit sp,
-                NormFold nf) {
+                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
+                TmaSplit sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Q = Quant<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
@@ -314,8 +314,6 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
             }
         }
     }
-    if constexpr (!kPair)
-        if (nf.counter) norm_fold_tail(nf, pr.y0, int(rows));
 #else
     __trap();  // launched only on compute capability 9.0+ (tma_usable)
 #endif
@@ -400,7 +398,7 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
-                  const NormFold& fold, const TmaSplit& sp = {}, int counter_count = 0) {
+                  const TmaSplit& sp = {}, int counter_count = 0) {
     using Q = Quant<T>;
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
@@ -421,7 +419,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     }
     launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
                   dim3(kPipeThreads), smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q,
-                  pdl && pdl_prefetch_enabled(), ring, sp, fold);
+                  pdl && pdl_prefetch_enabled(), ring, sp);
 }
 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
@@ -454,15 +452,14 @@ bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
 // for the TMA form; tma_fits holds.
 template <GgmlType T, bool kPair>
 void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
-                const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
-                const NormFold& f) {
+                const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
     constexpr int kV = kPair ? 2 : 1;
     const int nb = int(cols / Quant<T>::kBlockElems);
     const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
-        if (two) return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q, f);
-        launch_tma_k<T, kPair, XU, kV>(pr, w2, nb, xq, xd, pdl, stream, q, f);
+        if (two) return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
+        launch_tma_k<T, kPair, XU, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
     });
     if (!launched)
         nt::fail("gemv: no TMA form for %s rows of %lld.", type_name(T), (long long)cols);
@@ -514,8 +511,7 @@ int tma_split_slices(int64_t cols, int nx) {
 // scratch for them: launched, true; otherwise false, nothing launched.
 template <GgmlType T>
 bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const float2* xd, int nx,
-                      bool pdl, cudaStream_t stream, const GemvSplitScratch& scr,
-                      const NormFold& f) {
+                      bool pdl, cudaStream_t stream, const GemvSplitScratch& scr) {
     if constexpr (!tma_compiled<T>()) {
         return false;
     } else {
@@ -536,8 +532,8 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
                                   tma_device().sms * kPipeWarps;
             if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
                 return launch_tma_k<T, false, XU, 2, true>(pr, nullptr, snb, xq, xd, pdl, stream,
-                                                           {}, f, sp, scr.counter_count);
-            launch_tma_k<T, false, XU, 1, true>(pr, nullptr, snb, xq, xd, pdl, stream, {}, f, sp,
+                                                           {}, sp, scr.counter_count);
+            launch_tma_k<T, false, XU, 1, true>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp,
                                                 scr.counter_count);
         };
         with_tma_units<T>(pipe_units<T>(cols) / slices, go);
@@ -559,19 +555,17 @@ bool tma_takes(int64_t cols) {
 
 // The pipe kernel, in its TMA form where that can run: whole rows (tma_fits), or, given scratch,
 // a single matrix in column slices (launch_tma_split); else with its register ring.
-// fold: a single matrix's norm after it (NormFold), none for a pair.
 template <GgmlType T>
 void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const int8_t* xq,
                      const float2* xd, int n, int nx, bool pdl, cudaStream_t stream,
-                     const PairQuant& q = {}, const GemvSplitScratch& split = {},
-                     const NormFold& fold = {}) {
-    if (!w2 && launch_tma_split<T>(pr, cols, xq, xd, nx, pdl, stream, split, fold)) return;
+                     const PairQuant& q = {}, const GemvSplitScratch& split = {}) {
+    if (!w2 && launch_tma_split<T>(pr, cols, xq, xd, nx, pdl, stream, split)) return;
     if (tma_fits<T>(pr, w2, cols, nx)) {
         const auto* b = static_cast<const uint8_t*>(w2);
-        if (b) return launch_tma<T, true>(pr, b, cols, xq, xd, pdl, stream, q, {});
-        return launch_tma<T, false>(pr, pr.m0, cols, xq, xd, pdl, stream, PairQuant{}, fold);
+        if (b) return launch_tma<T, true>(pr, b, cols, xq, xd, pdl, stream, q);
+        return launch_tma<T, false>(pr, pr.m0, cols, xq, xd, pdl, stream, PairQuant{});
     }
-    launch_pipe_nx<T>(pr, w2, cols, xq, xd, n, nx, pdl, stream, q, fold);
+    launch_pipe_nx<T>(pr, w2, cols, xq, xd, n, nx, pdl, stream, q);
 }
 
 // One-time setup of every TMA instantiation (never first inside a graph capture).

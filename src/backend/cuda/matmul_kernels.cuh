@@ -49,23 +49,6 @@ void convert_to_bf16(const float* x, int64_t count, __nv_bfloat16* out, cudaStre
 
 // ---- GEMV, n <= 8 --------------------------------------------------------------------------
 
-// The residual add and RMSNorm after a GEMV of one activation row, folded into it (the pipe
-// kernel, either form): once every CTA has written its rows of y, the last CTA to finish does
-// x += y and out = rmsnorm(x) * w, with y's rows as the norm's width (a multiple of 1024, at
-// most 8192), F32 weights, and for mode >= 0 (int(ActQuant)) also out's int8 activations: the
-// add_rmsnorm kernel's arithmetic, bit for bit (rmsnorm.cuh). x, w and out 16-byte aligned; out
-// may be y. counter: zero between launches; null: no fold.
-struct NormFold {
-    float* x = nullptr;
-    const float* w = nullptr;
-    float eps = 0.f;
-    float* out = nullptr;
-    int8_t* xq = nullptr;
-    float2* xd = nullptr;
-    int mode = -1;
-    int* counter = nullptr;
-};
-
 enum class GemvKernel : int {
     Staged = 0,  // weights streamed through shared memory by cp.async, 3 stages (any type)
     Direct = 1,  // 16-byte loads straight into registers (Q4_K and Q5_K, whose blocks are
@@ -96,9 +79,6 @@ struct GemvConfig {
     // using this scratch (matmul() passes the workspace's; none: such rows take the register
     // ring). Single launches only, ordered on one stream (the counters are shared).
     GemvSplitScratch split{};
-    // Pipe only, one activation row: the norm folded into the launch (NormFold; counter null:
-    // none).
-    NormFold fold{};
 };
 
 // The dispatcher's choice for this shape (used when a GemvConfig field is 0).
