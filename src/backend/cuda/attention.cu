@@ -27,7 +27,6 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
-#include "backend/cuda/fence.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -533,7 +532,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
     // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
     __shared__ int last;
-    fence_acq_rel_gpu();  // this slice's partials are visible before its count is
+    __threadfence();  // this slice's partials are visible before its count is
     __syncthreads();
     if (t == 0) {
         int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
@@ -542,7 +541,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     }
     __syncthreads();
     if (!last) return;
-    fence_acq_rel_gpu();
+    __threadfence();
     static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
                   "a lane reads two slices' (m, l); the weights reuse the scores' [G][TP] buffer");
     // Every read here comes from L2 and waits on the one before it unless issued together:

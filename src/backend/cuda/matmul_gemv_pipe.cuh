@@ -27,7 +27,6 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_check.cuh"
-#include "backend/cuda/fence.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -89,12 +88,12 @@ __device__ __forceinline__ void pipe_quantize_groups(const float* y, int64_t r0,
         const int cnt = int(min(r1, (g + 1) * 256) - max(r0, g * 256));
         int last = 0;
         if (lane == 0) {
-            fence_acq_rel_gpu();  // this warp's rows are visible before they are counted
+            __threadfence();  // this warp's rows are visible before they are counted
             last = atomicAdd(pq.done + g, cnt) + cnt == 256;
             if (last) pq.done[g] = 0;  // all 256 rows counted: no other warp touches it now
         }
         if (!__shfl_sync(0xffffffffu, last, 0)) continue;
-        fence_acq_rel_gpu();
+        __threadfence();
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = __ldcg(y + g * 256 + lane * 8 + i);

@@ -36,7 +36,6 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
-#include "backend/cuda/fence.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
 #include "core/env.h"
 #include "core/error.h"
@@ -302,12 +301,12 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     if constexpr (kSplit) {
         int last = 0;
         if (lane == 0) {
-            fence_acq_rel_gpu();  // this warp's sums are visible before they are counted
+            __threadfence();  // this warp's sums are visible before they are counted
             last = atomicAdd(sp.counters + k, 1) == sp.slices - 1;
             if (last) sp.counters[k] = 0;  // every slice has counted: ready for the next launch
         }
         if (__shfl_sync(0xffffffffu, last, 0)) {
-            fence_acq_rel_gpu();
+            __threadfence();
             for (int64_t r = g0 * kV + lane; r < g1 * kV; r += 32) {
                 float sum = __ldcg(sp.partial + r);
                 for (int q = 1; q < sp.slices; ++q) sum += __ldcg(sp.partial + q * rows + r);
