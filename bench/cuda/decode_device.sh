@@ -9,6 +9,9 @@
 #   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64 (after types: needs the disk)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
 #   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
+#   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
+#                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
+#                                        # what each op costs in place, inside the graph
 # Env: NT_BUILD_DIR (build-gpu), MODELS (models/synth), SYNTH (../shared/tools/synth_gguf.py), OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,6 +20,13 @@ out=${OUT:-/tmp}
 model() { echo "$models/llama-8b-$1.gguf"; }
 wait_model() {  # the models stage writes in the background
     while [ ! -f "$(model "$1")" ]; do sleep 2; done
+}
+
+# Applies (or with -R takes out) the ablation patch: git where the tree is a checkout, else patch.
+ablate_patch() {
+    local p=bench/cuda/ablate_ops.patch
+    echo "+ apply $* $p"
+    git apply "$@" "$p" 2>/dev/null || patch -p1 --forward "$@" <"$p" >/dev/null
 }
 
 stage() {
@@ -103,6 +113,22 @@ for k, v in sorted(t.items(), key=lambda kv: -kv[1])[:25]:
     print(f"{v:9.1f} us {c[k]:5d} x  {k[:150]}")
 print(f"{sum(t.values()):9.1f} us total, {sum(c.values())} kernels")
 EOF
+        ;;
+    ablate)
+        # NT_SKIP=<op> (norm, qkv, attn, o, gateup, down; one at a time) leaves that op out of
+        # one-row decode steps, keeping what the next op expects of its activations: the
+        # outputs are wrong, the timing is the step without it. The patch is host code only.
+        ablate_patch || return 1
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
+        for t in ${AB_MODELS:-q4_k_m}; do
+            wait_model $t
+            for env in NT_AS_SHIPPED=1 NT_SKIP=norm NT_SKIP=qkv NT_SKIP=attn NT_SKIP=o NT_SKIP=gateup NT_SKIP=down NT_AS_SHIPPED=1; do
+                r=$(env $env "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')
+                echo "ablate: $t $env tg128 $r"
+            done
+        done
+        ablate_patch -R
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         ;;
     *)
         echo "unknown stage '$1'" >&2
