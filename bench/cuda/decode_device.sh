@@ -22,6 +22,13 @@ wait_model() {  # the models stage writes in the background
     while [ ! -f "$(model "$1")" ]; do sleep 2; done
 }
 
+# tg128 of the 8B model of type $1 with the settings after it (VAR=VALUE ...): "t/s ± sd".
+tg128() {
+    local t=$1
+    shift
+    env "$@" "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}'
+}
+
 # Applies (or with -R takes out) the ablation patch: git where the tree is a checkout, else patch.
 ablate_patch() {
     local p=bench/cuda/ablate_ops.patch
@@ -51,8 +58,7 @@ stage() {
             wait_model $t
             for env in ${AB:-- NT_PIPE_TWO_ROWS=0 NT_PDL_PREFETCH=0 NT_PDL=0}; do
                 [ "$env" = - ] && env=NT_AS_SHIPPED=1
-                r=$(env ${env//,/ } "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')
-                echo "ab: $t $env tg128 $r"
+                echo "ab: $t $env tg128 $(tg128 $t ${env//,/ })"
             done
         done
         ;;
@@ -115,7 +121,7 @@ print(f"{sum(t.values()):9.1f} us total, {sum(c.values())} kernels")
 EOF
         ;;
     ablate)
-        # NT_SKIP=<op> (norm, qkv, attn, o, gateup, down; one at a time) leaves that op out of
+        # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of
         # one-row decode steps, keeping what the next op expects of its activations: the
         # outputs are wrong, the timing is the step without it. The patch is host code only.
         ablate_patch || return 1
@@ -123,8 +129,7 @@ EOF
         for t in ${AB_MODELS:-q4_k_m}; do
             wait_model $t
             for env in NT_AS_SHIPPED=1 NT_SKIP=norm NT_SKIP=qkv NT_SKIP=attn NT_SKIP=o NT_SKIP=gateup NT_SKIP=down NT_AS_SHIPPED=1; do
-                r=$(env $env "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')
-                echo "ablate: $t $env tg128 $r"
+                echo "ablate: $t $env tg128 $(tg128 $t $env)"
             done
         done
         ablate_patch -R
