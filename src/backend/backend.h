@@ -122,10 +122,6 @@ class Backend {
         rope(q, k);
         attention(layer, q, k, v, out);
     }
-    // A hint: the weights the ops after the next rope_attention() read, in the order they read
-    // them (this layer's o projection, gate and up). A backend may start fetching them while the
-    // attention, which reads no weights, runs; the outputs do not change either way.
-    virtual void weights_ahead(const WeightView* /*w*/, int /*n*/) {}
     // out[i] = silu(gate[i]) * up[i], n elements.
     virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
     // The feed-forward's first half: gate = silu(w_gate x) * (w_up x) for n rows of x; `up`

@@ -19,8 +19,6 @@ void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& 
         // attention block
         be.add_rmsnorm(a.x, residual, L.attn_norm, B, s.n_embd, a.xn, L.wq.type);
         be.qkv(L.wq, L.wk, L.wv, a.xn, B, a.q, a.k, a.v);
-        const WeightView ahead[] = {L.wo, L.w1, L.w3};
-        be.weights_ahead(ahead, 3);
         be.rope_attention(l, a.q, a.k, a.v, a.att, L.wo.type);
         be.matmul(L.wo, a.att, B, a.xn);
         // feed-forward block (SwiGLU), after x += attention output

@@ -441,26 +441,19 @@ TEST(CudaKernels, DecodeAttentionRopeInsideAtEveryTile) {
                 DevBuf<float> scratch(
                     std::max<size_t>(1, cuda::attn_decode_scratch_floats(s, 1, splits)));
                 DevBuf<int> done(std::vector<int>(size_t(s.n_head_kv), 0));
-                auto run = [&](bool inside, std::vector<uint16_t>& kc, std::vector<uint16_t>& vc,
-                               bool ahead = false) {
+                auto run = [&](bool inside, std::vector<uint16_t>& kc, std::vector<uint16_t>& vc) {
                     DevBuf<float> dq(q), dk(k), out(qd);
                     DevBuf<uint16_t> dkc(kc0), dvc(vc0);
                     __half* kh = reinterpret_cast<__half*>(dkc.p);
                     __half* vh = reinterpret_cast<__half*>(dvc.p);
                     const cuda::RopeIn rope{dk.p, dv.p, dinv.p};
-                    // L2 asked for the caches the kernel reads and writes, and for q: a hint
-                    // that must change nothing
-                    cuda::L2Ahead l2;
-                    l2.p[l2.n] = dkc.p, l2.bytes[l2.n++] = uint32_t(kc0.size() * 2 / 16 * 16);
-                    l2.p[l2.n] = dq.p, l2.bytes[l2.n++] = uint32_t(q.size() * 4 / 16 * 16);
-                    l2.p[l2.n] = dvc.p, l2.bytes[l2.n++] = uint32_t(vc0.size() * 2 / 16 * 16);
                     if (!inside)
                         cuda::rope_kv_store(dq.p, dk.p, dv.p, dpos.p, dseq.p, 1, s.n_head,
                                             s.n_head_kv, s.head_dim, dinv.p, s.n_ctx, kh, vh,
                                             nullptr);
                     cuda::attn_decode(s, dq.p, kh, vh, dpos.p, dseq.p, drows.p, 1, splits,
                                       scratch.p, done.p, out.p, nullptr, 0, nullptr, false,
-                                      inside ? &rope : nullptr, ahead ? &l2 : nullptr);
+                                      inside ? &rope : nullptr);
                     kc = dkc.get();
                     vc = dvc.get();
                     return out.get();
@@ -472,46 +465,9 @@ TEST(CudaKernels, DecodeAttentionRopeInsideAtEveryTile) {
                 EXPECT_TRUE(vc2 == vc1) << what << ": v cache";
                 EXPECT_TRUE(done.get() == std::vector<int>(size_t(s.n_head_kv), 0))
                     << what << ": slice counters left at zero";
-                std::vector<uint16_t> kc3, vc3;
-                expect_equal(run(true, kc3, vc3, true), want, what + ": output with L2 ahead");
-                EXPECT_TRUE(kc3 == kc1 && vc3 == vc1) << what << ": caches with L2 ahead";
             }
         }
     }
-}
-
-// The decode attention's L2 requests: every byte of every range asked for exactly once, in
-// chunks of at most kChunk bytes, whatever the number of workers.
-TEST(CudaKernels, L2AheadChunksCoverEachRangeOnce) {
-    std::vector<char> mem(3u << 20);
-    const uint32_t K = cuda::L2Ahead::kChunk;
-    const std::vector<std::vector<uint32_t>> cases = {
-        {16}, {K}, {K - 16, K + 16}, {K, 16, 5 * K + 48}, {(1u << 20) + 32, 0, 7 * K}};
-    for (const auto& sizes : cases)
-        for (unsigned workers : {1u, 2u, 7u, 32u, 8448u}) {
-            cuda::L2Ahead a;
-            size_t at = 0;
-            for (uint32_t b : sizes) {
-                a.p[a.n] = mem.data() + at;
-                a.bytes[a.n++] = b;
-                at += b + 4096;
-            }
-            std::vector<int> hits(mem.size(), 0);
-            for (unsigned w = 0; w < workers; w++)
-                cuda::for_each_l2_chunk(a, w, workers, [&](const char* p, uint32_t len) {
-                    EXPECT_LE(len, K);
-                    EXPECT_GT(len, 0u);
-                    for (uint32_t i = 0; i < len; i++) hits[size_t(p - mem.data()) + i]++;
-                });
-            size_t expect = 0, got = 0;
-            for (int r = 0; r < a.n; r++) {
-                const size_t o = size_t(static_cast<const char*>(a.p[r]) - mem.data());
-                for (uint32_t i = 0; i < a.bytes[r]; i++) EXPECT_EQ(hits[o + i], 1) << r;
-                expect += a.bytes[r];
-            }
-            for (int h : hits) got += size_t(h);
-            EXPECT_EQ(got, expect) << workers << " workers: bytes outside the ranges";
-        }
 }
 
 // Host reference for add_rmsnorm: x += y, then the CPU backend's norm (double sum of squares).

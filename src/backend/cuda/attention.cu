@@ -27,7 +27,6 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
-#include "backend/cuda/l2_ahead.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -141,9 +140,6 @@ struct DecodeArgs {
     const float* inv_freq;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
     float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
-    // tiled, optional: weights of the kernels after this one, asked of L2 by every block's
-    // first warp as it starts (HBM idles while this kernel runs)
-    L2Ahead ahead;
 };
 
 // Slice `split` of a context of `len` positions: slices of equal length rounded up to `align`.
@@ -307,10 +303,6 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     pdl_trigger();
     const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
     const int t = threadIdx.x;
-    if (a.ahead.n > 0 && t < 32) {  // before anything else: every block, empty slices too
-        const unsigned block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-        l2_prefetch_share(a.ahead, block * 32 + t, gridDim.x * gridDim.y * gridDim.z * 32);
-    }
     const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
     const int h0 = kvh * G;
     int start, end;
@@ -925,8 +917,7 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
 bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
-                 int version, const ActivationSlot* quant, bool pdl, const RopeIn* rope,
-                 const L2Ahead* ahead) {
+                 int version, const ActivationSlot* quant, bool pdl, const RopeIn* rope) {
     if (n_rows <= 0) return false;
     check_shape(s);
     if (splits < 1 || splits > kMaxSplits)
@@ -962,7 +953,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
         a.v_new = rope->v;
         a.inv_freq = rope->inv_freq;
     }
-    if (ahead) a.ahead = *ahead;
     const bool tiled = version == 2 || (version == 0 && attn_has_fast_decode(s));
     if (tiled && !attn_has_fast_decode(s))
         fail("attention: no tiled decode kernel for head_dim %d.", s.head_dim);

@@ -565,11 +565,10 @@ void CudaBackend::run(const Op& op) {
             const bool quantize =
                 op.kind == OpKind::RopeAttention && decode_only &&
                 cuda::matmul_activation_slot(*mm_, op.next, n_rows_, as.q_dim(), &slot);
-            const cuda::L2Ahead ahead = decode_only ? l2_ahead(op) : cuda::L2Ahead{};
             if (cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
                                   attn_scratch_, attn_done_, f(3), stream_, 0,
                                   quantize ? &slot : nullptr, mm_->pdl,
-                                  fuse_rope ? &rope_in : nullptr, &ahead)) {
+                                  fuse_rope ? &rope_in : nullptr)) {
                 cuda::matmul_adopt_activations(*mm_, f(3), n_rows_, as.q_dim(), slot);
                 after_matmul_ = true;
             }
@@ -586,26 +585,6 @@ void CudaBackend::run(const Op& op) {
             cuda::gather_rows(f(0), op.i0, d_logit_rows, n_logits_, f(1), stream_);
             return;
     }
-}
-
-// The weights of op.w, w2, w3 (an attention's weights_ahead()) the kernel asks L2 for, up to
-// l2_ahead_bytes(): the first range whole if it fits, then the rest split evenly over the others
-// (gate and up are read side by side), each from its start.
-cuda::L2Ahead CudaBackend::l2_ahead(const Op& op) const {
-    cuda::L2Ahead a;
-    size_t budget = l2_ahead_bytes();
-    const WeightView* w[kMaxAhead] = {&op.w, &op.w2, &op.w3};
-    int n = 0;
-    while (n < kMaxAhead && w[n]->data && w[n]->nbytes > 0) n++;
-    for (int i = 0; i < n && budget >= 16; i++) {
-        const size_t share = i == 0 ? budget : budget / size_t(n - i);
-        const size_t bytes = std::min({w[i]->nbytes, share, size_t(UINT32_MAX)}) / 16 * 16;
-        if (bytes == 0 || reinterpret_cast<uintptr_t>(w[i]->data) % 16 != 0) continue;
-        a.p[a.n] = w[i]->data;
-        a.bytes[a.n++] = uint32_t(bytes);
-        budget -= bytes;
-    }
-    return a;
 }
 
 void CudaBackend::embed(const WeightView& tok_embd, float* x) {
@@ -722,22 +701,7 @@ void CudaBackend::attention_op(OpKind kind, int layer, const float* q, const flo
     op.p[2] = v;
     op.p[3] = out;
     op.next = next;
-    if (kind == OpKind::RopeAttention) {  // the hint is for the op after it: part of this op
-        WeightView* w[kMaxAhead] = {&op.w, &op.w2, &op.w3};
-        for (int i = 0; i < n_ahead_; i++) *w[i] = ahead_[i];
-    }
-    n_ahead_ = 0;
     submit(op);
-}
-
-void CudaBackend::weights_ahead(const WeightView* w, int n) {
-    n_ahead_ = std::clamp(n, 0, kMaxAhead);
-    for (int i = 0; i < n_ahead_; i++) ahead_[i] = w[i];
-}
-
-size_t CudaBackend::l2_ahead_bytes() const {
-    const long long mib = std::max(0LL, env_int("NT_L2_AHEAD", kL2AheadMiB));
-    return std::min(size_t(mib) << 20, dev_.l2_bytes / 2);
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {

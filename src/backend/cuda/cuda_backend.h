@@ -25,7 +25,6 @@ namespace nt {
 
 namespace cuda {
 struct MatmulWorkspace;
-struct L2Ahead;
 }
 
 class CudaBackend : public Backend {
@@ -59,9 +58,6 @@ class CudaBackend : public Backend {
     // the attention kernel also quantizes out for the next matmul (`next`).
     void rope_attention(int layer, float* q, float* k, const float* v, float* out,
                         GgmlType next) override;
-    // Decode steps: the attention kernel asks L2 for the first of these weights, up to
-    // l2_ahead_bytes() (cuda::L2Ahead).
-    void weights_ahead(const WeightView* w, int n) override;
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
     void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x, int n,
                      float* gate, float* up, GgmlType next) override;
@@ -105,10 +101,6 @@ class CudaBackend : public Backend {
     size_t kv_cache_bytes() const { return kv_bytes_; }
     // Context slices of the decode attention kernel for a step of n_rows decode rows.
     int decode_splits(int n_rows) const;
-    // Bytes of weights_ahead() the decode attention asks L2 for: NT_L2_AHEAD MiB (default
-    // kL2AheadMiB), at most half the L2, so that the lines live until they are read.
-    size_t l2_ahead_bytes() const;
-    static constexpr int kL2AheadMiB = 24;
 
   private:
     enum class OpKind : int32_t {
@@ -136,7 +128,6 @@ class CudaBackend : public Backend {
         WeightView w2;                  // gate_up: the up projection (w: the gate); qkv: wk
         WeightView w3;                  // qkv: wv
         GgmlType next = GgmlType::F32;  // add_rmsnorm: the next matmul's weight type
-        // rope_attention: w, w2, w3 are the weights_ahead() given before it (type F32 if none)
         bool operator==(const Op& o) const;
     };
     enum class Mode { Eager, Capture, Replay };
@@ -151,7 +142,6 @@ class CudaBackend : public Backend {
     void attention_op(OpKind kind, int layer, const float* q, const float* k, const float* v,
                       float* out, GgmlType next);
     void run(const Op& op);
-    cuda::L2Ahead l2_ahead(const Op& op) const;
     void flush();             // ends a capture or replays the graph; afterwards the stream is eager
     void capture_failed();    // a capture broke: give up graphs for this key, run the step eagerly
     void leave_graph();       // the step left its recorded sequence: catch up eagerly
@@ -205,9 +195,6 @@ class CudaBackend : public Backend {
     bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
     bool rope_fusion_ = true;
-    static constexpr int kMaxAhead = 3;  // cuda::L2Ahead::kMaxRanges
-    WeightView ahead_[kMaxAhead];        // weights_ahead(), for the next attention
-    int n_ahead_ = 0;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
     GraphKey key_{0, 0};

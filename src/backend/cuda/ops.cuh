@@ -10,7 +10,6 @@
 #include <cstdint>
 
 #include "backend/backend.h"
-#include "backend/cuda/l2_ahead.cuh"
 #include "backend/cuda/matmul.cuh"
 
 namespace nt::cuda {
@@ -113,7 +112,6 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 // turns it, and turns rope->k and stores the newest position's k and v in the caches itself
 // (what rope_kv_store does before an unfused call), with the same bits. Only then are the
 // caches written.
-// ahead (optional; the tiled kernel): weights the next kernels read, asked of L2 (l2_ahead.cuh).
 struct RopeIn {
     const float* k = nullptr;  // [n_rows][kv_dim], not yet turned
     const float* v = nullptr;
@@ -123,7 +121,7 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
                  int version = 0, const ActivationSlot* quant = nullptr, bool pdl = false,
-                 const RopeIn* rope = nullptr, const L2Ahead* ahead = nullptr);
+                 const RopeIn* rope = nullptr);
 // Whether attn_decode (version 0) can take a RopeIn: the tiled kernel, and one decode row (a
 // row's newest position then is the only one its step writes: with several rows, one sequence's
 // consecutive positions would need each other's cache cells within one launch).
