@@ -9,6 +9,8 @@
 #   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64 (after types: needs the disk)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
 #   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
+#   bench/cuda/decode_device.sh timeline # 8B decode tokens (AB_MODELS) traced kernel by kernel in place
+#                                        # (kernel_trace.cpp, CUPTI): each kernel's time and gaps
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -119,6 +121,21 @@ for k, v in sorted(t.items(), key=lambda kv: -kv[1])[:25]:
     print(f"{v:9.1f} us {c[k]:5d} x  {k[:150]}")
 print(f"{sum(t.values()):9.1f} us total, {sum(c.values())} kernels")
 EOF
+        ;;
+    timeline)
+        local cuda=${CUDA_HOME:-/usr/local/cuda} lib hdr
+        lib=$(find -L "$cuda/" -name 'libcupti.so' 2>/dev/null | head -1)
+        hdr=$(find -L "$cuda/" -name 'cupti.h' 2>/dev/null | head -1)
+        [ -n "$lib" ] && [ -n "$hdr" ] || { echo "no CUPTI under $cuda"; return 1; }
+        run g++ -shared -fPIC -O2 -I"$(dirname "$hdr")" -I"$cuda/include" bench/cuda/kernel_trace.cpp \
+            -L"$(dirname "$lib")" -Wl,-rpath,"$(dirname "$lib")" -lcupti -o "$build/libnt_kernel_trace.so" || return 1
+        for t in ${AB_MODELS:-q4_k_m}; do
+            wait_model $t
+            echo "timeline: $t"
+            CUDA_INJECTION64_PATH="$PWD/$build/libnt_kernel_trace.so" NT_TRACE_OUT="$out/trace_$t.csv" \
+                "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 24 -r 1 2>&1 | grep -E "tg24"
+            python3 bench/cuda/kernel_timeline.py "$out/trace_$t.csv" --tokens 8
+        done
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of
