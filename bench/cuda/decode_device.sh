@@ -14,7 +14,8 @@
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
-# Env: NT_BUILD_DIR (build-gpu), MODELS (models/synth), SYNTH (../shared/tools/synth_gguf.py), OUT.
+# Env: NT_BUILD_DIR (build-gpu), MODELS (models/synth), SYNTH (../shared/tools/synth_gguf.py), OUT,
+# TL_TOKENS (timeline: decode tokens traced, default 24).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device_env.sh
@@ -133,7 +134,7 @@ EOF
             wait_model $t
             echo "timeline: $t"
             CUDA_INJECTION64_PATH="$PWD/$build/libnt_kernel_trace.so" NT_TRACE_OUT="$out/trace_$t.csv" \
-                "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 24 -r 1 2>&1 | grep -E "tg24"
+                "$nt" bench -m "$(model $t)" --device cuda -p 0 -n "${TL_TOKENS:-24}" -r 1 2>&1 | grep -E "\| tg"
             python3 bench/cuda/kernel_timeline.py "$out/trace_$t.csv" --tokens 8
         done
         ;;
