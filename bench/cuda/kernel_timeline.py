@@ -6,9 +6,9 @@ launches overlapping as they do in a real run), from a kernel trace: kernel_trac
     kernel_timeline.py TRACE.csv [--tokens 8]
 
 Tokens are split at the embedding kernel; the last --tokens are averaged. Prints each kernel's
-duration and its gap (start minus the end of everything before it: negative where it overlapped
-the kernel before), per token and per position within a middle layer (layers split at the
-attention kernel)."""
+duration, its gap (start minus the end of everything before it: negative where it overlapped
+the kernel before) and its advance (how far it moves that end: its share of the critical path),
+per token and per position within a middle layer (layers split at the attention kernel)."""
 import argparse, collections, csv, re, subprocess
 
 ap = argparse.ArgumentParser()
@@ -69,16 +69,14 @@ def walk(seg):
     """(name, duration us, gap us, advance us) for each kernel of seg: the gap is its start less
     the latest end before it, the advance how far its end moves that latest end (what the kernel
     adds to the token's critical path)."""
-    out, prev_end = [], None
+    out, prev_end = [], seg[0][0]  # the first kernel: no gap, its whole duration an advance
     for s, d, n in seg:
-        gap = 0.0 if prev_end is None else (s - prev_end) / 1e3
-        adv = d / 1e3 if prev_end is None else max(0, s + d - prev_end) / 1e3
-        out.append((short(n), d / 1e3, gap, adv))
-        prev_end = s + d if prev_end is None else max(prev_end, s + d)
+        out.append((short(n), d / 1e3, (s - prev_end) / 1e3, max(0, s + d - prev_end) / 1e3))
+        prev_end = max(prev_end, s + d)
     return out
 
 dur, gap, cnt = collections.defaultdict(float), collections.defaultdict(float), collections.Counter()
-tok_us, layer_rows = [], collections.defaultdict(list)
+tok_us, layers = [], []  # layers: each middle layer's walk, of every token
 for a, b in toks:
     tok_us.append((ev[b][0] - ev[a][0]) / 1e3)
     w = walk(ev[a:b])
@@ -88,7 +86,7 @@ for a, b in toks:
         cnt[n] += 1
     attn = [i for i, (n, _, _, _) in enumerate(w) if "attn" in n]
     for l in range(1, len(attn) - 1):  # whole middle layers: attention to attention
-        layer_rows[l].append(w[attn[l]:attn[l + 1]])
+        layers.append(w[attn[l]:attn[l + 1]])
 T = len(toks)
 print(f"token: {sum(tok_us) / T:.1f} us, start to next start\n")
 print(f"{'kernel':60s} {'a token':>7s} {'each us':>8s} {'us/token':>9s} {'gap each':>9s}")
@@ -96,9 +94,9 @@ for n in sorted(dur, key=lambda n: -dur[n]):
     print(f"{n:60s} {cnt[n] / T:7.1f} {dur[n] / cnt[n]:8.2f} {dur[n] / T:9.1f} {gap[n] / cnt[n]:9.2f}")
 
 # Per position in a middle layer, averaged over the layers and tokens with the same sequence.
-shapes = collections.Counter(tuple(r[0] for r in L) for ls in layer_rows.values() for L in ls)
-for shape, k in shapes.most_common(2):
-    sel = [L for ls in layer_rows.values() for L in ls if tuple(r[0] for r in L) == shape]
+names = lambda L: tuple(r[0] for r in L)
+for shape, k in collections.Counter(names(L) for L in layers).most_common(2):
+    sel = [L for L in layers if names(L) == shape]
     print(f"\na layer, attention to attention ({k} layers alike), in order:")
     print(f"{'kernel':60s} {'dur us':>7s} {'gap us':>7s} {'advance':>7s}")
     tot = 0.0
