@@ -314,27 +314,38 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
     const int n_tiles = (end - start + TP - 1) / TP;
-    constexpr int CH = HD / 8;  // 16-byte chunks of a K or V row
+    constexpr int CH = HD / 8;  // 16-byte chunks of a K or V row (CH <= kThreads)
 
-    // With the rope: the newest position's k (turned) and v, rounded to F16 as rope_kv_store
-    // rounds them, go to the caches and straight into the tile (chunk cc: 8 of the head's dims).
-    auto store_newest = [&](int tile, int buf, int cc) {
-        const int r = newest - (start + tile * TP);
-        const size_t off = size_t(newest) * a.kv_dim + cc * 8;
+    // With the rope: the newest position's k and v as the GEMVs left them (thread cc < CH takes
+    // chunk cc: 8 of the head's dims), then turned and rounded to F16 as rope_kv_store rounds
+    // them, into the caches and straight into the tile that holds them.
+    struct Newest {
+        float2 k[4], v[4];
+    };
+    auto load_newest = [&](int cc) {
         const size_t e = size_t(row) * a.kv_dim + size_t(kvh) * HD + cc * 8;
+        Newest n;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            n.k[i] = *reinterpret_cast<const float2*>(a.k_new + e + 2 * i);
+            n.v[i] = *reinterpret_cast<const float2*>(a.v_new + e + 2 * i);
+        }
+        return n;
+    };
+    auto put_newest = [&](int tile, int cc, const Newest& n) {
+        const int r = newest - (start + tile * TP), buf = tile & 1;
         uint4 kh, vh;
         __half2* k2 = reinterpret_cast<__half2*>(&kh);
         __half2* v2 = reinterpret_cast<__half2*>(&vh);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int j = cc * 4 + i;
-            const float2 x = detail::rope_turn(a.k_new[e + 2 * i], a.k_new[e + 2 * i + 1], rc[j],
-                                               rc[HD / 2 + j]);
-            k2[i] = __float22half2_rn(x);
-            v2[i] = __float22half2_rn(make_float2(a.v_new[e + 2 * i], a.v_new[e + 2 * i + 1]));
+            k2[i] = __float22half2_rn(detail::rope_turn(n.k[i].x, n.k[i].y, rc[j], rc[HD / 2 + j]));
+            v2[i] = __float22half2_rn(n.v[i]);
         }
         *reinterpret_cast<uint4*>(kbuf + (buf * TP + r) * ROW + cc * 8) = kh;
         *reinterpret_cast<uint4*>(vbuf + (buf * TP + r) * ROW + cc * 8) = vh;
+        const size_t off = size_t(newest) * a.kv_dim + cc * 8;
         *reinterpret_cast<uint4*>(a.kc + base + off) = kh;
         *reinterpret_cast<uint4*>(a.vc + base + off) = vh;
     };
@@ -344,7 +355,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     };
     // Rows of a tile past `end` are neither loaded nor read: the scores skip them and P*V stops
     // at the tile's last position (short contexts do a fraction of a tile's work). With the rope
-    // the newest row is not loaded: store_newest writes it (after the wait: it needs k and v).
+    // the newest row is not loaded: put_newest writes it (after the wait: it needs k and v).
     auto load_tile = [&](int tile, int buf) {
         const int p0 = start + tile * TP;
         const int nrows = min(TP, end - p0);
@@ -373,9 +384,14 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     // q and the cache come from the kernels before (this may be a programmatic dependent launch)
     pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
     if (issued == 0) load_tile(issued++, 0);
+    // The newest k and v and q are each a trip to L2 (or further): all are requested before any
+    // is used.
+    int first_newest = -1;  // the loaded tile that holds the newest position, if any
     for (int i = 0; i < issued; i++)
-        if (holds_newest(i))
-            for (int cc = t; cc < CH; cc += kThreads) store_newest(i, i & 1, cc);
+        if (holds_newest(i)) first_newest = i;
+    const bool put_first = first_newest >= 0 && t < CH;
+    Newest nkv;
+    if (put_first) nkv = load_newest(t);
 
     // q pre-scaled, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
     const float2* qrow =
@@ -388,6 +404,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         }
         reinterpret_cast<float2*>(qs)[i] = make_float2(v.x * a.scale_log2, v.y * a.scale_log2);
     }
+    if (put_first) put_newest(first_newest, t, nkv);
     if (t < G) {
         ms[t] = -INFINITY;
         ls[t] = 0.f;
@@ -405,8 +422,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         if (tile + 1 < n_tiles) {
             if (issued == tile + 1) {
                 load_tile(issued++, buf ^ 1);
-                if (holds_newest(tile + 1))
-                    for (int cc = t; cc < CH; cc += kThreads) store_newest(tile + 1, buf ^ 1, cc);
+                if (holds_newest(tile + 1) && t < CH) put_newest(tile + 1, t, load_newest(t));
             }
             cp_async_wait<1>();
         } else {
