@@ -216,8 +216,8 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
             float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
             int* done = dev_zeros<int>(size_t(rows) * s.n_head_kv);
             const double bytes = double(rows) * ctx * s.kv_dim() * 2 * sizeof(__half);
-            for (int version : {1, 2}) {
-                if (version == 2 && !attn_has_fast_decode(s)) continue;
+            for (int version : {1, 2, 3}) {
+                if (version >= 2 && !attn_has_fast_decode(s)) continue;
                 auto launch_with = [&](int i, int n_splits, bool pdl) {
                     attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots) * rows, drows,
                                 rows, n_splits, scratch, done, dout, stream, version, nullptr, pdl);
@@ -238,7 +238,7 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
                 // As in a decode step: inside a CUDA graph, the tiled kernel a programmatic
                 // dependent launch; then with the whole context in one slice (one block per
                 // KV head), which short contexts use anyway: the other blocks exit at once.
-                const bool pdl = version == 2;
+                const bool pdl = version >= 2;
                 const double g_us =
                     bench::time_graph_us(stream, 20, std::max(1, o.iters / 20),
                                          [&](int i) { launch_with(i, splits, pdl); });
@@ -247,8 +247,12 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
                                                       [&](int i) { launch_with(i, 1, pdl); })
                                : 0.0;
                 std::printf("%6d %5d %6d | v%d %-6s %9.1f %9.0f %6.0f%% | %9.1f %9.1f | %.1e%s\n",
-                            ctx, rows, splits, version, version == 1 ? "generic" : "tiled", us, gbs,
-                            100 * gbs / hbm, g_us, g1_us, err, err > 2e-5 ? "  <-- WRONG" : "");
+                            ctx, rows, splits, version,
+                            version == 1   ? "generic"
+                            : version == 2 ? "tiled"
+                                           : "wide",
+                            us, gbs, 100 * gbs / hbm, g_us, g1_us, err,
+                            err > 2e-5 ? "  <-- WRONG" : "");
             }
             cudaFree(dpos);
             cudaFree(scratch);
@@ -265,24 +269,28 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
                 freq[j] = std::pow(500000.f, -2.f * float(j) / float(s.head_dim));
             float* dfreq = dev_copy(freq);
             const RopeIn rope{kn, vn, dfreq};
-            std::printf("rope fused (one row), graph us:");
-            for (int ctx : {8, 64, 128, 256, 512, 1024, 4096}) {
-                if (o.ctx && ctx != o.ctx) continue;
-                int32_t* dpos = dev_copy(std::vector<int32_t>(1, ctx - 1));
-                const int splits = attn_decode_splits(s, rows, dev.sm_count);
-                float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
-                int* done = dev_zeros<int>(size_t(s.n_head_kv));
-                const double g_us =
-                    bench::time_graph_us(stream, 20, std::max(1, o.iters / 20), [&](int i) {
-                        attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots), drows, 1,
-                                    splits, scratch, done, dout, stream, 0, nullptr, true, &rope);
-                    });
-                std::printf("  %d: %.1f", ctx, g_us);
-                cudaFree(dpos);
-                cudaFree(scratch);
-                cudaFree(done);
+            for (int version : {2, 3}) {
+                std::printf("rope fused (one row, %s form), graph us:",
+                            version == 2 ? "full" : "wide");
+                for (int ctx : {8, 64, 128, 256, 512, 1024, 4096}) {
+                    if (o.ctx && ctx != o.ctx) continue;
+                    int32_t* dpos = dev_copy(std::vector<int32_t>(1, ctx - 1));
+                    const int splits = attn_decode_splits(s, rows, dev.sm_count);
+                    float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
+                    int* done = dev_zeros<int>(size_t(s.n_head_kv));
+                    const double g_us =
+                        bench::time_graph_us(stream, 20, std::max(1, o.iters / 20), [&](int i) {
+                            attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots), drows,
+                                        1, splits, scratch, done, dout, stream, version, nullptr,
+                                        true, &rope);
+                        });
+                    std::printf("  %d: %.1f", ctx, g_us);
+                    cudaFree(dpos);
+                    cudaFree(scratch);
+                    cudaFree(done);
+                }
+                std::printf("\n");
             }
-            std::printf("\n");
             cudaFree(kn);
             cudaFree(vn);
             cudaFree(dfreq);

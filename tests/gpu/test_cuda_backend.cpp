@@ -414,7 +414,8 @@ TEST(CudaKernels, RopeVersionsBitIdentical) {
 // The decode kernel with the rope inside (one row) against rope_kv_store then the same kernel
 // without it: the same output and caches, bit for bit, wherever the newest position falls: in
 // the first or second tile of its slice (both load before the programmatic wait, the newest row
-// written after it) or a later one (loaded in the loop), with one to three slices.
+// written after it) or a later one (loaded in the loop), with one to three slices; in both
+// tiled forms.
 TEST(CudaKernels, DecodeAttentionRopeInsideAtEveryTile) {
     NT_REQUIRE_GPU();
     cuda::attn_init();
@@ -433,7 +434,7 @@ TEST(CudaKernels, DecodeAttentionRopeInsideAtEveryTile) {
         DevBuf<float> dinv(inverse_frequencies(c)), dv(v);
         DevBuf<int32_t> dseq(std::vector<int32_t>{0}), drows(std::vector<int32_t>{0});
         for (int splits : {1, 2, 3}) {
-            for (int ctx : {1, 30, 64, 65, 100, 128, 129, 200, 300, 512}) {
+            for (int ctx : {1, 30, 32, 33, 64, 65, 100, 128, 129, 200, 300, 512}) {
                 const std::string what = "hd " + std::to_string(c.head_dim) + " kv heads " +
                                          std::to_string(c.n_head_kv) + " splits " +
                                          std::to_string(splits) + " ctx " + std::to_string(ctx);
@@ -441,7 +442,8 @@ TEST(CudaKernels, DecodeAttentionRopeInsideAtEveryTile) {
                 DevBuf<float> scratch(
                     std::max<size_t>(1, cuda::attn_decode_scratch_floats(s, 1, splits)));
                 DevBuf<int> done(std::vector<int>(size_t(s.n_head_kv), 0));
-                auto run = [&](bool inside, std::vector<uint16_t>& kc, std::vector<uint16_t>& vc) {
+                auto run = [&](int version, bool inside, std::vector<uint16_t>& kc,
+                               std::vector<uint16_t>& vc) {
                     DevBuf<float> dq(q), dk(k), out(qd);
                     DevBuf<uint16_t> dkc(kc0), dvc(vc0);
                     __half* kh = reinterpret_cast<__half*>(dkc.p);
@@ -452,19 +454,29 @@ TEST(CudaKernels, DecodeAttentionRopeInsideAtEveryTile) {
                                             s.n_head_kv, s.head_dim, dinv.p, s.n_ctx, kh, vh,
                                             nullptr);
                     cuda::attn_decode(s, dq.p, kh, vh, dpos.p, dseq.p, drows.p, 1, splits,
-                                      scratch.p, done.p, out.p, nullptr, 0, nullptr, false,
+                                      scratch.p, done.p, out.p, nullptr, version, nullptr, false,
                                       inside ? &rope : nullptr);
                     kc = dkc.get();
                     vc = dvc.get();
                     return out.get();
                 };
-                std::vector<uint16_t> kc1, vc1, kc2, vc2;
-                const std::vector<float> want = run(false, kc1, vc1);
-                expect_equal(run(true, kc2, vc2), want, what + ": output");
-                EXPECT_TRUE(kc2 == kc1) << what << ": k cache";
-                EXPECT_TRUE(vc2 == vc1) << what << ": v cache";
-                EXPECT_TRUE(done.get() == std::vector<int>(size_t(s.n_head_kv), 0))
-                    << what << ": slice counters left at zero";
+                // Both tiled forms: the full one (version 2) and the wide one (3): close to
+                // the full one.
+                std::vector<float> full;
+                for (int version : {2, 3}) {
+                    const std::string vwhat = what + " version " + std::to_string(version);
+                    std::vector<uint16_t> kc1, vc1, kc2, vc2;
+                    const std::vector<float> want = run(version, false, kc1, vc1);
+                    expect_equal(run(version, true, kc2, vc2), want, vwhat + ": output");
+                    EXPECT_TRUE(kc2 == kc1) << vwhat << ": k cache";
+                    EXPECT_TRUE(vc2 == vc1) << vwhat << ": v cache";
+                    EXPECT_TRUE(done.get() == std::vector<int>(size_t(s.n_head_kv), 0))
+                        << vwhat << ": slice counters left at zero";
+                    if (version == 2)
+                        full = want;
+                    else
+                        expect_close(want, full, 1e-6f, 1e-5f, vwhat + ": against the full form");
+                }
             }
         }
     }
@@ -1115,6 +1127,53 @@ TEST(CudaBackend, AttentionLongContext) {
             b.add(1, 511 + step, 0, true);  // rewrites positions inside sequence 0's context
             gpu_attention_step(gpu, s, kv, b, seed += 3, kDecodeTol, {},
                                "decode step " + std::to_string(step));
+        }
+    }
+}
+
+// The wide decode form (version 3: 256 threads) against the host reference,
+// directly on the kernel: groups it is compiled for (1, 3, 4, 8) and its runtime-group loop (5,
+// 16), head_dim 64 and 128, contexts across its tile and slice boundaries, one to 64 slices
+// (the kernel's own merge), with the slice counters left at zero for the next launch.
+TEST(CudaKernels, DecodeAttentionWideFormAgainstHost) {
+    NT_REQUIRE_GPU();
+    cuda::attn_init();
+    const AttnCase cases[] = {{128, 32, 8}, {64, 9, 3},   {128, 64, 8},
+                              {64, 4, 4},   {128, 10, 2}, {128, 16, 1}};
+    for (const AttnCase& c : cases) {
+        SCOPED_TRACE(name(c));
+        const ModelShape ms = make_shape(c.head_dim, c.n_head, c.n_head_kv);
+        const cuda::AttnShape s{c.n_head, c.n_head_kv, c.head_dim, 8192};
+        const size_t kd = size_t(s.kv_dim()), cells = size_t(s.n_ctx) * kd;
+        KvMirror kv(int(kd), 1, s.n_ctx);
+        std::vector<uint16_t> kh(cells), vh(cells);
+        const std::vector<float> kr = random_floats(cells, 71), vr = random_floats(cells, 72);
+        for (size_t i = 0; i < cells; i++) {
+            kh[i] = f32_to_f16(kr[i]);
+            vh[i] = f32_to_f16(vr[i]);
+            kv.k[i] = f16_to_f32(kh[i]);
+            kv.v[i] = f16_to_f32(vh[i]);
+        }
+        DevBuf<uint16_t> dkc(kh), dvc(vh);
+        const std::vector<float> q = random_floats(size_t(s.q_dim()), 73, -3.f, 3.f);
+        DevBuf<float> dq(q), out(size_t(s.q_dim()));
+        DevBuf<int32_t> dseq(std::vector<int32_t>{0}), drows(std::vector<int32_t>{0});
+        for (int ctx : {1, 31, 32, 33, 64, 100, 1000, 4097, 8192}) {
+            DevBuf<int32_t> dpos(std::vector<int32_t>{ctx - 1});
+            const std::vector<float> want = reference_row(ms, kv, q.data(), 0, ctx - 1);
+            for (int splits : {1, 7, 64}) {
+                const std::string what =
+                    "ctx " + std::to_string(ctx) + " splits " + std::to_string(splits);
+                DevBuf<float> scratch(
+                    std::max<size_t>(1, cuda::attn_decode_scratch_floats(s, 1, splits)));
+                DevBuf<int> done(std::vector<int>(size_t(s.n_head_kv), 0));
+                cuda::attn_decode(s, dq.p, reinterpret_cast<__half*>(dkc.p),
+                                  reinterpret_cast<__half*>(dvc.p), dpos.p, dseq.p, drows.p, 1,
+                                  splits, scratch.p, done.p, out.p, nullptr, 3);
+                expect_close(out.get(), want, kDecodeTol, 0.f, what);
+                EXPECT_TRUE(done.get() == std::vector<int>(size_t(s.n_head_kv), 0))
+                    << what << ": slice counters left at zero";
+            }
         }
     }
 }

@@ -10,7 +10,9 @@
 // left at zero for the next launch), and a context that fits in one slice is written directly:
 // no second kernel, and at short contexts no partial results at all. Where the kernel does the
 // rope (one decode row), the cache rows before the newest are final before the kernel before it
-// ends, so its first two tiles load before the programmatic wait.
+// ends, so its first two tiles load before the programmatic wait. The tiled kernel runs in its
+// wide form, 256 threads: a decode step at short contexts waits on a block's serial work, which
+// halves with each thread's share of the heads (the 128-thread form stays for comparison).
 //
 // Prompt (runs of consecutive positions of one sequence): flash attention on tensor cores.
 // A block takes 64 query rows of one head; each of its 4 warps owns 16 rows and keeps Q, the
@@ -32,6 +34,7 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
 #include "backend/cuda/rope.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace nt::cuda {
@@ -39,7 +42,7 @@ namespace nt::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kThreads = 128;   // every attention kernel runs 4 warps
+constexpr int kThreads = 128;   // 4 warps a block (the tiled decode kernel's wide form: 8)
 constexpr int kMaxSplits = 64;  // context slices per (row, kv head) in decode
 constexpr int kMaxGroup = 16;   // query heads per KV head the tiled decode kernel handles
 constexpr int kGenericMaxHd = 256;
@@ -220,24 +223,35 @@ __global__ void __launch_bounds__(kThreads) attn_decode_generic(DecodeArgs a) {
     if (a.splits > 1 && threadIdx.x == 0) a.part_ml[idx] = make_float2(M, L);
 }
 
-template <int HD>
+// The tiled decode kernel's shape: HD head size, NT threads, TP positions per tile. The wide form
+// (256 threads) gives each thread half the heads of the full form (128) in the score and P*V
+// phases: a block's serial work, which a decode step at short contexts waits on, halves.
+template <int HD, int NT = kThreads, int TPOS = 64>
 struct DecodeTile {
-    static constexpr int TP = 64;                 // positions per tile
-    static constexpr int ROW = HD + 8;            // padded smem row: conflict-free 16-byte reads
-    static constexpr int SETS_S = kThreads / TP;  // head sets in the score phase (2)
-    static constexpr int SETS_PV = kThreads / (HD / 2);  // head sets in the P*V phase (2 or 4)
+    static constexpr int TP = TPOS;     // positions per tile
+    static constexpr int ROW = HD + 8;  // padded smem row: conflict-free 16-byte reads
+    static constexpr int PS = TP > kMaxSplits ? TP : kMaxSplits;  // a head's scores or weights
+    static constexpr int SETS_S = NT / TP;                        // head sets in the score phase
+    static constexpr int SETS_PV = NT / (HD / 2);                 // head sets in the P*V phase
     static constexpr int MAXJ_S = kMaxGroup / SETS_S;
     static constexpr int MAXJ_PV = kMaxGroup / SETS_PV;
+    static_assert(TP % 32 == 0 && NT % TP == 0 && NT % (HD / 2) == 0 && NT >= HD / 8,
+                  "whole head sets in every phase; a thread per 16-byte chunk of a row");
     static size_t smem_bytes(int group) {  // (+ HD: the rope's cos and sin)
         return size_t(2 * 2 * TP * ROW) * sizeof(__half) +
-               size_t(group * HD + group * TP + 3 * group + HD) * sizeof(float);
+               size_t(group * HD + group * PS + 3 * group + HD) * sizeof(float);
     }
 };
+// Other forms than the full one run at most 64 registers a thread: minimum blocks per
+// multiprocessor for __launch_bounds__ (0 for the full form: no limit beyond the thread count).
+constexpr int decode_min_blocks(int nt) {
+    return nt == kThreads ? 0 : 65536 / (nt * 64);
+}
 
 // The G heads of a row one tiled block has finished (vals: G * HD floats in shared memory,
 // written before a __syncthreads), quantized as detail::quantize_q8 would quantize them in the
 // full row: they are whole blocks of it (G * HD a multiple of 256 for Q8_K, checked on the host).
-template <int HD>
+template <int HD, int NT>
 __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row, int h0,
                                                const DecodeArgs& a) {
     const int t = threadIdx.x, lane = t % 32;
@@ -246,7 +260,7 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
     float2* xd = a.xd + e0 / 32;
     const int n = G * HD;
     if (a.qmode == int(detail::ActQuant::Q8_K)) {
-        for (int b = t / 32; b < n / 256; b += kThreads / 32) {  // a warp per 256 elements
+        for (int b = t / 32; b < n / 256; b += NT / 32) {  // a warp per 256 elements
             float v[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) v[i] = vals[b * 256 + lane * 8 + i];
@@ -258,7 +272,7 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
         return;
     }
     const bool q81 = a.qmode == int(detail::ActQuant::Q8_1);
-    for (int b0 = 0; b0 < n / 32; b0 += kThreads / 8) {  // 8 threads per 32 elements
+    for (int b0 = 0; b0 < n / 32; b0 += NT / 8) {  // 8 threads per 32 elements
         const int b = b0 + t / 8, sub = t % 8;
         const bool live = b < n / 32;  // dead lanes still take part in the shuffles
         float v[4] = {0.f, 0.f, 0.f, 0.f};
@@ -275,27 +289,27 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
 }
 
 // Tiled: one block per (KV head, slice, row) and all `group` query heads of that KV head.
-// Scores: thread t takes position t % 64 for heads t / 64, t / 64 + 2, ... (q broadcast from
-// shared memory, K rows read conflict-free thanks to the padding). Softmax: warp w takes heads
-// w, w + 4, ... P*V: thread t takes dims 2(t % (HD/2)) and +1 for heads t / (HD/2), ... .
+// Scores: thread t takes position t % TP for heads t / TP, t / TP + SETS_S, ... (q broadcast
+// from shared memory, K rows read conflict-free thanks to the padding). Softmax: warp w takes
+// heads w, w + NT / 32, ..., each lane TP / 32 positions. P*V: thread t takes dims
+// 2(t % (HD/2)) and +1 for heads t / (HD/2), ... .
 // GT: the group size when known at compile time (0: a.group, up to kMaxGroup). The per-thread
 // head loops then have exactly the heads there are; sized for kMaxGroup, their idle
 // iterations were issued predicated off (a decode step at 8 positions issued about 2400
 // instructions per warp for some 600 useful ones).
-template <int HD, int GT>
-__global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
-    using C = DecodeTile<HD>;
-    constexpr int TP = C::TP, ROW = C::ROW;
+template <int HD, int GT, int NT = kThreads, int TPOS = 64>
+__global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(DecodeArgs a) {
+    using C = DecodeTile<HD, NT, TPOS>;
+    constexpr int TP = C::TP, ROW = C::ROW, PS = C::PS, PL = TP / 32;
     constexpr int MAXJ_S = GT > 0 ? (GT + C::SETS_S - 1) / C::SETS_S : C::MAXJ_S;
     constexpr int MAXJ_PV = GT > 0 ? (GT + C::SETS_PV - 1) / C::SETS_PV : C::MAXJ_PV;
-    static_assert(TP == 64, "the softmax phase has each lane own positions lane and lane + 32");
     extern __shared__ __align__(16) unsigned char smem[];
     __half* kbuf = reinterpret_cast<__half*>(smem);  // [2][TP][ROW]
     __half* vbuf = kbuf + 2 * TP * ROW;              // [2][TP][ROW]
     const int G = GT > 0 ? GT : a.group;
     float* qs = reinterpret_cast<float*>(vbuf + 2 * TP * ROW);  // [G][HD], pre-scaled
-    float* ps = qs + G * HD;                                    // [G][TP] scores, then weights
-    float* ms = ps + G * TP;                                    // [G] running max
+    float* ps = qs + G * HD;                                    // [G][PS] scores, then weights
+    float* ms = ps + G * PS;                                    // [G] running max
     float* ls = ms + G;                                         // [G] running sum
     float* cs = ls + G;                                         // [G] this tile's rescale factor
     float* rc = cs + G;                                         // [HD / 2] rope cos, then sin
@@ -314,11 +328,11 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
     const int n_tiles = (end - start + TP - 1) / TP;
-    constexpr int CH = HD / 8;  // 16-byte chunks of a K or V row (CH <= kThreads)
+    constexpr int CH = HD / 8;  // 16-byte chunks of a K or V row: thread cc < CH takes chunk cc
 
-    // With the rope: the newest position's k and v as the GEMVs left them (thread cc < CH takes
-    // chunk cc: 8 of the head's dims), then turned and rounded to F16 as rope_kv_store rounds
-    // them, into the caches and straight into the tile that holds them.
+    // With the rope: the newest position's k and v as the GEMVs left them (chunk cc: 8 of the
+    // head's dims), then turned and rounded to F16 as rope_kv_store rounds them, into the
+    // caches and straight into the tile that holds them.
     struct Newest {
         float2 k[4], v[4];
     };
@@ -356,10 +370,10 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     // Rows of a tile past `end` are neither loaded nor read: the scores skip them and P*V stops
     // at the tile's last position (short contexts do a fraction of a tile's work). With the rope
     // the newest row is not loaded: put_newest writes it (after the wait: it needs k and v).
-    auto load_tile = [&](int tile, int buf) {
-        const int p0 = start + tile * TP;
+    auto load_tile = [&](int tile) {
+        const int p0 = start + tile * TP, buf = tile & 1;
         const int nrows = min(TP, end - p0);
-        for (int c = t; c < nrows * CH; c += kThreads) {
+        for (int c = t; c < nrows * CH; c += NT) {
             const int r = c / CH, cc = c % CH;
             if (rope && p0 + r == newest) continue;
             const size_t off = size_t(p0 + r) * a.kv_dim + cc * 8;
@@ -373,17 +387,17 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     // has finished, so the first two tiles load before the wait, off the critical path.
     int issued = 0;
     if (rope)
-        for (; issued < min(2, n_tiles); issued++) load_tile(issued, issued);
+        for (; issued < min(2, n_tiles); issued++) load_tile(issued);
     // The rope's angles need only the step's positions: computed before the wait, as the rope
     // kernel does.
     if (rope) {
-        for (int j = t; j < HD / 2; j += kThreads)
+        for (int j = t; j < HD / 2; j += NT)
             detail::rope_angle(newest, a.inv_freq[j], rc[j], rc[HD / 2 + j]);
         __syncthreads();
     }
     // q and the cache come from the kernels before (this may be a programmatic dependent launch)
     pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
-    if (issued == 0) load_tile(issued++, 0);
+    if (issued == 0) load_tile(issued++);
     // The newest k and v and q are each a trip to L2 (or further): all are requested before any
     // is used.
     int first_newest = -1;  // the loaded tile that holds the newest position, if any
@@ -396,7 +410,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     // q pre-scaled, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
     const float2* qrow =
         reinterpret_cast<const float2*>(a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD);
-    for (int i = t; i < G * HD / 2; i += kThreads) {
+    for (int i = t; i < G * HD / 2; i += NT) {
         float2 v = qrow[i];
         if (rope) {
             const int j = i % (HD / 2);
@@ -421,7 +435,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
         const int buf = tile & 1;
         if (tile + 1 < n_tiles) {
             if (issued == tile + 1) {
-                load_tile(issued++, buf ^ 1);
+                load_tile(issued++);
                 if (holds_newest(tile + 1) && t < CH) put_newest(tile + 1, t, load_newest(t));
             }
             cp_async_wait<1>();
@@ -458,27 +472,36 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
 #pragma unroll
             for (int j = 0; j < MAXJ_S; j++) {
                 const int g = sg + C::SETS_S * j;
-                if (g < G) ps[g * TP + sp] = sc[j];
+                if (g < G) ps[g * PS + sp] = sc[j];
             }
         } else {
 #pragma unroll
             for (int j = 0; j < MAXJ_S; j++) {
                 const int g = sg + C::SETS_S * j;
-                if (g < G) ps[g * TP + sp] = -INFINITY;
+                if (g < G) ps[g * PS + sp] = -INFINITY;
             }
         }
         __syncthreads();
 
-        // online softmax per head
-        for (int g = warp; g < G; g += kThreads / 32) {
-            const float s0 = ps[g * TP + lane], s1 = ps[g * TP + lane + 32];
+        // online softmax per head: lane takes positions lane, lane + 32, ...
+        for (int g = warp; g < G; g += NT / 32) {
+            float s[PL], mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < PL; i++) {
+                s[i] = ps[g * PS + lane + 32 * i];
+                mx = fmaxf(mx, s[i]);
+            }
             const float m_old = ms[g];
-            const float m_new =
-                fmaxf(m_old, warp_max(fmaxf(s0, s1)));  // finite: the tile has a valid position
-            const float e0 = exp2f(s0 - m_new), e1 = exp2f(s1 - m_new);
-            const float sum = warp_sum(e0 + e1);
-            ps[g * TP + lane] = e0;
-            ps[g * TP + lane + 32] = e1;
+            const float m_new = fmaxf(m_old, warp_max(mx));  // finite: the tile has a position
+            float e = 0.f;
+#pragma unroll
+            for (int i = 0; i < PL; i++) {
+                s[i] = exp2f(s[i] - m_new);
+                e += s[i];
+            }
+            const float sum = warp_sum(e);
+#pragma unroll
+            for (int i = 0; i < PL; i++) ps[g * PS + lane + 32 * i] = s[i];
             // Every lane has read ms[g] before the reductions above; the explicit warp barrier
             // makes that ordering visible to racecheck too.
             __syncwarp();
@@ -510,7 +533,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
                 for (int j = 0; j < MAXJ_PV; j++) {
                     const int g = pg + C::SETS_PV * j;
                     if (g < G) {
-                        const float w = ps[g * TP + p];
+                        const float w = ps[g * PS + p];
                         acc[j].x += w * vf.x;
                         acc[j].y += w * vf.y;
                     }
@@ -540,7 +563,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     if (live == 1) {
         if (a.qmode >= 0) {
             __syncthreads();
-            quantize_heads<HD>(qs, G, row, h0, a);
+            quantize_heads<HD, NT>(qs, G, row, h0, a);
         }
         return;
     }
@@ -558,29 +581,29 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     __syncthreads();
     if (!last) return;
     __threadfence();
-    static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
-                  "a lane reads two slices' (m, l); the weights reuse the scores' [G][TP] buffer");
+    static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= PS,
+                  "a lane reads two slices' (m, l); the weights reuse the scores' [G][PS] buffer");
     // Every read here comes from L2 and waits on the one before it unless issued together:
     // each (m, l) is read once, and the partials are read eight slices at a time.
-    float* wts = ps;  // [G][TP] slice weights
-    for (int g = warp; g < G; g += kThreads / 32) {
+    float* wts = ps;  // [G][PS] slice weights
+    for (int g = warp; g < G; g += NT / 32) {
         const float2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
         const float2 ml0 = lane < live ? __ldcg(ml + lane) : make_float2(-INFINITY, 0.f);
         const float2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : make_float2(-INFINITY, 0.f);
         const float M = warp_max(fmaxf(ml0.x, ml1.x));  // finite: every live slice has positions
         const float w0 = exp2f(ml0.x - M), w1 = exp2f(ml1.x - M);  // 0 past `live`
         const float L = warp_sum(ml0.y * w0 + ml1.y * w1);
-        if (lane < live) wts[g * TP + lane] = w0;
-        if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
+        if (lane < live) wts[g * PS + lane] = w0;
+        if (lane + 32 < live) wts[g * PS + lane + 32] = w1;
         if (lane == 0) ls[g] = 1.f / L;
     }
     __syncthreads();
     constexpr int kBatch = 8;
-    for (int u = t; u < G * HD / 4; u += kThreads) {  // 4 consecutive dims of one head
+    for (int u = t; u < G * HD / 4; u += NT) {  // 4 consecutive dims of one head
         const int g = u / (HD / 4), d = (u % (HD / 4)) * 4;
         const float4* pa = reinterpret_cast<const float4*>(
             a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
-        const float* w = wts + g * TP;
+        const float* w = wts + g * PS;
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int s0 = 0; s0 < live; s0 += kBatch) {
             float4 v[kBatch];
@@ -605,7 +628,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_tiled(DecodeArgs a) {
     }
     if (a.qmode >= 0) {
         __syncthreads();
-        quantize_heads<HD>(qs, G, row, h0, a);
+        quantize_heads<HD, NT>(qs, G, row, h0, a);
     }
 }
 
@@ -875,29 +898,47 @@ bool attn_has_prefill(const AttnShape& s) {
 // 70B 8, SmolLM2 3); any other group runs its runtime-group loop (GT = 0).
 using TiledGroups = std::integer_sequence<int, 1, 2, 3, 4, 6, 8>;
 
-// f(the tiled decode kernel for head size HD and this group).
-template <int HD, class F, int... G>
+// The tiled decode kernel's forms (DecodeTile): threads and positions per tile.
+template <int kNT, int kTP>
+struct TiledForm {
+    static constexpr int NT = kNT, TP = kTP;
+};
+using FullForm = TiledForm<kThreads, 64>;
+using WideForm = TiledForm<256, 64>;
+
+// f(the tiled decode kernel of this form for head size HD and this group).
+template <class Form, int HD, class F, int... G>
 void with_tiled_decode(int group, F&& f, std::integer_sequence<int, G...>) {
-    const bool compiled = ((group == G && (f(attn_decode_tiled<HD, G>), true)) || ...);
-    if (!compiled) f(attn_decode_tiled<HD, 0>);
-}
-template <int HD, class F>
-void with_tiled_decode(int group, F&& f) {
-    with_tiled_decode<HD>(group, f, TiledGroups{});
+    const bool compiled =
+        ((group == G && (f(attn_decode_tiled<HD, G, Form::NT, Form::TP>), true)) || ...);
+    if (!compiled) f(attn_decode_tiled<HD, 0, Form::NT, Form::TP>);
 }
 
-// Every tiled decode kernel of head size HD may use the shared memory of the largest group.
-template <int HD, int... G>
-void allow_tiled_decode_smem(std::integer_sequence<int, G...>) {
-    for (auto kernel : {attn_decode_tiled<HD, G>..., attn_decode_tiled<HD, 0>})
-        NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(DecodeTile<HD>::smem_bytes(kMaxGroup))),
-                      "cudaFuncSetAttribute attn_decode_tiled");
+// Every tiled decode kernel of a form and head size HD may use the shared memory of the largest
+// group.
+template <class Form, int HD, int... G>
+void init_tiled_decode(std::integer_sequence<int, G...>) {
+    for (auto kernel : {attn_decode_tiled<HD, G, Form::NT, Form::TP>...,
+                        attn_decode_tiled<HD, 0, Form::NT, Form::TP>})
+        NT_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 int(DecodeTile<HD, Form::NT, Form::TP>::smem_bytes(kMaxGroup))),
+            "cudaFuncSetAttribute attn_decode_tiled");
+}
+
+// Whether version 0 takes the wide tiled form (on unless NT_ATTN_WIDE=0, for A/B runs): faster
+// than the full form at every context with one row (8B Q4_K_M decode +1.8%, BENCHMARKS twelfth
+// session), within 3% of it at four rows and long contexts.
+static bool attn_wide_enabled() {
+    static const bool on = env_switch("NT_ATTN_WIDE");
+    return on;
 }
 
 void attn_init() {
-    allow_tiled_decode_smem<64>(TiledGroups{});
-    allow_tiled_decode_smem<128>(TiledGroups{});
+    init_tiled_decode<FullForm, 64>(TiledGroups{});
+    init_tiled_decode<FullForm, 128>(TiledGroups{});
+    init_tiled_decode<WideForm, 64>(TiledGroups{});
+    init_tiled_decode<WideForm, 128>(TiledGroups{});
     NT_CUDA_CHECK(
         cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              int(PrefillTile<64>::smem_bytes())),
@@ -962,14 +1003,17 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.xd = nullptr;
     a.qmode = -1;
     a.k_new = a.v_new = a.inv_freq = nullptr;
+    // The wide tiled form: version 3, or version 0 unless NT_ATTN_WIDE=0.
+    const bool wide =
+        version == 3 || (version == 0 && attn_has_fast_decode(s) && attn_wide_enabled());
     if (rope) {
-        if (version != 0 || !attn_decode_fuses_rope(s, n_rows))
+        if (version == 1 || !attn_decode_fuses_rope(s, n_rows))
             fail("attention: the decode kernel cannot do the rope here (%d rows).", n_rows);
         a.k_new = rope->k;
         a.v_new = rope->v;
         a.inv_freq = rope->inv_freq;
     }
-    const bool tiled = version == 2 || (version == 0 && attn_has_fast_decode(s));
+    const bool tiled = version == 2 || wide || (version == 0 && attn_has_fast_decode(s));
     if (tiled && !attn_has_fast_decode(s))
         fail("attention: no tiled decode kernel for head_dim %d.", s.head_dim);
     if (tiled) {
@@ -984,16 +1028,22 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
         // KV heads fastest: the blocks are dispatched in order, so the first slices (the only
         // ones a short context has) get multiprocessors first, ahead of the blocks that exit.
         const dim3 grid(unsigned(s.n_head_kv), unsigned(splits), unsigned(n_rows));
-        auto go = [&](auto kernel, size_t smem) {
-            launch_kernel(pdl, kernel, grid, dim3(kThreads), smem, stream,
-                          "attention decode kernel (tiled)", a);
+        auto launch = [&]<class Form, int HD>() {
+            with_tiled_decode<Form, HD>(
+                a.group,
+                [&](auto kernel) {
+                    launch_kernel(pdl, kernel, grid, dim3(Form::NT),
+                                  DecodeTile<HD, Form::NT, Form::TP>::smem_bytes(a.group), stream,
+                                  "attention decode kernel (tiled)", a);
+                },
+                TiledGroups{});
         };
-        if (s.head_dim == 64)
-            with_tiled_decode<64>(a.group,
-                                  [&](auto k) { go(k, DecodeTile<64>::smem_bytes(a.group)); });
+        if (wide)
+            s.head_dim == 64 ? launch.template operator()<WideForm, 64>()
+                             : launch.template operator()<WideForm, 128>();
         else
-            with_tiled_decode<128>(a.group,
-                                   [&](auto k) { go(k, DecodeTile<128>::smem_bytes(a.group)); });
+            s.head_dim == 64 ? launch.template operator()<FullForm, 64>()
+                             : launch.template operator()<FullForm, 128>();
         return a.qmode >= 0;  // merged (and quantized) by the kernel itself
     }
     const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));

@@ -103,7 +103,8 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 // `done`: n_rows * n_head_kv ints, zero before the first call; each call leaves them zero (the
 // tiled kernel's count of finished slices per (row, KV head); unused with one split).
 // q and out are [batch][n_head * head_dim]. `version`: 0 = best for the shape, 1 = generic,
-// 2 = tiled (the harness compares them).
+// 2 = tiled, 3 = tiled in its wide form (256 threads; what version 0 takes unless NT_ATTN_WIDE=0).
+// The harness compares them.
 // quant (optional): the tiled kernel also writes out's int8 activations into the slot, exactly
 // as detail::quantize_q8(out, n_rows, q_dim, quant->mode) would, when every row of out is a
 // decode row listed in rows; returns whether it did (it cannot where a kernel block's heads are
