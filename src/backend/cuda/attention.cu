@@ -42,7 +42,8 @@ namespace nt::cuda {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kThreads = 128;   // 4 warps a block (the tiled decode kernel's wide form: 8)
+constexpr int kThreads = 128;  // 4 warps a block (the tiled decode kernel's wide form: 8)
+constexpr int kWideThreads = 256;
 constexpr int kMaxSplits = 64;  // context slices per (row, kv head) in decode
 constexpr int kMaxGroup = 16;   // query heads per KV head the tiled decode kernel handles
 constexpr int kGenericMaxHd = 256;
@@ -223,27 +224,26 @@ __global__ void __launch_bounds__(kThreads) attn_decode_generic(DecodeArgs a) {
     if (a.splits > 1 && threadIdx.x == 0) a.part_ml[idx] = make_float2(M, L);
 }
 
-// The tiled decode kernel's shape: HD head size, NT threads, TP positions per tile. The wide form
-// (256 threads) gives each thread half the heads of the full form (128) in the score and P*V
-// phases: a block's serial work, which a decode step at short contexts waits on, halves.
-template <int HD, int NT = kThreads, int TPOS = 64>
+// The tiled decode kernel's shape: HD head size, NT threads (kThreads, or kWideThreads for the
+// wide form, which gives each thread half the heads in the score and P*V phases: a block's
+// serial work, which a decode step at short contexts waits on, halves).
+template <int HD, int NT = kThreads>
 struct DecodeTile {
-    static constexpr int TP = TPOS;     // positions per tile
-    static constexpr int ROW = HD + 8;  // padded smem row: conflict-free 16-byte reads
-    static constexpr int PS = TP > kMaxSplits ? TP : kMaxSplits;  // a head's scores or weights
-    static constexpr int SETS_S = NT / TP;                        // head sets in the score phase
-    static constexpr int SETS_PV = NT / (HD / 2);                 // head sets in the P*V phase
+    static constexpr int TP = 64;                  // positions per tile
+    static constexpr int ROW = HD + 8;             // padded smem row: conflict-free 16-byte reads
+    static constexpr int SETS_S = NT / TP;         // head sets in the score phase
+    static constexpr int SETS_PV = NT / (HD / 2);  // head sets in the P*V phase
     static constexpr int MAXJ_S = kMaxGroup / SETS_S;
     static constexpr int MAXJ_PV = kMaxGroup / SETS_PV;
-    static_assert(TP % 32 == 0 && NT % TP == 0 && NT % (HD / 2) == 0 && NT >= HD / 8,
+    static_assert(NT % TP == 0 && NT % (HD / 2) == 0 && NT >= HD / 8,
                   "whole head sets in every phase; a thread per 16-byte chunk of a row");
     static size_t smem_bytes(int group) {  // (+ HD: the rope's cos and sin)
         return size_t(2 * 2 * TP * ROW) * sizeof(__half) +
-               size_t(group * HD + group * PS + 3 * group + HD) * sizeof(float);
+               size_t(group * HD + group * TP + 3 * group + HD) * sizeof(float);
     }
 };
-// Other forms than the full one run at most 64 registers a thread: minimum blocks per
-// multiprocessor for __launch_bounds__ (0 for the full form: no limit beyond the thread count).
+// The wide form runs at most 64 registers a thread: minimum blocks per multiprocessor for
+// __launch_bounds__ (0 for the full form: no limit beyond the thread count).
 constexpr int decode_min_blocks(int nt) {
     return nt == kThreads ? 0 : 65536 / (nt * 64);
 }
@@ -297,10 +297,10 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
 // head loops then have exactly the heads there are; sized for kMaxGroup, their idle
 // iterations were issued predicated off (a decode step at 8 positions issued about 2400
 // instructions per warp for some 600 useful ones).
-template <int HD, int GT, int NT = kThreads, int TPOS = 64>
+template <int HD, int GT, int NT = kThreads>
 __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(DecodeArgs a) {
-    using C = DecodeTile<HD, NT, TPOS>;
-    constexpr int TP = C::TP, ROW = C::ROW, PS = C::PS, PL = TP / 32;
+    using C = DecodeTile<HD, NT>;
+    constexpr int TP = C::TP, ROW = C::ROW, PL = TP / 32;
     constexpr int MAXJ_S = GT > 0 ? (GT + C::SETS_S - 1) / C::SETS_S : C::MAXJ_S;
     constexpr int MAXJ_PV = GT > 0 ? (GT + C::SETS_PV - 1) / C::SETS_PV : C::MAXJ_PV;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -308,8 +308,8 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     __half* vbuf = kbuf + 2 * TP * ROW;              // [2][TP][ROW]
     const int G = GT > 0 ? GT : a.group;
     float* qs = reinterpret_cast<float*>(vbuf + 2 * TP * ROW);  // [G][HD], pre-scaled
-    float* ps = qs + G * HD;                                    // [G][PS] scores, then weights
-    float* ms = ps + G * PS;                                    // [G] running max
+    float* ps = qs + G * HD;                                    // [G][TP] scores, then weights
+    float* ms = ps + G * TP;                                    // [G] running max
     float* ls = ms + G;                                         // [G] running sum
     float* cs = ls + G;                                         // [G] this tile's rescale factor
     float* rc = cs + G;                                         // [HD / 2] rope cos, then sin
@@ -472,13 +472,13 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
 #pragma unroll
             for (int j = 0; j < MAXJ_S; j++) {
                 const int g = sg + C::SETS_S * j;
-                if (g < G) ps[g * PS + sp] = sc[j];
+                if (g < G) ps[g * TP + sp] = sc[j];
             }
         } else {
 #pragma unroll
             for (int j = 0; j < MAXJ_S; j++) {
                 const int g = sg + C::SETS_S * j;
-                if (g < G) ps[g * PS + sp] = -INFINITY;
+                if (g < G) ps[g * TP + sp] = -INFINITY;
             }
         }
         __syncthreads();
@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             float s[PL], mx = -INFINITY;
 #pragma unroll
             for (int i = 0; i < PL; i++) {
-                s[i] = ps[g * PS + lane + 32 * i];
+                s[i] = ps[g * TP + lane + 32 * i];
                 mx = fmaxf(mx, s[i]);
             }
             const float m_old = ms[g];
@@ -501,7 +501,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             }
             const float sum = warp_sum(e);
 #pragma unroll
-            for (int i = 0; i < PL; i++) ps[g * PS + lane + 32 * i] = s[i];
+            for (int i = 0; i < PL; i++) ps[g * TP + lane + 32 * i] = s[i];
             // Every lane has read ms[g] before the reductions above; the explicit warp barrier
             // makes that ordering visible to racecheck too.
             __syncwarp();
@@ -533,7 +533,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
                 for (int j = 0; j < MAXJ_PV; j++) {
                     const int g = pg + C::SETS_PV * j;
                     if (g < G) {
-                        const float w = ps[g * PS + p];
+                        const float w = ps[g * TP + p];
                         acc[j].x += w * vf.x;
                         acc[j].y += w * vf.y;
                     }
@@ -581,11 +581,11 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     __syncthreads();
     if (!last) return;
     __threadfence();
-    static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= PS,
-                  "a lane reads two slices' (m, l); the weights reuse the scores' [G][PS] buffer");
+    static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
+                  "a lane reads two slices' (m, l); the weights reuse the scores' [G][TP] buffer");
     // Every read here comes from L2 and waits on the one before it unless issued together:
     // each (m, l) is read once, and the partials are read eight slices at a time.
-    float* wts = ps;  // [G][PS] slice weights
+    float* wts = ps;  // [G][TP] slice weights
     for (int g = warp; g < G; g += NT / 32) {
         const float2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
         const float2 ml0 = lane < live ? __ldcg(ml + lane) : make_float2(-INFINITY, 0.f);
@@ -593,8 +593,8 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         const float M = warp_max(fmaxf(ml0.x, ml1.x));  // finite: every live slice has positions
         const float w0 = exp2f(ml0.x - M), w1 = exp2f(ml1.x - M);  // 0 past `live`
         const float L = warp_sum(ml0.y * w0 + ml1.y * w1);
-        if (lane < live) wts[g * PS + lane] = w0;
-        if (lane + 32 < live) wts[g * PS + lane + 32] = w1;
+        if (lane < live) wts[g * TP + lane] = w0;
+        if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
         if (lane == 0) ls[g] = 1.f / L;
     }
     __syncthreads();
@@ -603,7 +603,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         const int g = u / (HD / 4), d = (u % (HD / 4)) * 4;
         const float4* pa = reinterpret_cast<const float4*>(
             a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
-        const float* w = wts + g * PS;
+        const float* w = wts + g * TP;
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int s0 = 0; s0 < live; s0 += kBatch) {
             float4 v[kBatch];
@@ -898,32 +898,32 @@ bool attn_has_prefill(const AttnShape& s) {
 // 70B 8, SmolLM2 3); any other group runs its runtime-group loop (GT = 0).
 using TiledGroups = std::integer_sequence<int, 1, 2, 3, 4, 6, 8>;
 
-// The tiled decode kernel's forms (DecodeTile): threads and positions per tile.
-template <int kNT, int kTP>
-struct TiledForm {
-    static constexpr int NT = kNT, TP = kTP;
-};
-using FullForm = TiledForm<kThreads, 64>;
-using WideForm = TiledForm<256, 64>;
-
-// f(the tiled decode kernel of this form for head size HD and this group).
-template <class Form, int HD, class F, int... G>
+// f(the tiled decode kernel of NT threads for head size HD and this group).
+template <int NT, int HD, class F, int... G>
 void with_tiled_decode(int group, F&& f, std::integer_sequence<int, G...>) {
-    const bool compiled =
-        ((group == G && (f(attn_decode_tiled<HD, G, Form::NT, Form::TP>), true)) || ...);
-    if (!compiled) f(attn_decode_tiled<HD, 0, Form::NT, Form::TP>);
+    const bool compiled = ((group == G && (f(attn_decode_tiled<HD, G, NT>), true)) || ...);
+    if (!compiled) f(attn_decode_tiled<HD, 0, NT>);
 }
 
-// Every tiled decode kernel of a form and head size HD may use the shared memory of the largest
-// group.
-template <class Form, int HD, int... G>
+// Every tiled decode kernel of NT threads and head size HD may use the shared memory of the
+// largest group.
+template <int NT, int HD, int... G>
 void init_tiled_decode(std::integer_sequence<int, G...>) {
-    for (auto kernel : {attn_decode_tiled<HD, G, Form::NT, Form::TP>...,
-                        attn_decode_tiled<HD, 0, Form::NT, Form::TP>})
-        NT_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 int(DecodeTile<HD, Form::NT, Form::TP>::smem_bytes(kMaxGroup))),
-            "cudaFuncSetAttribute attn_decode_tiled");
+    for (auto kernel : {attn_decode_tiled<HD, G, NT>..., attn_decode_tiled<HD, 0, NT>})
+        NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(DecodeTile<HD, NT>::smem_bytes(kMaxGroup))),
+                      "cudaFuncSetAttribute attn_decode_tiled");
+}
+
+template <int NT, int HD>
+void launch_tiled_decode(const DecodeArgs& a, dim3 grid, bool pdl, cudaStream_t stream) {
+    with_tiled_decode<NT, HD>(
+        a.group,
+        [&](auto kernel) {
+            launch_kernel(pdl, kernel, grid, dim3(NT), DecodeTile<HD, NT>::smem_bytes(a.group),
+                          stream, "attention decode kernel (tiled)", a);
+        },
+        TiledGroups{});
 }
 
 // Whether version 0 takes the wide tiled form (on unless NT_ATTN_WIDE=0, for A/B runs): faster
@@ -935,10 +935,10 @@ static bool attn_wide_enabled() {
 }
 
 void attn_init() {
-    init_tiled_decode<FullForm, 64>(TiledGroups{});
-    init_tiled_decode<FullForm, 128>(TiledGroups{});
-    init_tiled_decode<WideForm, 64>(TiledGroups{});
-    init_tiled_decode<WideForm, 128>(TiledGroups{});
+    init_tiled_decode<kThreads, 64>(TiledGroups{});
+    init_tiled_decode<kThreads, 128>(TiledGroups{});
+    init_tiled_decode<kWideThreads, 64>(TiledGroups{});
+    init_tiled_decode<kWideThreads, 128>(TiledGroups{});
     NT_CUDA_CHECK(
         cudaFuncSetAttribute(attn_prefill_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              int(PrefillTile<64>::smem_bytes())),
@@ -1028,22 +1028,12 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
         // KV heads fastest: the blocks are dispatched in order, so the first slices (the only
         // ones a short context has) get multiprocessors first, ahead of the blocks that exit.
         const dim3 grid(unsigned(s.n_head_kv), unsigned(splits), unsigned(n_rows));
-        auto launch = [&]<class Form, int HD>() {
-            with_tiled_decode<Form, HD>(
-                a.group,
-                [&](auto kernel) {
-                    launch_kernel(pdl, kernel, grid, dim3(Form::NT),
-                                  DecodeTile<HD, Form::NT, Form::TP>::smem_bytes(a.group), stream,
-                                  "attention decode kernel (tiled)", a);
-                },
-                TiledGroups{});
-        };
-        if (wide)
-            s.head_dim == 64 ? launch.template operator()<WideForm, 64>()
-                             : launch.template operator()<WideForm, 128>();
+        if (s.head_dim == 64)
+            wide ? launch_tiled_decode<kWideThreads, 64>(a, grid, pdl, stream)
+                 : launch_tiled_decode<kThreads, 64>(a, grid, pdl, stream);
         else
-            s.head_dim == 64 ? launch.template operator()<FullForm, 64>()
-                             : launch.template operator()<FullForm, 128>();
+            wide ? launch_tiled_decode<kWideThreads, 128>(a, grid, pdl, stream)
+                 : launch_tiled_decode<kThreads, 128>(a, grid, pdl, stream);
         return a.qmode >= 0;  // merged (and quantized) by the kernel itself
     }
     const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));
