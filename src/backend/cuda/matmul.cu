@@ -269,17 +269,9 @@ bool qkv_stack_enabled() {
     return on;
 }
 
-// Whether a matrix left over beside a stack (Q4_K_M's Q6_K v beside its q/k stack) runs on a
-// side stream, concurrently with the stack (on unless NT_QKV_FORK_REST=0, for A/B runs: then it
-// runs after the stack).
-bool qkv_fork_rest_enabled() {
-    static const bool on = env_switch("NT_QKV_FORK_REST");
-    return on;
-}
-
 // The stacked path of matmul_qkv: false (nothing launched) where no two matrices stack.
 bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float* const (&y)[3],
-                 MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f) {
+                 MatmulWorkspace& ws, cudaStream_t stream) {
     if (!qkv_stack_enabled()) return false;
     const int64_t cols = w[0].cols;
     // Only matrices whose own GEMV is the pipe kernel: each row is then summed as it would be
@@ -290,53 +282,28 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     for (int i = 0; i < 3; ++i)
         pipe[i] = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count).kernel ==
                   GemvKernel::Pipe;
-    // The stacks (one per type of at least two matrices), then the matrices left over.
-    detail::GemvStack stacks[3];
-    GgmlType stack_type[3];
-    int n_stacks = 0;
+    // The stacks first (one per type), then the matrices left over.
+    bool any = false;
     for (int i = 0; i < 3; ++i) {
         if (!pipe[i] || stacked[i]) continue;
         int same[3], count = 0;
         for (int j = i; j < 3; ++j)
             if (pipe[j] && w[j].type == w[i].type) same[count++] = j;
         if (count < 2) continue;
+        detail::GemvStack st;
         for (int k = 0; k < count; ++k) {
-            stacks[n_stacks].add(w[same[k]].data, w[same[k]].rows, y[same[k]]);
+            st.add(w[same[k]].data, w[same[k]].rows, y[same[k]]);
             stacked[same[k]] = true;
         }
-        stack_type[n_stacks++] = w[i].type;
+        detail::gemv_stack(w[i].type, st, cols, a.xq, a.xd, n, ws.pdl, stream);
+        any = true;
     }
-    if (n_stacks == 0) return false;
-    auto rest = [&](int i, cudaStream_t s, bool pdl) {
+    if (!any) return false;
+    for (int i = 0; i < 3; ++i) {
+        if (stacked[i]) continue;
         GemvConfig c = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count);
-        c.pdl = pdl;
-        detail::gemv_q8(w[i].type, w[i].data, w[i].rows, cols, a.xq, a.xd, n, y[i], c, s);
-    };
-    // Left over beside the stack: on a side stream first, so it is not queued behind the
-    // stack's CTAs (no programmatic launch there: its predecessor is the fork, not a kernel).
-    const bool fork = qkv_fork_rest_enabled() && f.side[0] && f.side[1];
-    int sides = 0;
-    if (fork) {
-        for (int i = 0; i < 3; ++i) {
-            if (stacked[i]) continue;
-            if (sides == 0)
-                NT_CUDA_CHECK(cudaEventRecord(f.fork, stream), "cudaEventRecord (q/k/v fork)");
-            cudaStream_t s = f.side[sides];
-            NT_CUDA_CHECK(cudaStreamWaitEvent(s, f.fork, 0), "cudaStreamWaitEvent (q/k/v fork)");
-            rest(i, s, false);
-            NT_CUDA_CHECK(cudaEventRecord(f.join[sides], s), "cudaEventRecord (q/k/v join)");
-            sides++;
-        }
-    }
-    for (int k = 0; k < n_stacks; ++k)
-        detail::gemv_stack(stack_type[k], stacks[k], cols, a.xq, a.xd, n, ws.pdl, stream);
-    if (fork) {
-        for (int k = 0; k < sides; ++k)
-            NT_CUDA_CHECK(cudaStreamWaitEvent(stream, f.join[k], 0),
-                          "cudaStreamWaitEvent (q/k/v join)");
-    } else {
-        for (int i = 0; i < 3; ++i)
-            if (!stacked[i]) rest(i, stream, ws.pdl);
+        c.pdl = ws.pdl;
+        detail::gemv_q8(w[i].type, w[i].data, w[i].rows, cols, a.xq, a.xd, n, y[i], c, stream);
     }
     return true;
 }
@@ -353,7 +320,7 @@ bool matmul_qkv(const WeightView (&w)[3], const float* x, int n, float* const (&
     for (int i = 0; i < 3; ++i) check_args(w[i], x, n, y[i]);
     const int64_t cols = w[0].cols;
     const ActivationSlot a = gemv_activations(w[0].type, x, n, cols, ws, stream, x_unchanged);
-    if (!qkv_stacked(w, a, n, y, ws, stream, f)) {
+    if (!qkv_stacked(w, a, n, y, ws, stream)) {
         NT_CUDA_CHECK(cudaEventRecord(f.fork, stream), "cudaEventRecord (q/k/v fork)");
         // The side GEMVs first, so the small ones are not queued behind the large one's CTAs;
         // no programmatic launch there (their predecessor in the stream is the fork, not a

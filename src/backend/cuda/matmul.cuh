@@ -116,12 +116,11 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
                    GgmlType next = GgmlType::F32, bool* y_quantized = nullptr);
 
 // Three GEMVs of the same x (the attention's q, k and v projections). Matrices that share a
-// type whose GEMV here is the pipe kernel run as one launch over their stacked rows (a
-// programmatic dependent launch where ws.pdl), a matrix left over beside it on a side stream
-// (Q4_K_M's Q6_K v; after the stack on `stream` with NT_QKV_FORK_REST=0); with no two to
+// type whose GEMV here is the pipe kernel run as one launch over their stacked rows, the others
+// after it on `stream` (all programmatic dependent launches where ws.pdl); with no two to
 // stack (or NT_QKV_STACK=0) the three run concurrently: w[0] on `stream`, w[1] and w[2] on
-// the two side streams. Side streams fork from `stream` after x's quantization (event `fork`)
-// and join it again (events `join`). Either way later work on `stream` sees all three outputs (in a
+// the two side streams, which fork from `stream` after x's quantization (event `fork`) and join
+// it again (events `join`). Either way later work on `stream` sees all three outputs (in a
 // graph capture too). Returns false, launching nothing, where it does not apply: batches above
 // kGemvMaxBatch, float weights, or weights whose activation quantizations or column counts
 // differ (the caller runs three matmuls). x_unchanged as for matmul().
