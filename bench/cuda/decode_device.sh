@@ -9,6 +9,10 @@
 #   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64 (after types: needs the disk)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
 #   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
+#   bench/cuda/decode_device.sh sections # the first kernels of one 8B Q4_K_M decode token under ncu's
+#                                        # SpeedOfLight, Occupancy, LaunchStats and WarpStateStats
+#                                        # sections (NCU_COUNT kernels, default 60): per kernel, its
+#                                        # time, DRAM throughput, occupancy and top stall reasons
 #   bench/cuda/decode_device.sh timeline # 8B decode tokens (AB_MODELS) traced kernel by kernel in place
 #                                        # (kernel_trace.cpp, CUPTI): each kernel's time and gaps
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
@@ -122,6 +126,15 @@ for k, v in sorted(t.items(), key=lambda kv: -kv[1])[:25]:
     print(f"{v:9.1f} us {c[k]:5d} x  {k[:150]}")
 print(f"{sum(t.values()):9.1f} us total, {sum(c.values())} kernels")
 EOF
+        ;;
+    sections)
+        wait_model q4_k_m
+        run timeout 400 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+            --section LaunchStats --section WarpStateStats --metrics dram__bytes_read.sum.per_second \
+            --launch-count "${NCU_COUNT:-60}" \
+            --kernel-name regex:"gemv|attn|rmsnorm" --page raw --csv --log-file "$out/ncu_sections.csv" \
+            "$nt" bench -m "$(model q4_k_m)" --device cuda -p 0 -n 1 -r 1 >/dev/null 2>&1
+        python3 bench/cuda/ncu_sections.py "$out/ncu_sections.csv"
         ;;
     timeline)
         local cuda=${CUDA_HOME:-/usr/local/cuda} lib hdr
