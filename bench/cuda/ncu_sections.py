@@ -21,6 +21,9 @@ def num(s):
 
 def short_name(full):
     """The kernel's name with its template arguments, without its parameter list."""
+    for noise in ("void ", "(anonymous namespace)::", "<unnamed>::", "unnamed>::",
+                  "nt::cuda::detail::", "nt::cuda::", "detail::", "(nt::GgmlType)"):
+        full = full.replace(noise, "")
     depth = 0
     for i, ch in enumerate(full):
         if ch == "<":
@@ -30,9 +33,7 @@ def short_name(full):
         elif ch == "(" and depth == 0 and i > 0:
             full = full[:i]
             break
-    for noise in ("void ", "nt::cuda::detail::", "nt::cuda::", "(nt::GgmlType)"):
-        full = full.replace(noise, "")
-    return full[:90]
+    return full[:60]
 
 
 def main(path):
@@ -55,7 +56,7 @@ def main(path):
     groups = collections.defaultdict(list)
     for r in data:
         groups[short_name(r[col["Kernel Name"]])].append(r)
-    print(f"{'kernel':90} {'n':>3} {'us':>7} {'dram%':>6} {'GB/s':>6} {'occ%':>5} {'theo%':>5} "
+    print(f"{'kernel':60} {'grid':>6} {'n':>3} {'us':>7} {'dram%':>6} {'GB/s':>6} {'occ%':>5} {'theo%':>5} "
           f"{'regs':>4}  stalls (warps per issued instruction)")
     for name, rs in sorted(groups.items(), key=lambda kv: -sum(get(r, dur) or 0 for r in kv[1])):
         def mean(metric):
@@ -64,11 +65,13 @@ def main(path):
         us = mean(dur) * dur_scale
         bw = mean("dram__bytes_read.sum.per_second")
         bw_unit = units[col["dram__bytes_read.sum.per_second"]] if "dram__bytes_read.sum.per_second" in col else ""
-        gbs = bw * {"Tbyte/second": 1e3, "Gbyte/second": 1.0, "Mbyte/second": 1e-3}.get(bw_unit, float("nan"))
+        gbs = bw * {"byte/s": 1e-9, "byte/second": 1e-9, "Kbyte/second": 1e-6,
+                    "Mbyte/second": 1e-3, "Gbyte/second": 1.0, "Tbyte/second": 1e3}.get(bw_unit, float("nan"))
         top = sorted(((mean(f"smsp__average_warps_issue_stalled_{k}_per_issue_active.ratio"), k)
                       for k in stall), reverse=True)[:3]
-        print(f"{name:90} {len(rs):3d} {us:7.1f} "
-              f"{mean('dram__throughput.avg.pct_of_peak_sustained_elapsed'):6.1f} "
+        grid = rs[0][col["Grid Size"]].strip("()").split(",")[0] if "Grid Size" in col else "?"
+        print(f"{name:60} {grid:>6} {len(rs):3d} {us:7.1f} "
+              f"{mean('gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed'):6.1f} "
               f"{gbs:6.0f} {mean('sm__warps_active.avg.pct_of_peak_sustained_active'):5.1f} "
               f"{mean('sm__maximum_warps_per_active_cycle_pct'):5.1f} "
               f"{mean('launch__registers_per_thread'):4.0f}  "
