@@ -861,6 +861,93 @@ TEST(CudaBackend, QkvStackedOrForked) {
     p.gpu.set_graphs(true);
 }
 
+// A decode step's add_rmsnorm before q/k/v and before gate/up, run inside the GEMV on its output
+// (set_norm_in_gemv, the default) or as its own kernel first: the same bits in everything the
+// step leaves (x, the norm's float output, q, k, v, gate and the down projection that reads the
+// pair's own quantization), eager and as a graph (capture, then replays with new data), with y
+// and without (the first layer's norm). The mixes cover the GEMVs that run the norm (Q4_K's
+// stack and pair, Q4_K_M's q/k stack with its Q6_K v after it, Q6_K's and Q8_0's pairs) and
+// those that launch its kernel first (Q6_K's forked q/k/v, Q8_0's q/k/v below the TMA form's
+// rows); the count of GEMVs that ran a norm says which.
+TEST(CudaBackend, NormInsideTheGemvMatchesItsKernel) {
+    NT_REQUIRE_GPU();
+    const ModelShape s = make_shape(128, 32, 8);  // n_embd 4096, q 4096 rows, k/v 1024, ff 8192
+    const int dim = s.n_embd, nq = s.n_head * s.head_dim, nkv = s.n_head_kv * s.head_dim;
+    const int ff = s.n_ff, nd = 512;
+    CudaBackend gpu;
+    gpu.init(s, 8, 1, 64);
+    Activations& a = gpu.acts();
+    const WeightView n1 = on_gpu(gpu, random_weight(GgmlType::F32, 1, dim, 201, 2.f));
+    const WeightView n2 = on_gpu(gpu, random_weight(GgmlType::F32, 1, dim, 202, 2.f));
+    const WeightView wd = on_gpu(gpu, random_weight(GgmlType::Q6_K, nd, ff, 203));
+    struct Mix {
+        GgmlType q, k, v, ffn;
+        int64_t norms_inside;  // GEMVs of a step that run the norm
+    };
+    for (Mix mx : {Mix{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, 2},
+                   Mix{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_K, 2},
+                   Mix{GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q6_K, 1},
+                   Mix{GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, 1}}) {
+        const WeightView wq = on_gpu(gpu, random_weight(mx.q, nq, dim, 211));
+        const WeightView wk = on_gpu(gpu, random_weight(mx.k, nkv, dim, 212));
+        const WeightView wv = on_gpu(gpu, random_weight(mx.v, nkv, dim, 213));
+        const WeightView wg = on_gpu(gpu, random_weight(mx.ffn, ff, dim, 214));
+        const WeightView wu = on_gpu(gpu, random_weight(mx.ffn, ff, dim, 215));
+        Batch b;
+        b.add(0, 0, 0, true);
+        // One step from fresh x and y; what it leaves, in order: x, xn, q, k, v, gate, att.
+        auto step = [&](uint32_t seed, bool with_y) {
+            gpu.upload(a.x, random_floats(dim, seed, -3.f, 3.f).data(), dim * sizeof(float));
+            gpu.upload(a.xn, random_floats(dim, seed + 1, -3.f, 3.f).data(), dim * sizeof(float));
+            gpu.begin_step(b);
+            gpu.add_rmsnorm(a.x, with_y ? a.xn : nullptr, n1, 1, dim, a.xn, mx.q);
+            gpu.qkv(wq, wk, wv, a.xn, 1, a.q, a.k, a.v);
+            gpu.add_rmsnorm(a.x, a.q, n2, 1, dim, a.xn, mx.ffn);  // q stands in for wo's output
+            gpu.ffn_gate_up(wg, wu, a.xn, 1, a.gate, a.up, GgmlType::Q6_K);
+            gpu.matmul(wd, a.gate, 1, a.att);
+            gpu.end_step();
+            std::vector<std::vector<float>> out;
+            const std::pair<float*, int> fields[] = {{a.x, dim}, {a.xn, dim}, {a.q, nq},
+                                                     {a.k, nkv}, {a.v, nkv},  {a.gate, ff},
+                                                     {a.att, nd}};
+            for (auto [f, len] : fields) {
+                out.emplace_back(size_t(len));
+                gpu.download(f, out.back().data(), size_t(len));
+            }
+            return out;
+        };
+        const char* names[] = {"x", "xn", "q", "k", "v", "gate", "down"};
+        for (bool with_y : {true, false}) {
+            auto seed = [&](int rep) { return 300 + 10 * uint32_t(rep) + (with_y ? 0 : 5); };
+            gpu.set_graphs(false);
+            gpu.set_norm_in_gemv(false);
+            std::vector<std::vector<float>> want[3];
+            for (int rep = 0; rep < 3; rep++) want[rep] = step(seed(rep), with_y);
+            for (bool graphs : {false, true}) {
+                gpu.set_graphs(graphs);
+                gpu.set_norm_in_gemv(true);  // drops recorded steps: the first graph step records
+                for (int rep = 0; rep < 3; rep++) {
+                    const int64_t before = cuda::detail::gemv_norms_inside();
+                    const int replays = gpu.graph_stats().replays;
+                    const auto got = step(seed(rep), with_y);
+                    const bool replayed = gpu.graph_stats().replays > replays;
+                    const std::string what = std::string(type_name(mx.q)) + "/" + type_name(mx.v) +
+                                             (with_y ? " x+y" : " x") +
+                                             (graphs ? " graph " : " eager ") + std::to_string(rep);
+                    // Counted on the host as the GEMVs launch: a replay launches nothing.
+                    EXPECT_EQ(cuda::detail::gemv_norms_inside() - before,
+                              replayed ? 0 : mx.norms_inside)
+                        << what;
+                    if (graphs && rep > 0 && gpu.graphs()) EXPECT_TRUE(replayed) << what;
+                    for (size_t i = 0; i < got.size(); i++)
+                        expect_equal(got[i], want[rep][i], what + " " + names[i]);
+                }
+            }
+        }
+    }
+    gpu.set_graphs(true);
+}
+
 // ---- attention against the CPU backend -----------------------------------------------------
 
 struct AttnCase {
