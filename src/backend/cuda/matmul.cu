@@ -192,7 +192,7 @@ bool matmul_norm_in(const MatmulWorkspace& ws, float* x, const float* y, const W
                     int dim, float eps, float* out, const ActivationSlot& slot, NormIn* norm) {
     static const bool on = env_switch("NT_NORM_IN_GEMV");
     auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!on || n != 1 || dim != kNormInGemvDim || w.type != GgmlType::F32 ||
+    if (!on || n != 1 || dim % 1024 != 0 || dim > 4096 || w.type != GgmlType::F32 ||
         w.cols * w.rows < dim || !ws.norm_counter || !aligned(x) || (y && !aligned(y)) ||
         !aligned(w.data) || !aligned(out) || !aligned(slot.xq))
         return false;

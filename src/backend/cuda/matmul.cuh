@@ -52,13 +52,10 @@ struct GemvSplitScratch {
 // An add_rmsnorm of one row whose output only GEMVs read (x += y, out = rmsnorm(x) * w, out's
 // int8 activations into the slot xq/xd for `mode`), not launched yet: matmul_qkv and
 // matmul_swiglu run it inside the first GEMV on out where that GEMV's kernel can (its TMA form,
-// rows of kNormInGemvDim columns, launched in clusters of 4 CTAs: each CTA norms and quantizes a
-// quarter of the row after its wait and hands it to the others through distributed shared
-// memory; the last cluster writes x, out and the slot), and otherwise launch add_rmsnorm's
-// kernel first. Either
+// rows of at most 4096 columns; every CTA norms the row itself after its wait, and the last one
+// to do so writes x, out and the slot), and otherwise launch add_rmsnorm's kernel first. Either
 // way x, out and the slot end as add_rmsnorm leaves them, bit for bit. One kernel boundary fewer
 // on the decode step's critical path, twice a layer. F32 norm weights only; y may be null.
-constexpr int kNormInGemvDim = 4096;  // the rows the GEMVs run the norm for (8B's n_embd)
 struct NormIn {
     float* x = nullptr;
     const float* y = nullptr;
@@ -187,8 +184,8 @@ void matmul_adopt_activations(MatmulWorkspace& ws, const float* x, int n, int64_
 
 // Whether a NormIn of this norm may be left to the GEMV on its output (the conditions of
 // matmul_qkv / matmul_swiglu's in-kernel norm that the norm alone decides: one row, F32
-// weights, rows of kNormInGemvDim, 16-byte aligned rows, a workspace with the counter), and then
-// the NormIn; on unless NT_NORM_IN_GEMV=0.
+// weights, rows of a multiple of 1024 columns up to 4096, 16-byte aligned rows, a workspace with
+// the counter), and then the NormIn; on unless NT_NORM_IN_GEMV=0.
 bool matmul_norm_in(const MatmulWorkspace& ws, float* x, const float* y, const WeightView& w, int n,
                     int dim, float eps, float* out, const ActivationSlot& slot, NormIn* norm);
 // Launches the norm as add_rmsnorm's own kernel.

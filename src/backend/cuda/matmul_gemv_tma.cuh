@@ -28,8 +28,6 @@
 // rows with stages of a few units and activations loaded unit by unit lost to the register ring
 // on every such shape (Q4_K 4096x14336 2071 / 2893, 70B 8192x8192 1978 / 2997): it is not kept.
 #pragma once
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -168,12 +166,16 @@ bool with_tma_units(int64_t upr, F&& f) {
     });
 }
 
-// Whether whole rows of kXU units of type T can run the norm before them (NormIn): rows of
-// kNormDim elements (rmsnorm_q8.cuh: clusters of kNormCluster CTAs of 128 threads).
+// Elements of whole rows of kXU units of type T, in the 1024s of the in-kernel norm (NormIn:
+// 128 threads of 8 elements each), and whether the norm runs there (at most 4 a thread).
+template <GgmlType T, int kXU>
+constexpr int tma_norm_nv() {
+    return kXU * (32 / Quant<T>::kLanesPerBlock) * Quant<T>::kBlockElems / 1024;
+}
 template <GgmlType T, int kXU>
 constexpr bool tma_norm_compiled() {
-    return kXU * (32 / Quant<T>::kLanesPerBlock) * Quant<T>::kBlockElems == kNormDim &&
-           kPipeThreads == 128;
+    constexpr int elems = kXU * (32 / Quant<T>::kLanesPerBlock) * Quant<T>::kBlockElems;
+    return elems % 1024 == 0 && elems <= 4096 && kPipeThreads == 128;
 }
 struct NoNorm {};
 // The activation quantization of the TMA types (act_quant, at compile time).
@@ -182,18 +184,18 @@ constexpr int tma_act_mode() {
     return T == GgmlType::Q8_0 ? int(ActQuant::Q8_0) : int(ActQuant::Q8_K);
 }
 // The in-kernel norm's shared memory, only in the kernels that use it.
-__device__ __forceinline__ NormSmem& norm_smem() {
-    __shared__ NormSmem s;
+template <int kNV>
+__device__ __forceinline__ NormSmem<kNV>& norm_smem() {
+    __shared__ NormSmem<kNV> s;
     return s;
 }
 // The kernel's NormIn parameter where it runs the norm before it (kNorm), nothing otherwise.
 template <bool kNorm>
 using TmaNormArg = std::conditional_t<kNorm, NormIn, NoNorm>;
 
-// nb: blocks of a stage's row (of a slice's, with kSplit). kNorm (launched in clusters of
-// kNormCluster): the CTAs of each cluster run the norm that produces the activations after
-// their wait, a part each (norm_in_cluster: NormIn, matmul.cuh), and read them from their own
-// shared memory; whole rows of tma_norm_compiled<T, kXU>() only.
+// nb: blocks of a stage's row (of a slice's, with kSplit). kNorm: every CTA runs the norm that
+// produces the activations after its wait (norm_in_cta: NormIn, matmul.cuh) and reads them from
+// its shared memory; whole rows of tma_norm_compiled<T, kXU>() only.
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit, bool kNorm = false>
 __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
@@ -209,6 +211,7 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     static_assert(tma_x_units<T>(kXU), "whole rows, activations in registers");
     static_assert(!kNorm || (!kSplit && tma_norm_compiled<T, kXU>()), "the norm's rows whole");
     extern __shared__ __align__(16) uint8_t smem[];
+    constexpr int kNV = kNorm ? tma_norm_nv<T, kXU>() : 1;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int part = lane % kLPB, sub = lane / kLPB;
@@ -260,12 +263,8 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     // early: the first stages' weights are requested before waiting for the kernel before, as
     // the pipe kernel does (weights only; see there).
     pdl_trigger();
-    // The norm's weights first: nothing in the stream writes them.
-    float norm_w[8];
-    if constexpr (kNorm) {
-        norm_cluster_arrive();
-        norm_weights(nin, cooperative_groups::this_cluster().block_rank(), norm_w);
-    }
+    // The norm's weights into L1 first: nothing in the stream writes them.
+    if constexpr (kNorm) norm_prefetch<kNV>(nin);
     if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
         for (int64_t j = 0; j < S && j < total; ++j) issue(j);
@@ -273,8 +272,8 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     if constexpr (kNorm) {
         pdl_order(nin.x);
         pdl_order(nin.y);
-        NormSmem& ns = norm_smem();
-        norm_in_cluster<tma_act_mode<T>()>(nin, norm_w, ns);
+        NormSmem<kNV>& ns = norm_smem<kNV>();
+        norm_in_cta<kNV, tma_act_mode<T>()>(nin, ns);
         xq = ns.xq;
         xd = ns.xd;
     }
@@ -440,41 +439,6 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     return r;
 }
 
-// The clusters of the in-kernel norm's size that can be resident at once with `smem` bytes of
-// dynamic shared memory a CTA.
-template <class Kernel>
-int tma_max_clusters(Kernel* kernel, size_t smem) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(kNormCluster);
-    cfg.blockDim = dim3(kPipeThreads);
-    cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = kNormCluster;
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    NT_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg), "gemv tma cluster occupancy");
-    return n;
-}
-
-// Per norm instantiation, once (prepare_tma, before any capture): the clusters that fit at once
-// with its whole rows' ring (kXU units, as launch_tma_k sizes it).
-template <GgmlType T, bool kPair, int kXU, int kV>
-int tma_norm_clusters() {
-    static const int n = [] {
-        tma_ctas_by_registers<T, kPair, kXU, kV, false, true>();  // the shared-memory limit first
-        const int nb = kXU * (32 / Quant<T>::kLanesPerBlock);
-        const TmaRing ring = tma_ring(int64_t(nb) * Quant<T>::kBlockBytes, kV);
-        const size_t smem =
-            size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
-        return tma_max_clusters(gemv_q8_tma<T, kPair, kXU, kV, false, true>, smem);
-    }();
-    return n;
-}
-
 // nb: blocks of a stage's row (of a slice's when split: sp.slices > 1).
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false, bool kNorm = false>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
@@ -484,15 +448,10 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     using Q = Quant<T>;
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
-    const size_t fixed = kNorm ? sizeof(NormSmem) : 0;  // static
+    const size_t fixed = kNorm ? sizeof(NormSmem<tma_norm_nv<T, kXU>()>) : 0;  // static
     const TmaDevice& d = tma_device();
-    int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit, kNorm>(),
-                          int(d.smem_per_sm / (smem + fixed + d.reserved)));
-    // No more CTAs a multiprocessor than the same GEMV without the norm: more weights in flight
-    // than that make these kernels slower (the SwiGLU pair with a deeper ring: -6.5%).
-    if constexpr (kNorm)
-        per_sm = std::min(per_sm, std::min(tma_ctas_by_registers<T, kPair, kXU, kV>(),
-                                           int(d.smem_per_sm / (smem + d.reserved))));
+    const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit, kNorm>(),
+                                int(d.smem_per_sm / (smem + fixed + d.reserved)));
     if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
     const int64_t groups = (kPair ? pr.rows() : pr.rows() / kV) * sp.slices;
     int64_t grid =
@@ -505,22 +464,10 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
             nt::fail("gemv: %lld warps a slice need more than the workspace's %d counters.",
                      (long long)(grid * kPipeWarps / sp.slices), counter_count);
     }
-    auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit, kNorm>;
-    const bool early = pdl && pdl_prefetch_enabled();
-    if constexpr (kNorm) {
-        // Whole clusters, all resident at once (a cluster's CTAs share one GPC, which may leave
-        // a few of the multiprocessors' CTA slots unused).
-        const int clusters = tma_norm_clusters<T, kPair, kXU, kV>();
-        grid =
-            std::min<int64_t>(grid, int64_t(clusters) * kNormCluster) / kNormCluster * kNormCluster;
-        if (grid < kNormCluster) nt::fail("gemv: no cluster of the in-kernel norm fits this GPU.");
-        launch_kernel_clusters(kNormCluster, pdl, kernel, dim3(unsigned(grid)), dim3(kPipeThreads),
-                               smem, stream, "gemv (pipe, tma ring, norm inside)", pr, w2, nb, xq,
-                               xd, q, early, ring, sp, nin);
-    } else {
-        launch_kernel(pdl, kernel, dim3(unsigned(grid)), dim3(kPipeThreads), smem, stream,
-                      "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q, early, ring, sp, nin);
-    }
+    launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit, kNorm>, dim3(unsigned(grid)),
+                  dim3(kPipeThreads), smem, stream,
+                  kNorm ? "gemv (pipe, tma ring, norm inside)" : "gemv (pipe, tma ring)", pr, w2,
+                  nb, xq, xd, q, pdl && pdl_prefetch_enabled(), ring, sp, nin);
 }
 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
@@ -716,9 +663,9 @@ void prepare_tma() {
             tma_ctas_by_registers<T, false, XU, 1, true>();
             tma_ctas_by_registers<T, false, XU, 2, true>();
             if constexpr (tma_norm_compiled<T, XU>()) {
-                tma_norm_clusters<T, false, XU, 1>();
-                tma_norm_clusters<T, false, XU, 2>();
-                tma_norm_clusters<T, true, XU, 2>();
+                tma_ctas_by_registers<T, false, XU, 1, false, true>();
+                tma_ctas_by_registers<T, false, XU, 2, false, true>();
+                tma_ctas_by_registers<T, true, XU, 2, false, true>();
             }
             return false;  // every one
         });

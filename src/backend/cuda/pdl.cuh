@@ -65,25 +65,4 @@ void launch_kernel(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, s
     NT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
 }
 
-// launch_kernel in clusters of `cluster` CTAs along x (the grid a multiple of it).
-template <class... Params, class... Args>
-void launch_kernel_clusters(int cluster, bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block,
-                            size_t smem, cudaStream_t stream, const char* what, Args&&... args) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 2 : 1;
-    NT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
-}
-
 }  // namespace nt::cuda

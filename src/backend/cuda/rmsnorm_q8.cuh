@@ -6,7 +6,6 @@
 // operations in the same order, so both give the same bits. Device code only; include from .cu
 // files.
 #pragma once
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -55,107 +54,109 @@ __device__ __forceinline__ void quantize8(const float (&v)[8], int lane, int8_t*
     if ((lane & 3) == 0) xd[e0 / 32] = dq;
 }
 
-// The in-GEMV norm (NormIn, matmul.cuh) runs in clusters of kNormCluster CTAs of 128 threads,
-// for rows of kNormDim elements: CTA rank r of a cluster reads, adds, norms and quantizes
-// elements [r * 1024, (r + 1) * 1024) of the row, 8 a thread, and writes its warps' sums of
-// squares and its quantization into the shared memory of every CTA of its cluster (distributed
-// shared memory), so that each CTA reads its activations from its own shared memory, and L2
-// serves each CTA a quarter of x and y rather than the whole row.
-constexpr int kNormCluster = 4;
-constexpr int kNormDim = kNormCluster * 1024;
-static_assert(kNormDim == kNormInGemvDim, "the rows matmul_norm_in leaves to the GEMV");
-
-// Its shared memory, in each CTA.
+// Shared memory of the in-GEMV norm for rows of kNV * 1024 elements.
+template <int kNV>
 struct __align__(16) NormSmem {
-    int8_t xq[kNormDim];
-    float2 xd[kNormDim / 32];
-    float red[kNormDim / 256];  // one sum of squares per 256 elements (add_rmsnorm's warps)
+    int8_t xq[kNV * 1024];
+    float2 xd[kNV * 32];
+    float red[32];
     int last;
 };
 
-// Before the GEMV's wait: this thread's 8 norm weights (constant in the stream).
-__device__ __forceinline__ void norm_weights(const NormIn& n, unsigned rank, float (&w)[8]) {
-    const int64_t e0 = int64_t(rank) * 1024 + threadIdx.x * 8;
+// This thread's 8 norm weights of group j (see norm_in_cta), through L1.
+template <int kNV>
+__device__ __forceinline__ void norm_weights8(const NormIn& n, int j, float (&w)[8]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t e0 = (int64_t(warp * kNV + j) * 32 + lane) * 8;
     const float4 a = __ldg(reinterpret_cast<const float4*>(n.w + e0));
     const float4 b = __ldg(reinterpret_cast<const float4*>(n.w + e0) + 1);
     w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
 }
-
-// At the GEMV's start, every thread: arrives on the cluster barrier that norm_in_cluster waits
-// on before its first store into another CTA's shared memory (which must have started by then).
-__device__ __forceinline__ void norm_cluster_arrive() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+// Before the GEMV's wait: the norm weights asked into L1 (constant in the stream; prefetched
+// rather than loaded, so that they hold no registers until the norm needs them).
+template <int kNV>
+__device__ __forceinline__ void norm_prefetch(const NormIn& n) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j < kNV; ++j) {
+        const float* p = n.w + (int64_t(warp * kNV + j) * 32 + lane) * 8;
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    }
 }
 
-// After the GEMV's wait, in each CTA of a cluster launch of kNormCluster (n.dim == kNormDim,
-// blockDim.x == 128): x + y, its norm and its quantization, as add_rmsnorm's kernel computes
-// them, into sm of every CTA of the cluster. Thread t of cluster rank r stands in for
-// add_rmsnorm's thread r * 128 + t: its warp sums, their reduction and its Q8 blocks are that
-// kernel's. The cluster whose rank 0 counts last on n.counter (every CTA of the grid has read
-// its part of x and y by then) also writes what add_rmsnorm writes, each CTA its part: x + y
-// into x, the float norm into out and the quantization into the slot; it sets the counter back
-// to zero for the next launch. Ends with a cluster barrier: sm is complete in every CTA. Every
-// thread must have called norm_cluster_arrive() before.
-template <int MODE>
-__device__ __forceinline__ void norm_in_cluster(const NormIn& n, const float (&w)[8],
-                                                NormSmem& sm) {
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cluster = cg::this_cluster();
-    const unsigned rank = cluster.block_rank();
+// After the GEMV's wait, in each of its CTAs (kNV * 1024 == n.dim, blockDim.x == 128): x + y,
+// its norm and its quantization into sm (which the GEMV then reads its activations from), as
+// add_rmsnorm's kernel computes them. Thread t of warp w stands in for add_rmsnorm's threads
+// (w * kNV + j) * 32 + t, j < kNV, so its warps' sums and quantization blocks are theirs.
+// The CTA that counts last on n.counter (every CTA has read x and y by then) also writes what
+// add_rmsnorm writes: x + y into x, the float norm into out and the quantization into the
+// slot, and sets the counter back to zero for the next launch. Ends with __syncthreads.
+template <int kNV, int MODE>
+__device__ __forceinline__ void norm_in_cta(const NormIn& n, NormSmem<kNV>& sm) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t e0 = int64_t(rank) * 1024 + threadIdx.x * 8;
-    float v[8];
-    {
+    float v[kNV][8];
+#pragma unroll
+    for (int j = 0; j < kNV; ++j) {
+        const int64_t e0 = (int64_t(warp * kNV + j) * 32 + lane) * 8;
         const float4 a = reinterpret_cast<const float4*>(n.x + e0)[0];
         const float4 b = reinterpret_cast<const float4*>(n.x + e0)[1];
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
-        v[7] = b.w;
+        v[j][0] = a.x, v[j][1] = a.y, v[j][2] = a.z, v[j][3] = a.w;
+        v[j][4] = b.x, v[j][5] = b.y, v[j][6] = b.z, v[j][7] = b.w;
     }
     if (n.y) {
-        const float4 a = reinterpret_cast<const float4*>(n.y + e0)[0];
-        const float4 b = reinterpret_cast<const float4*>(n.y + e0)[1];
-        v[0] = __fadd_rn(v[0], a.x), v[1] = __fadd_rn(v[1], a.y), v[2] = __fadd_rn(v[2], a.z),
-        v[3] = __fadd_rn(v[3], a.w), v[4] = __fadd_rn(v[4], b.x), v[5] = __fadd_rn(v[5], b.y),
-        v[6] = __fadd_rn(v[6], b.z), v[7] = __fadd_rn(v[7], b.w);
-    }
-    const float s = warp_sum_xor(sum_sq8(v));
-    const int vw = int(rank) * 4 + warp;                         // add_rmsnorm's warp
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // norm_cluster_arrive's
-    if (lane < kNormCluster) *cluster.map_shared_rank(&sm.red[vw], unsigned(lane)) = s;
-    cluster.sync();  // every CTA of the cluster has read its x and y, and has every warp sum
-    if (rank == 0 && threadIdx.x == 0) {
-        const int last = atomicAdd(n.counter, 1) == int(gridDim.x / kNormCluster) - 1;
-        if (last) *n.counter = 0;
-        for (unsigned c = 0; c < kNormCluster; ++c) *cluster.map_shared_rank(&sm.last, c) = last;
-    }
-    const float scale = rms_scale(sum_of_warps(sm.red, kNormDim / 256, lane), n.dim, n.eps);
-    float o[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = rms_apply(v[i], scale, w[i]);
-    int q[8];
-    const float2 dq = MODE == int(ActQuant::Q8_K) ? q8k_block(o, lane, q)
-                                                  : q8_block<8, MODE == int(ActQuant::Q8_1)>(o, q);
-    uint32_t lo = 0, hi = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        lo |= uint32_t(uint8_t(int8_t(q[i]))) << (8 * i);
-        hi |= uint32_t(uint8_t(int8_t(q[4 + i]))) << (8 * i);
-    }
-    for (unsigned c = 0; c < kNormCluster; ++c) {
-        NormSmem* dst = cluster.map_shared_rank(&sm, c);
-        *reinterpret_cast<uint2*>(dst->xq + e0) = make_uint2(lo, hi);
-        if ((lane & 3) == 0) dst->xd[e0 / 32] = dq;
-    }
-    cluster.sync();  // sm complete everywhere; no CTA touches another's shared memory after this
-    if (sm.last) {
-        if (n.y) {
-            reinterpret_cast<float4*>(n.x + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
-            reinterpret_cast<float4*>(n.x + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
+        for (int j = 0; j < kNV; ++j) {
+            const int64_t e0 = (int64_t(warp * kNV + j) * 32 + lane) * 8;
+            const float4 a = reinterpret_cast<const float4*>(n.y + e0)[0];
+            const float4 b = reinterpret_cast<const float4*>(n.y + e0)[1];
+            v[j][0] = __fadd_rn(v[j][0], a.x), v[j][1] = __fadd_rn(v[j][1], a.y);
+            v[j][2] = __fadd_rn(v[j][2], a.z), v[j][3] = __fadd_rn(v[j][3], a.w);
+            v[j][4] = __fadd_rn(v[j][4], b.x), v[j][5] = __fadd_rn(v[j][5], b.y);
+            v[j][6] = __fadd_rn(v[j][6], b.z), v[j][7] = __fadd_rn(v[j][7], b.w);
         }
-        reinterpret_cast<float4*>(n.out + e0)[0] = make_float4(o[0], o[1], o[2], o[3]);
-        reinterpret_cast<float4*>(n.out + e0)[1] = make_float4(o[4], o[5], o[6], o[7]);
-        *reinterpret_cast<uint2*>(n.xq + e0) = make_uint2(lo, hi);
-        if ((lane & 3) == 0) n.xd[e0 / 32] = dq;
+    }
+#pragma unroll
+    for (int j = 0; j < kNV; ++j) {
+        const float s = warp_sum_xor(sum_sq8(v[j]));
+        if (lane == 0) sm.red[warp * kNV + j] = s;
+    }
+    __syncthreads();  // every thread of this CTA has read x and y
+    if (threadIdx.x == 0) {
+        const int last = atomicAdd(n.counter, 1) == int(gridDim.x) - 1;
+        if (last) *n.counter = 0;
+        sm.last = last;
+    }
+    const float scale = rms_scale(sum_of_warps(sm.red, kNV * 4, lane), n.dim, n.eps);
+#pragma unroll
+    for (int j = 0; j < kNV; ++j) {
+        const int64_t e0 = (int64_t(warp * kNV + j) * 32 + lane) * 8;
+        float o[8];
+        norm_weights8<kNV>(n, j, o);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = rms_apply(v[j][i], scale, o[i]);
+        quantize8<MODE>(o, lane, sm.xq, sm.xd, e0);
+    }
+    __syncthreads();
+    if (sm.last) {
+#pragma unroll
+        for (int j = 0; j < kNV; ++j) {
+            const int64_t e0 = (int64_t(warp * kNV + j) * 32 + lane) * 8;
+            float o[8];
+            norm_weights8<kNV>(n, j, o);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o[i] = rms_apply(v[j][i], scale, o[i]);
+            if (n.y) {
+                reinterpret_cast<float4*>(n.x + e0)[0] =
+                    make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
+                reinterpret_cast<float4*>(n.x + e0)[1] =
+                    make_float4(v[j][4], v[j][5], v[j][6], v[j][7]);
+            }
+            reinterpret_cast<float4*>(n.out + e0)[0] = make_float4(o[0], o[1], o[2], o[3]);
+            reinterpret_cast<float4*>(n.out + e0)[1] = make_float4(o[4], o[5], o[6], o[7]);
+        }
+        for (int i = threadIdx.x; i < kNV * 1024 / 16; i += blockDim.x)
+            reinterpret_cast<int4*>(n.xq)[i] = reinterpret_cast<const int4*>(sm.xq)[i];
+        for (int i = threadIdx.x; i < kNV * 32; i += blockDim.x) n.xd[i] = sm.xd[i];
     }
 }
 
