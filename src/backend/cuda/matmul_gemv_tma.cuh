@@ -409,11 +409,8 @@ template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false, bool kNo
 int tma_ctas_by_registers() {
     static const int per_sm = [] {
         auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit, kNorm>;
-        cudaFuncAttributes attr{};
-        NT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel), "gemv tma attributes");
-        // Static shared memory (the in-kernel norm's) comes out of the same opt-in limit.
         NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           tma_device().optin - int(attr.sharedSizeBytes)),
+                                           tma_device().optin),
                       "gemv tma shared memory limit");
         int n = 0;
         NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kPipeThreads, 0),
