@@ -63,7 +63,6 @@ CudaBackend::CudaBackend(int device) {
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     graphs_on_ = env_switch("NT_CUDA_GRAPHS");
     rope_fusion_ = env_switch("NT_ROPE_FUSION");
-    norm_in_gemv_ = env_switch("NT_NORM_IN_GEMV");
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
 }
 
@@ -385,7 +384,6 @@ void CudaBackend::submit(const Op& op) {
 }
 
 void CudaBackend::leave_graph() {
-    norm_deferred_ = false;  // replayed ops ran nothing; they run again below
     // The step's op sequence differs from the recorded one: the graph cannot serve this key
     // (it is recorded again next time), and the ops deferred so far run now, in order.
     Graph& g = graphs_.at(key_);
@@ -407,7 +405,6 @@ void CudaBackend::forget_quantized() {
 }
 
 void CudaBackend::capture_failed() {
-    norm_deferred_ = false;  // captured, never executed: the ops run again below
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess &&
         status != cudaStreamCaptureStatusNone) {
@@ -424,13 +421,11 @@ void CudaBackend::capture_failed() {
 }
 
 void CudaBackend::flush() {
-    launch_deferred_norm();
     if (mode_ == Mode::Capture) {
         cudaGraph_t graph = nullptr;
         cudaError_t e = cudaStreamEndCapture(stream_, &graph);
         if (e != cudaSuccess || !graph) {  // the capture was invalidated along the way
             capture_failed();
-            launch_deferred_norm();  // the step's ops ran again, eagerly
             return;
         }
         mode_ = Mode::Eager;
@@ -443,7 +438,6 @@ void CudaBackend::flush() {
         cudaGraphDestroy(graph);
         if (e != cudaSuccess) {
             capture_failed();
-            launch_deferred_norm();
             return;
         }
         Graph& g = graphs_[key_];
@@ -457,7 +451,6 @@ void CudaBackend::flush() {
         const Graph& g = graphs_.at(key_);
         if (replay_pos_ != g.ops.size()) {  // the step stopped short of the recorded sequence
             leave_graph();
-            launch_deferred_norm();
             return;
         }
         mode_ = Mode::Eager;
@@ -483,12 +476,6 @@ void CudaBackend::set_rope_fusion(bool on) {
     drop_graphs();  // recorded steps hold the other choice
 }
 
-void CudaBackend::set_norm_in_gemv(bool on) {
-    flush();
-    norm_in_gemv_ = on;
-    drop_graphs();  // recorded steps hold the other choice
-}
-
 void CudaBackend::set_pdl(bool on) {
     flush();
     pdl_allowed_ = on;
@@ -497,46 +484,8 @@ void CudaBackend::set_pdl(bool on) {
 
 // ---- ops -----------------------------------------------------------------------------------
 
-namespace {
-// The NormIn of an AddRmsNorm op, if the GEMV on its output may run it (decided on the host from
-// the op's fields alone: the same in capture and eager runs).
-// Its fields: x, y, out = p[0..2], n = i0, dim = i1.
-bool norm_in_gemv(const void* const (&p)[4], const WeightView& w, int n, int dim, GgmlType next,
-                  const cuda::MatmulWorkspace& ws, float eps, cuda::NormIn* norm) {
-    const auto f = [&](int i) { return static_cast<float*>(const_cast<void*>(p[i])); };
-    cuda::ActivationSlot slot;
-    return cuda::matmul_activation_slot(ws, next, n, dim, &slot) &&
-           cuda::matmul_norm_in(ws, f(0), f(1), w, n, dim, eps, f(2), slot, norm);
-}
-}  // namespace
-
-void CudaBackend::launch_deferred_norm() {
-    if (!norm_deferred_) return;
-    norm_deferred_ = false;
-    cuda::NormIn norm;
-    if (!norm_in_gemv(norm_op_.p, norm_op_.w, norm_op_.i0, norm_op_.i1, norm_op_.next, *mm_,
-                      shape_.norm_eps, &norm))
-        fail("add_rmsnorm: the deferred norm no longer fits its GEMV.");
-    cuda::matmul_norm_launch(norm, stream_);
-}
-
 void CudaBackend::run(const Op& op) {
     const auto f = [&](int i) { return static_cast<float*>(const_cast<void*>(op.p[i])); };
-    // A norm left for the GEMV on its output (AddRmsNorm below) goes to that GEMV if this op is
-    // it, and runs now as its own kernel otherwise.
-    cuda::NormIn norm_in;
-    const cuda::NormIn* norm = nullptr;
-    if (norm_deferred_) {
-        if ((op.kind == OpKind::Qkv || op.kind == OpKind::GateUp) && op.p[0] == norm_op_.p[2]) {
-            norm_deferred_ = false;
-            if (!norm_in_gemv(norm_op_.p, norm_op_.w, norm_op_.i0, norm_op_.i1, norm_op_.next, *mm_,
-                              shape_.norm_eps, &norm_in))
-                fail("add_rmsnorm: the deferred norm no longer fits its GEMV.");
-            norm = &norm_in;
-        } else {
-            launch_deferred_norm();
-        }
-    }
     const size_t B = size_t(max_batch_);
     const bool x_unchanged = after_matmul_;
     after_matmul_ = op.kind == OpKind::Matmul;
@@ -557,17 +506,6 @@ void CudaBackend::run(const Op& op) {
             // Decided on the host from the op's fields alone: the same in capture and eager runs.
             cuda::ActivationSlot slot;
             const bool quantize = cuda::matmul_activation_slot(*mm_, op.next, op.i0, op.i1, &slot);
-            cuda::NormIn later;
-            if (quantize && norm_in_gemv_ &&
-                norm_in_gemv(op.p, op.w, op.i0, op.i1, op.next, *mm_, shape_.norm_eps, &later)) {
-                // Left for the GEMV on out, which finds the activations adopted as if this
-                // kernel had run (the next op runs it, in that GEMV or on its own).
-                norm_deferred_ = true;
-                norm_op_ = op;
-                cuda::matmul_adopt_activations(*mm_, f(2), op.i0, op.i1, slot);
-                after_matmul_ = true;
-                return;
-            }
             if (cuda::add_rmsnorm(f(0), f(1), op.w, op.i0, op.i1, shape_.norm_eps, f(2),
                                   quantize ? &slot : nullptr, stream_, mm_->pdl)) {
                 cuda::matmul_adopt_activations(*mm_, f(2), op.i0, op.i1, slot);
@@ -583,10 +521,9 @@ void CudaBackend::run(const Op& op) {
             // `next` the pair also quantizes gate for the down projection.
             bool quantized = false;
             if (cuda::matmul_swiglu(op.w, op.w2, f(0), op.i0, f(1), *mm_, stream_, x_unchanged,
-                                    op.next, &quantized, norm)) {
+                                    op.next, &quantized)) {
                 after_matmul_ = quantized;
             } else {
-                if (norm) cuda::matmul_norm_launch(*norm, stream_);
                 cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
                 cuda::matmul(op.w2, f(0), op.i0, f(2), *mm_, stream_, true);
                 cuda::swiglu(f(1), f(2), int64_t(op.i0) * op.w.rows, f(1), stream_);
@@ -597,10 +534,7 @@ void CudaBackend::run(const Op& op) {
             const WeightView w[3] = {op.w, op.w2, op.w3};
             float* const y[3] = {f(1), f(2), f(3)};
             const cuda::Fork3 fork{{side_[0], side_[1]}, fork_, {join_[0], join_[1]}};
-            const bool done =
-                cuda::matmul_qkv(w, f(0), op.i0, y, *mm_, stream_, fork, x_unchanged, norm);
-            if (!done && norm) cuda::matmul_norm_launch(*norm, stream_);
-            if (!done)
+            if (!cuda::matmul_qkv(w, f(0), op.i0, y, *mm_, stream_, fork, x_unchanged))
                 for (int i = 0; i < 3; ++i)
                     cuda::matmul(w[i], f(0), op.i0, y[i], *mm_, stream_, x_unchanged || i > 0);
             after_matmul_ = true;

@@ -89,10 +89,6 @@ class CudaBackend : public Backend {
     // kernel rather than in a rope kernel before it (on unless NT_ROPE_FUSION=0; the same bits
     // either way). q and k are then left as the projections wrote them.
     void set_rope_fusion(bool on);
-    // A decode step's add_rmsnorm before q/k/v and before gate/up runs inside the GEMV that reads
-    // its output, where that GEMV's kernel can (cuda::NormIn; on unless NT_NORM_IN_GEMV=0; the
-    // same bits either way).
-    void set_norm_in_gemv(bool on);
     struct GraphStats {
         int captures = 0;   // graphs recorded
         int replays = 0;    // steps served by a recorded graph
@@ -152,7 +148,6 @@ class CudaBackend : public Backend {
     void forget_quantized();  // the next matmul quantizes its activations whatever came before
     void drop_graphs();
     void release();  // frees everything init() allocated
-    void launch_deferred_norm();
     void require_init(const char* op) const;
     void* device_alloc(size_t bytes, const char* what);
     void* alloc_weight(size_t bytes);
@@ -200,11 +195,6 @@ class CudaBackend : public Backend {
     bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
     bool rope_fusion_ = true;
-    bool norm_in_gemv_ = true;
-    // An AddRmsNorm op left for the GEMV on its output (set_norm_in_gemv): the next op runs it,
-    // inside that GEMV or first as its own kernel.
-    bool norm_deferred_ = false;
-    Op norm_op_;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
     GraphKey key_{0, 0};

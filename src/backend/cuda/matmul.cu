@@ -7,7 +7,6 @@
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_gemv.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
-#include "backend/cuda/ops.cuh"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -26,8 +25,7 @@ constexpr int64_t kMinSliceRows = 128;
 constexpr int kQuantGroups = 1024;
 constexpr int kSplitCounters = 4096;
 constexpr size_t kSplitPartialBytes = size_t(2) << 20;
-constexpr int kNormCounters = 1;
-constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters + kNormCounters) * sizeof(int);
+constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters) * sizeof(int);
 constexpr size_t kTailBytes = kSplitPartialBytes + kCountersBytes;
 constexpr size_t kTailMinRest = size_t(256) << 10;
 
@@ -149,7 +147,6 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
         ws.done = reinterpret_cast<int*>(tail + kSplitPartialBytes);
         ws.split.counters = ws.done + kQuantGroups;
         ws.split.counter_count = kSplitCounters;
-        ws.norm_counter = ws.split.counters + kSplitCounters;
         NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kCountersBytes, stream), "cudaMemsetAsync");
     }
     int dev = 0;
@@ -188,64 +185,12 @@ void matmul_adopt_activations(MatmulWorkspace& ws, const float* x, int n, int64_
     ws.held = {x, n, cols, int(slot.mode), slot.xq, slot.xd};
 }
 
-bool matmul_norm_in(const MatmulWorkspace& ws, float* x, const float* y, const WeightView& w, int n,
-                    int dim, float eps, float* out, const ActivationSlot& slot, NormIn* norm) {
-    static const bool on = env_switch("NT_NORM_IN_GEMV");
-    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!on || n != 1 || dim % 1024 != 0 || dim > 4096 || w.type != GgmlType::F32 ||
-        w.cols * w.rows < dim || !ws.norm_counter || !aligned(x) || (y && !aligned(y)) ||
-        !aligned(w.data) || !aligned(out) || !aligned(slot.xq))
-        return false;
-    *norm = {x,
-             y,
-             static_cast<const float*>(w.data),
-             eps,
-             dim,
-             out,
-             slot.xq,
-             slot.xd,
-             int(slot.mode),
-             ws.norm_counter,
-             ws.pdl};
-    return true;
-}
-
-void matmul_norm_launch(const NormIn& norm, cudaStream_t stream) {
-    const ActivationSlot slot{norm.xq, norm.xd, detail::ActQuant(norm.mode)};
-    WeightView w;
-    w.type = GgmlType::F32;
-    w.data = norm.w;
-    w.rows = 1;
-    w.cols = norm.dim;
-    add_rmsnorm(norm.x, norm.y, w, 1, norm.dim, norm.eps, norm.out, &slot, stream, norm.pdl);
-}
-
 void matmul_free(MatmulWorkspace& ws) {
     if (ws.cublas) cublasDestroy(ws.cublas);
     ws = MatmulWorkspace{};
 }
 
 namespace {
-
-// Whether the workspace holds x's activations for weights of type t (gemv_activations then
-// quantizes nothing).
-bool activations_held(const MatmulWorkspace& ws, GgmlType t, const float* x, int n, int64_t cols,
-                      bool x_unchanged) {
-    const ActivationKey& held = ws.held;
-    return x_unchanged && held.x == x && held.n == n && held.cols == cols &&
-           held.mode == int(detail::act_quant(t));
-}
-
-// A norm left to the GEMVs on its output (NormIn) that they cannot run: launched as its own
-// kernel now, before anything reads x; null then. Where the workspace does not hold x's
-// activations (which the norm writes), quantizing them would read x before the norm wrote it.
-const NormIn* norm_or_launch(const NormIn* norm, bool runnable, cudaStream_t stream) {
-    if (norm && !runnable) {
-        matmul_norm_launch(*norm, stream);
-        return nullptr;
-    }
-    return norm;
-}
 
 // The GEMV path's int8 activations for weights of type t: quantized into the workspace, or
 // the ones already there when x_unchanged and they were made from the same x the same way.
@@ -259,7 +204,9 @@ ActivationSlot gemv_activations(GgmlType t, const float* x, int n, int64_t cols,
     a.xd = gemv_xd(ws, n, cols);
     a.mode = detail::act_quant(t);
     ActivationKey& held = ws.held;
-    if (activations_held(ws, t, x, n, cols, x_unchanged)) {
+    const bool reuse =
+        x_unchanged && held.x == x && held.n == n && held.cols == cols && held.mode == int(a.mode);
+    if (reuse) {
         a.xq = held.xq;
         a.xd = held.xd;
     } else {
@@ -282,7 +229,7 @@ void forget_if_overwritten(MatmulWorkspace& ws, const float* x, int n, int64_t c
 
 bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n, float* y,
                    MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged, GgmlType next,
-                   bool* y_quantized, const NormIn* norm) {
+                   bool* y_quantized) {
     if (y_quantized) *y_quantized = false;
     // One activation row only: at 2..8 rows the separate staged/direct GEMVs are faster than
     // the pipe kernel the pair runs on (bench_gemv).
@@ -291,8 +238,6 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
         return false;
     check_args(gate, x, n, y);
     check_args(up, x, n, y);
-    norm =
-        norm_or_launch(norm, activations_held(ws, gate.type, x, n, gate.cols, x_unchanged), stream);
     const ActivationSlot a = gemv_activations(gate.type, x, n, gate.cols, ws, stream, x_unchanged);
     // y's own quantization goes to the slot after x's (which the kernel is still reading).
     detail::PairQuant q;
@@ -307,7 +252,7 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
         q.mode = int(detail::act_quant(next));
     }
     detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols, a.xq, a.xd, n, y, ws.pdl,
-                      stream, q, norm);
+                      stream, q);
     forget_if_overwritten(ws, x, n, gate.cols, y, gate.rows);
     if (q.mode >= 0) {
         ws.held = {y, n, gate.rows, q.mode, q.xq, q.xd};
@@ -326,7 +271,7 @@ bool qkv_stack_enabled() {
 
 // The stacked path of matmul_qkv: false (nothing launched) where no two matrices stack.
 bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float* const (&y)[3],
-                 MatmulWorkspace& ws, cudaStream_t stream, const NormIn* norm) {
+                 MatmulWorkspace& ws, cudaStream_t stream) {
     if (!qkv_stack_enabled()) return false;
     const int64_t cols = w[0].cols;
     // Only matrices whose own GEMV is the pipe kernel: each row is then summed as it would be
@@ -350,9 +295,7 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
             st.add(w[same[k]].data, w[same[k]].rows, y[same[k]]);
             stacked[same[k]] = true;
         }
-        // The first launch runs the norm before it, if one was left to it.
-        detail::gemv_stack(w[i].type, st, cols, a.xq, a.xd, n, ws.pdl, stream,
-                           any ? nullptr : norm);
+        detail::gemv_stack(w[i].type, st, cols, a.xq, a.xd, n, ws.pdl, stream);
         any = true;
     }
     if (!any) return false;
@@ -368,8 +311,7 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
 }  // namespace
 
 bool matmul_qkv(const WeightView (&w)[3], const float* x, int n, float* const (&y)[3],
-                MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f, bool x_unchanged,
-                const NormIn* norm) {
+                MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f, bool x_unchanged) {
     if (n < 1 || n > kGemvMaxBatch || !f.side[0] || !f.side[1]) return false;
     for (const WeightView& wi : w)
         if (!is_quantized(wi.type) || wi.cols != w[0].cols ||
@@ -377,12 +319,8 @@ bool matmul_qkv(const WeightView (&w)[3], const float* x, int n, float* const (&
             return false;
     for (int i = 0; i < 3; ++i) check_args(w[i], x, n, y[i]);
     const int64_t cols = w[0].cols;
-    norm = norm_or_launch(norm, activations_held(ws, w[0].type, x, n, cols, x_unchanged), stream);
     const ActivationSlot a = gemv_activations(w[0].type, x, n, cols, ws, stream, x_unchanged);
-    if (!qkv_stacked(w, a, n, y, ws, stream, norm)) {
-        // Forked, the side GEMVs read the activations while the first one would still write
-        // them: the norm runs first.
-        norm_or_launch(norm, false, stream);
+    if (!qkv_stacked(w, a, n, y, ws, stream)) {
         NT_CUDA_CHECK(cudaEventRecord(f.fork, stream), "cudaEventRecord (q/k/v fork)");
         // The side GEMVs first, so the small ones are not queued behind the large one's CTAs;
         // no programmatic launch there (their predecessor in the stream is the fork, not a
@@ -632,19 +570,19 @@ int gemv_split_slices(GgmlType t, int64_t cols, int nx) {
 
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t s,
-               const PairQuant& q, const NormIn* norm) {
+               const PairQuant& q) {
     if (n < 1 || n > 8) nt::fail("gemv pair: batch %d is not in 1..8.", n);
     with_pipe_type(t, "gemv pair", [&](auto type) {
         launch_gemv_pair<decltype(type)::value>(w, w2, rows, cols, xq, xd, n, y, gemv_nx(n), pdl, s,
-                                                q, norm);
+                                                q);
     });
 }
 
 void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,
-                int n, bool pdl, cudaStream_t stream, const NormIn* norm) {
+                int n, bool pdl, cudaStream_t stream) {
     if (n < 1 || n > 8) nt::fail("gemv stack: batch %d is not in 1..8.", n);
     with_pipe_type(t, "gemv stack", [&](auto type) {
-        launch_gemv_stack<decltype(type)::value>(s, cols, xq, xd, n, pdl, stream, norm);
+        launch_gemv_stack<decltype(type)::value>(s, cols, xq, xd, n, pdl, stream);
     });
 }
 

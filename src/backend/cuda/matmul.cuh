@@ -49,27 +49,6 @@ struct GemvSplitScratch {
 };
 }  // namespace detail
 
-// An add_rmsnorm of one row whose output only GEMVs read (x += y, out = rmsnorm(x) * w, out's
-// int8 activations into the slot xq/xd for `mode`), not launched yet: matmul_qkv and
-// matmul_swiglu run it inside the first GEMV on out where that GEMV's kernel can (its TMA form,
-// rows of at most 4096 columns; every CTA norms the row itself after its wait, and the last one
-// to do so writes x, out and the slot), and otherwise launch add_rmsnorm's kernel first. Either
-// way x, out and the slot end as add_rmsnorm leaves them, bit for bit. One kernel boundary fewer
-// on the decode step's critical path, twice a layer. F32 norm weights only; y may be null.
-struct NormIn {
-    float* x = nullptr;
-    const float* y = nullptr;
-    const float* w = nullptr;
-    float eps = 0.f;
-    int dim = 0;
-    float* out = nullptr;
-    int8_t* xq = nullptr;
-    float2* xd = nullptr;
-    int mode = -1;           // int(detail::ActQuant)
-    int* counter = nullptr;  // zero between launches (MatmulWorkspace::norm_counter)
-    bool pdl = false;        // add_rmsnorm's kernel, where launched, as a programmatic dependent
-};
-
 // Scratch for one stream's matmuls. Calls sharing a workspace must be ordered (same stream).
 struct MatmulWorkspace {
     void* buf = nullptr;  // device memory, 256-byte aligned (cudaMalloc)
@@ -83,8 +62,6 @@ struct MatmulWorkspace {
     // Scratch for GEMVs that cut long rows into column slices (partial sums and counters, at
     // the end of buf; null where done is).
     detail::GemvSplitScratch split;
-    // The counter of a GEMV that runs the norm before it (NormIn; null where done is).
-    int* norm_counter = nullptr;
     // GEMVs as programmatic dependent launches (their weight loads overlap the end of the
     // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
     // whose weights are written by earlier work in the stream (streamed layers) turn it off.
@@ -136,8 +113,7 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
 // doing it) and the next matmul() on y with x_unchanged uses that; *y_quantized says so.
 bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n, float* y,
                    MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged = false,
-                   GgmlType next = GgmlType::F32, bool* y_quantized = nullptr,
-                   const NormIn* norm = nullptr);
+                   GgmlType next = GgmlType::F32, bool* y_quantized = nullptr);
 
 // Three GEMVs of the same x (the attention's q, k and v projections). Matrices that share a
 // type whose GEMV here is the pipe kernel run as one launch over their stacked rows, the others
@@ -154,8 +130,7 @@ struct Fork3 {
     cudaEvent_t join[2] = {nullptr, nullptr};
 };
 bool matmul_qkv(const WeightView (&w)[3], const float* x, int n, float* const (&y)[3],
-                MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f, bool x_unchanged = false,
-                const NormIn* norm = nullptr);
+                MatmulWorkspace& ws, cudaStream_t stream, const Fork3& f, bool x_unchanged = false);
 
 // Drops the record of quantized activations (the next GEMV quantizes whatever it is given).
 void matmul_forget_activations(MatmulWorkspace& ws);
@@ -181,15 +156,6 @@ bool matmul_activation_slot(const MatmulWorkspace& ws, GgmlType t, int n, int64_
 // if this were a matmul on x.
 void matmul_adopt_activations(MatmulWorkspace& ws, const float* x, int n, int64_t cols,
                               const ActivationSlot& slot);
-
-// Whether a NormIn of this norm may be left to the GEMV on its output (the conditions of
-// matmul_qkv / matmul_swiglu's in-kernel norm that the norm alone decides: one row, F32
-// weights, rows of a multiple of 1024 columns up to 4096, 16-byte aligned rows, a workspace with
-// the counter), and then the NormIn; on unless NT_NORM_IN_GEMV=0.
-bool matmul_norm_in(const MatmulWorkspace& ws, float* x, const float* y, const WeightView& w, int n,
-                    int dim, float eps, float* out, const ActivationSlot& slot, NormIn* norm);
-// Launches the norm as add_rmsnorm's own kernel.
-void matmul_norm_launch(const NormIn& norm, cudaStream_t stream);
 
 // Whether matmul() supports weights of this type.
 bool matmul_supports(GgmlType t);

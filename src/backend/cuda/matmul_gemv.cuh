@@ -438,19 +438,18 @@ void prepare_gemv_q8() {
 template <GgmlType T>
 void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
-                      const PairQuant& q, const NormIn* norm) {
+                      const PairQuant& q) {
     if constexpr (pipe_compiled<T>())
         return launch_pipe_any<T>(GemvStack::one(w, rows, y), w2, cols, xq, xd, n, nx, pdl, stream,
-                                  q, {}, norm);
+                                  q);
     nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
 }
 
 template <GgmlType T>
 void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd, int n,
-                       bool pdl, cudaStream_t stream, const NormIn* norm) {
+                       bool pdl, cudaStream_t stream) {
     if constexpr (pipe_compiled<T>())
-        return launch_pipe_any<T>(s, nullptr, cols, xq, xd, n, gemv_nx(n), pdl, stream, {}, {},
-                                  norm);
+        return launch_pipe_any<T>(s, nullptr, cols, xq, xd, n, gemv_nx(n), pdl, stream);
     nt::fail("gemv: no stacked kernel for %s.", type_name(T));
 }
 
@@ -458,14 +457,13 @@ void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const
 
 // Explicit instantiation of one type's GEMV entry points (in the matmul_gemv_*.cu files, which
 // split the types so that the build runs in parallel).
-#define NT_GEMV_INSTANTIATE(T)                                                                 \
-    template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*,    \
-                                              const float2*, int, float*, const GemvConfig&,   \
-                                              cudaStream_t);                                   \
-    template void launch_gemv_pair<GgmlType::T>(                                               \
-        const void*, const void*, int64_t, int64_t, const int8_t*, const float2*, int, float*, \
-        int, bool, cudaStream_t, const PairQuant&, const NormIn*);                             \
-    template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,     \
-                                                 const float2*, int, bool, cudaStream_t,       \
-                                                 const NormIn*);                               \
+#define NT_GEMV_INSTANTIATE(T)                                                                  \
+    template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*,     \
+                                              const float2*, int, float*, const GemvConfig&,    \
+                                              cudaStream_t);                                    \
+    template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t,     \
+                                                const int8_t*, const float2*, int, float*, int, \
+                                                bool, cudaStream_t, const PairQuant&);          \
+    template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,      \
+                                                 const float2*, int, bool, cudaStream_t);       \
     template void prepare_gemv_q8<GgmlType::T>();

@@ -37,7 +37,6 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
-#include "backend/cuda/rmsnorm_q8.cuh"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -166,41 +165,12 @@ bool with_tma_units(int64_t upr, F&& f) {
     });
 }
 
-// Elements of whole rows of kXU units of type T, in the 1024s of the in-kernel norm (NormIn:
-// 128 threads of 8 elements each), and whether the norm runs there (at most 4 a thread).
-template <GgmlType T, int kXU>
-constexpr int tma_norm_nv() {
-    return kXU * (32 / Quant<T>::kLanesPerBlock) * Quant<T>::kBlockElems / 1024;
-}
-template <GgmlType T, int kXU>
-constexpr bool tma_norm_compiled() {
-    constexpr int elems = kXU * (32 / Quant<T>::kLanesPerBlock) * Quant<T>::kBlockElems;
-    return elems % 1024 == 0 && elems <= 4096 && kPipeThreads == 128;
-}
-struct NoNorm {};
-// The activation quantization of the TMA types (act_quant, at compile time).
-template <GgmlType T>
-constexpr int tma_act_mode() {
-    return T == GgmlType::Q8_0 ? int(ActQuant::Q8_0) : int(ActQuant::Q8_K);
-}
-// The in-kernel norm's shared memory, only in the kernels that use it.
-template <int kNV>
-__device__ __forceinline__ NormSmem<kNV>& norm_smem() {
-    __shared__ NormSmem<kNV> s;
-    return s;
-}
-// The kernel's NormIn parameter where it runs the norm before it (kNorm), nothing otherwise.
-template <bool kNorm>
-using TmaNormArg = std::conditional_t<kNorm, NormIn, NoNorm>;
-
-// nb: blocks of a stage's row (of a slice's, with kSplit). kNorm: every CTA runs the norm that
-// produces the activations after its wait (norm_in_cta: NormIn, matmul.cuh) and reads them from
-// its shared memory; whole rows of tma_norm_compiled<T, kXU>() only.
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit, bool kNorm = false>
+// nb: blocks of a stage's row (of a slice's, with kSplit).
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
 __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
-                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring, TmaSplit sp,
-                TmaNormArg<kNorm> nin) {
+                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
+                TmaSplit sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Q = Quant<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
@@ -209,9 +179,7 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     static_assert(!kPair || kV == 2, "a pair is a group of two rows");
     static_assert(!(kPair && kSplit), "a pair's rows are whole");
     static_assert(tma_x_units<T>(kXU), "whole rows, activations in registers");
-    static_assert(!kNorm || (!kSplit && tma_norm_compiled<T, kXU>()), "the norm's rows whole");
     extern __shared__ __align__(16) uint8_t smem[];
-    constexpr int kNV = kNorm ? tma_norm_nv<T, kXU>() : 1;
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int part = lane % kLPB, sub = lane / kLPB;
@@ -263,20 +231,10 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     // early: the first stages' weights are requested before waiting for the kernel before, as
     // the pipe kernel does (weights only; see there).
     pdl_trigger();
-    // The norm's weights into L1 first: nothing in the stream writes them.
-    if constexpr (kNorm) norm_prefetch<kNV>(nin);
     if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
         for (int64_t j = 0; j < S && j < total; ++j) issue(j);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
-    if constexpr (kNorm) {
-        pdl_order(nin.x);
-        pdl_order(nin.y);
-        NormSmem<kNV>& ns = norm_smem<kNV>();
-        norm_in_cta<kNV, tma_act_mode<T>()>(nin, ns);
-        xq = ns.xq;
-        xd = ns.xd;
-    }
     if constexpr (kSplit) {
         pdl_order(sp.partial);
         pdl_order(sp.counters);
@@ -289,8 +247,8 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     for (int u = 0; u < kXU; ++u) {
         const int kb = u * kBPU + sub;
         if (kb < nb)
-            Q::template load_x<kNorm>(xq + int64_t(kb) * Q::kBlockElems,
-                                      xd + int64_t(kb) * (Q::kBlockElems / 32), part, xr[u]);
+            Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
+                      part, xr[u]);
     }
     for (int64_t j = 0; j < total; ++j) {
         const int slot = int(j % S);
@@ -405,10 +363,10 @@ inline const TmaDevice& tma_device() {
 
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
 // CTAs per multiprocessor that its registers allow (shared memory then decides per launch).
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false, bool kNorm = false>
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
 int tma_ctas_by_registers() {
     static const int per_sm = [] {
-        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit, kNorm>;
+        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit>;
         NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            tma_device().optin),
                       "gemv tma shared memory limit");
@@ -437,18 +395,16 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
 }
 
 // nb: blocks of a stage's row (of a slice's when split: sp.slices > 1).
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false, bool kNorm = false>
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
-                  const TmaSplit& sp = {}, int counter_count = 0,
-                  const TmaNormArg<kNorm>& nin = {}) {
+                  const TmaSplit& sp = {}, int counter_count = 0) {
     using Q = Quant<T>;
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
-    const size_t fixed = kNorm ? sizeof(NormSmem<tma_norm_nv<T, kXU>()>) : 0;  // static
     const TmaDevice& d = tma_device();
-    const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit, kNorm>(),
-                                int(d.smem_per_sm / (smem + fixed + d.reserved)));
+    const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(),
+                                int(d.smem_per_sm / (smem + d.reserved)));
     if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
     const int64_t groups = (kPair ? pr.rows() : pr.rows() / kV) * sp.slices;
     int64_t grid =
@@ -461,10 +417,9 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
             nt::fail("gemv: %lld warps a slice need more than the workspace's %d counters.",
                      (long long)(grid * kPipeWarps / sp.slices), counter_count);
     }
-    launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit, kNorm>, dim3(unsigned(grid)),
-                  dim3(kPipeThreads), smem, stream,
-                  kNorm ? "gemv (pipe, tma ring, norm inside)" : "gemv (pipe, tma ring)", pr, w2,
-                  nb, xq, xd, q, pdl && pdl_prefetch_enabled(), ring, sp, nin);
+    launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
+                  dim3(kPipeThreads), smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q,
+                  pdl && pdl_prefetch_enabled(), ring, sp);
 }
 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
@@ -493,42 +448,16 @@ bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
     }
 }
 
-// Whether the TMA form's whole rows of `cols` columns can run a norm before them (NormIn of
-// that width).
-template <GgmlType T>
-bool tma_norm_fits(int64_t cols, const NormIn* norm) {
-    bool fits = false;
-    if (norm && norm->dim == cols)
-        with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
-            fits = tma_norm_compiled<T, decltype(xu_tag)::value>();
-        });
-    return fits;
-}
-
 // launch_pipe's choices (two rows a warp for a single matrix with a row per resident warp)
-// for the TMA form; tma_fits holds. With a norm, tma_norm_fits holds too: the kernel runs it.
+// for the TMA form; tma_fits holds.
 template <GgmlType T, bool kPair>
 void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
-                const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
-                const NormIn* norm = nullptr) {
+                const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
     constexpr int kV = kPair ? 2 : 1;
     const int nb = int(cols / Quant<T>::kBlockElems);
     const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
-        if constexpr (tma_norm_compiled<T, XU>()) {
-            if (norm) {
-                ++gemv_norms_inside_count();
-                if (two)
-                    return launch_tma_k<T, false, XU, 2, false, true>(pr, w2, nb, xq, xd, pdl,
-                                                                      stream, q, {}, 0, *norm);
-                return launch_tma_k<T, kPair, XU, kV, false, true>(pr, w2, nb, xq, xd, pdl, stream,
-                                                                   q, {}, 0, *norm);
-            }
-        }
-        if (norm)
-            nt::fail("gemv: no norm inside the TMA form for %s rows of %lld.", type_name(T),
-                     (long long)cols);
         if (two) return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
         launch_tma_k<T, kPair, XU, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
     });
@@ -625,24 +554,16 @@ bool tma_takes(int64_t cols) {
 }
 
 // The pipe kernel, in its TMA form where that can run: whole rows (tma_fits), or, given scratch,
-// a single matrix in column slices (launch_tma_split); else with its register ring. norm (the
-// add_rmsnorm before it, left to it): run inside the TMA form's whole rows where it fits there
-// (tma_norm_fits), else launched as its own kernel first.
+// a single matrix in column slices (launch_tma_split); else with its register ring.
 template <GgmlType T>
 void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const int8_t* xq,
                      const float2* xd, int n, int nx, bool pdl, cudaStream_t stream,
-                     const PairQuant& q = {}, const GemvSplitScratch& split = {},
-                     const NormIn* norm = nullptr) {
-    const bool whole = tma_fits<T>(pr, w2, cols, nx);
-    if (norm && !(whole && tma_norm_fits<T>(cols, norm))) {
-        matmul_norm_launch(*norm, stream);
-        norm = nullptr;
-    }
-    if (!w2 && !norm && launch_tma_split<T>(pr, cols, xq, xd, nx, pdl, stream, split)) return;
-    if (whole) {
+                     const PairQuant& q = {}, const GemvSplitScratch& split = {}) {
+    if (!w2 && launch_tma_split<T>(pr, cols, xq, xd, nx, pdl, stream, split)) return;
+    if (tma_fits<T>(pr, w2, cols, nx)) {
         const auto* b = static_cast<const uint8_t*>(w2);
-        if (b) return launch_tma<T, true>(pr, b, cols, xq, xd, pdl, stream, q, norm);
-        return launch_tma<T, false>(pr, pr.m0, cols, xq, xd, pdl, stream, PairQuant{}, norm);
+        if (b) return launch_tma<T, true>(pr, b, cols, xq, xd, pdl, stream, q);
+        return launch_tma<T, false>(pr, pr.m0, cols, xq, xd, pdl, stream, PairQuant{});
     }
     launch_pipe_nx<T>(pr, w2, cols, xq, xd, n, nx, pdl, stream, q);
 }
@@ -659,11 +580,6 @@ void prepare_tma() {
             tma_ctas_by_registers<T, true, XU, 2>();
             tma_ctas_by_registers<T, false, XU, 1, true>();
             tma_ctas_by_registers<T, false, XU, 2, true>();
-            if constexpr (tma_norm_compiled<T, XU>()) {
-                tma_ctas_by_registers<T, false, XU, 1, false, true>();
-                tma_ctas_by_registers<T, false, XU, 2, false, true>();
-                tma_ctas_by_registers<T, true, XU, 2, false, true>();
-            }
             return false;  // every one
         });
     }

@@ -6,7 +6,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "backend/cuda/matmul.cuh"
@@ -157,23 +156,22 @@ struct GemvStack {
 // The stack in one pipe launch (pipe_compiled<T>() types, n <= 8).
 template <GgmlType T>
 void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd, int n,
-                       bool pdl, cudaStream_t stream, const NormIn* norm);
+                       bool pdl, cudaStream_t stream);
 // SwiGLU pair: y = silu(w x) * (w2 x), both rows x cols of type T, in one launch (types with
 // the pipe kernel only: gemv_pair_available).
 template <GgmlType T>
 void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
-                      const PairQuant& q, const NormIn* norm);
+                      const PairQuant& q);
 #define NT_GEMV_EXTERN(T)                                                                          \
     extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
                                                      const float2*, int, float*,                   \
                                                      const GemvConfig&, cudaStream_t);             \
-    extern template void launch_gemv_pair<GgmlType::T>(                                            \
-        const void*, const void*, int64_t, int64_t, const int8_t*, const float2*, int, float*,     \
-        int, bool, cudaStream_t, const PairQuant&, const NormIn*);                                 \
+    extern template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t, \
+                                                       const int8_t*, const float2*, int, float*,  \
+                                                       int, bool, cudaStream_t, const PairQuant&); \
     extern template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,  \
-                                                        const float2*, int, bool, cudaStream_t,    \
-                                                        const NormIn*);                            \
+                                                        const float2*, int, bool, cudaStream_t);   \
     extern template void prepare_gemv_q8<GgmlType::T>();
 NT_GEMV_EXTERN(Q4_0)
 NT_GEMV_EXTERN(Q4_1)
@@ -187,29 +185,18 @@ NT_GEMV_EXTERN(Q5_K)
 NT_GEMV_EXTERN(Q6_K)
 #undef NT_GEMV_EXTERN
 
-// GEMV launches so far that ran the norm before them (NormIn), counted on the host as they
-// launch (tests: which path a step took).
-inline std::atomic<int64_t>& gemv_norms_inside_count() {
-    static std::atomic<int64_t> n{0};
-    return n;
-}
-inline int64_t gemv_norms_inside() {
-    return gemv_norms_inside_count().load();
-}
-
 // prepare_gemv_q8 for every quantized type (matmul_init calls it).
 void prepare_gemv_all();
 
 // Whether gemv_pair and gemv_stack have a kernel for weights of type t.
 bool gemv_pair_available(GgmlType t);
 // The stack's GEMV for n <= 8 activation rows (quantize_q8 output), all matrices of type t.
-// norm: the add_rmsnorm before it, left to it (NormIn, matmul.cuh), or null.
 void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,
-                int n, bool pdl, cudaStream_t stream, const NormIn* norm = nullptr);
+                int n, bool pdl, cudaStream_t stream);
 // y = silu(w x) * (w2 x) for n <= 8 activation rows (quantize_q8 output), nx as GemvConfig.
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
-               const PairQuant& q = {}, const NormIn* norm = nullptr);
+               const PairQuant& q = {});
 
 // The same for F32, F16 and BF16 weights with float activations (any cols).
 void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,
