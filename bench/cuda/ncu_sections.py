@@ -21,8 +21,8 @@ def num(s):
 
 def short_name(full):
     """The kernel's name with its template arguments, without its parameter list."""
-    for noise in ("void ", "(anonymous namespace)::", "<unnamed>::", "unnamed>::",
-                  "nt::cuda::detail::", "nt::cuda::", "detail::", "(nt::GgmlType)"):
+    for noise in ("void ", "(anonymous namespace)::", "<unnamed>::", "unnamed>::", "nt::cuda::",
+                  "detail::", "(nt::GgmlType)"):
         full = full.replace(noise, "")
     depth = 0
     for i, ch in enumerate(full):
@@ -37,7 +37,8 @@ def short_name(full):
 
 
 def main(path):
-    rows = [r for r in csv.reader(open(path)) if len(r) > 5]
+    with open(path) as f:
+        rows = [r for r in csv.reader(f) if len(r) > 5]
     if len(rows) < 3:
         sys.exit(f"{path}: no profiled kernels")
     head, units, data = rows[0], rows[1], rows[2:]
@@ -50,9 +51,9 @@ def main(path):
     scale_us = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
     dur = "gpu__time_duration.sum"
     dur_scale = scale_us.get(units[col[dur]], 1.0) if dur in col else 1.0
-    stall = {m.group(1): i for name, i in col.items()
-             if (m := re.fullmatch(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio",
-                                   name))}
+    stalls = [(m.group(1), name) for name in col
+              if (m := re.fullmatch(r"smsp__average_warps_issue_stalled_(\w+)_per_issue_active\.ratio",
+                                    name))]
     groups = collections.defaultdict(list)
     for r in data:
         groups[short_name(r[col["Kernel Name"]])].append(r)
@@ -67,8 +68,7 @@ def main(path):
         bw_unit = units[col["dram__bytes_read.sum.per_second"]] if "dram__bytes_read.sum.per_second" in col else ""
         gbs = bw * {"byte/s": 1e-9, "byte/second": 1e-9, "Kbyte/second": 1e-6,
                     "Mbyte/second": 1e-3, "Gbyte/second": 1.0, "Tbyte/second": 1e3}.get(bw_unit, float("nan"))
-        top = sorted(((mean(f"smsp__average_warps_issue_stalled_{k}_per_issue_active.ratio"), k)
-                      for k in stall), reverse=True)[:3]
+        top = sorted(((mean(metric), reason) for reason, metric in stalls), reverse=True)[:3]
         grid = rs[0][col["Grid Size"]].strip("()").split(",")[0] if "Grid Size" in col else "?"
         print(f"{name:60} {grid:>6} {len(rs):3d} {us:7.1f} "
               f"{mean('gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed'):6.1f} "
