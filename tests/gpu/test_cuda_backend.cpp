@@ -861,6 +861,85 @@ TEST(CudaBackend, QkvStackedOrForked) {
     p.gpu.set_graphs(true);
 }
 
+// out_ffn_gate_up at a decode step of one row: one chained launch (the output projection, the
+// residual add and norm, the SwiGLU pair; set_chain, the default) or its three ops: the same
+// bits in everything the step leaves (x, the norm's output, gate, and the down projection that
+// reads the pair's own quantization of gate), eager and as a graph (capture, then replays with
+// new data). Two calls a step, as two layers make (their own counters), so the counters' counts
+// carry from launch to launch and site to site. Q4_K and Q6_K at 4096 columns and Q4_K at 8192
+// (70B's rows) chain; Q8_0 and mixed types take the three ops (the count of chained launches
+// says which).
+TEST(CudaBackend, OutFfnChainMatchesItsThreeOps) {
+    NT_REQUIRE_GPU();
+    struct Mix {
+        GgmlType o, ffn;
+        int dim;
+        bool chained;
+    };
+    for (Mix mx : {Mix{GgmlType::Q4_K, GgmlType::Q4_K, 4096, true},
+                   Mix{GgmlType::Q6_K, GgmlType::Q6_K, 4096, true},
+                   Mix{GgmlType::Q4_K, GgmlType::Q4_K, 8192, true},
+                   Mix{GgmlType::Q8_0, GgmlType::Q8_0, 4096, false},
+                   Mix{GgmlType::Q6_K, GgmlType::Q4_K, 4096, false}}) {
+        const ModelShape s = make_shape(128, mx.dim / 128, 8);
+        const int dim = s.n_embd, ff = 1024, nd = 256;
+        CudaBackend gpu;
+        gpu.init(s, 8, 1, 64);
+        Activations& a = gpu.acts();
+        const WeightView norm = on_gpu(gpu, random_weight(GgmlType::F32, 1, dim, 401, 2.f));
+        const WeightView wo = on_gpu(gpu, random_weight(mx.o, dim, dim, 402));
+        const WeightView wg = on_gpu(gpu, random_weight(mx.ffn, ff, dim, 403));
+        const WeightView wu = on_gpu(gpu, random_weight(mx.ffn, ff, dim, 404));
+        const WeightView wd = on_gpu(gpu, random_weight(GgmlType::Q6_K, nd, ff, 405));
+        Batch b;
+        b.add(0, 0, 0, true);
+        // One step from fresh x and att; what it leaves: x, xn, gate, down (in q).
+        auto step = [&](uint32_t seed) {
+            gpu.upload(a.x, random_floats(dim, seed, -3.f, 3.f).data(), dim * sizeof(float));
+            gpu.upload(a.att, random_floats(dim, seed + 1, -1.f, 1.f).data(), dim * sizeof(float));
+            gpu.begin_step(b);
+            for (int layer = 0; layer < 2; layer++)
+                gpu.out_ffn_gate_up(wo, a.att, a.x, norm, 1, dim, a.xn, wg, wu, a.gate, a.up,
+                                    GgmlType::Q6_K);
+            gpu.matmul(wd, a.gate, 1, a.q);
+            gpu.end_step();
+            std::vector<std::vector<float>> out;
+            const std::pair<float*, int> fields[] = {
+                {a.x, dim}, {a.xn, dim}, {a.gate, ff}, {a.q, nd}};
+            for (auto [f, len] : fields) {
+                out.emplace_back(size_t(len));
+                gpu.download(f, out.back().data(), size_t(len));
+            }
+            return out;
+        };
+        const char* names[] = {"x", "xn", "gate", "down"};
+        gpu.set_graphs(false);
+        gpu.set_chain(false);
+        std::vector<std::vector<float>> want[3];
+        for (int rep = 0; rep < 3; rep++) want[rep] = step(500 + 10 * uint32_t(rep));
+        for (bool graphs : {false, true}) {
+            gpu.set_graphs(graphs);
+            gpu.set_chain(true);  // drops recorded steps: the first graph step records
+            for (int rep = 0; rep < 3; rep++) {
+                const int64_t before = cuda::detail::gemv_chain_count();
+                const int replays = gpu.graph_stats().replays;
+                const auto got = step(500 + 10 * uint32_t(rep));
+                const bool replayed = gpu.graph_stats().replays > replays;
+                const std::string what = std::string(type_name(mx.o)) + "/" + type_name(mx.ffn) +
+                                         " " + std::to_string(dim) +
+                                         (graphs ? " graph " : " eager ") + std::to_string(rep);
+                // Counted on the host as the kernels launch: a replay launches nothing.
+                EXPECT_EQ(cuda::detail::gemv_chain_count() - before,
+                          replayed || !mx.chained ? 0 : 2)
+                    << what;
+                if (graphs && rep > 0) EXPECT_TRUE(replayed) << what;
+                for (size_t i = 0; i < got.size(); i++)
+                    expect_equal(got[i], want[rep][i], what + " " + names[i]);
+            }
+        }
+    }
+}
+
 // ---- attention against the CPU backend -----------------------------------------------------
 
 struct AttnCase {
