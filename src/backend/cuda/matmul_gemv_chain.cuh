@@ -207,10 +207,15 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     uint64_t base = 0;
     if (threadIdx.x == 0) base = *reinterpret_cast<volatile const uint64_t*>(c.flag);
     pdl_trigger();
-    if (!early) pdl_wait(c.xq_a, c.xd_a, c.ya, c.x, c.out, c.xq_n, c.xd_n, c.yb);
+    // Before the wait only Wa's stages: the kernel before (the attention) is latency-bound, and
+    // the pair's bytes requested under it would delay its reads (docs/BENCHMARKS.md: the L2
+    // look-ahead in the attention's window lost more the more it asked for).
+    int64_t issued = 0;
+    if (early && lane == 0)
+        for (; issued < S && issued < na; ++issued) issue(issued);
+    pdl_wait(c.xq_a, c.xd_a, c.ya, c.x, c.out, c.xq_n, c.xd_n, c.yb);
     if (lane == 0)
-        for (int64_t j = 0; j < S && j < total; ++j) issue(j);
-    if (early) pdl_wait(c.xq_a, c.xd_a, c.ya, c.x, c.out, c.xq_n, c.xd_n, c.yb);
+        for (; issued < S && issued < total; ++issued) issue(issued);
 
     typename Q::X xr[kXU];
     auto load_acts = [&](const int8_t* xq, const float2* xd, auto from) {
