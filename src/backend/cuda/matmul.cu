@@ -25,8 +25,8 @@ constexpr int64_t kMinSliceRows = 128;
 constexpr int kQuantGroups = 1024;
 constexpr int kSplitCounters = 4096;
 constexpr size_t kSplitPartialBytes = size_t(2) << 20;
-constexpr size_t kCountersBytes =
-    (kQuantGroups + kSplitCounters) * sizeof(int) + kChainSites * 2 * sizeof(uint64_t);
+constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters) * sizeof(int) +
+                                  kChainSites * kChainSiteWords * sizeof(uint64_t);
 constexpr size_t kTailBytes = kSplitPartialBytes + kCountersBytes;
 constexpr size_t kTailMinRest = size_t(256) << 10;
 
@@ -307,8 +307,8 @@ bool matmul_out_ffn(const OutFfn& f, MatmulWorkspace& ws, cudaStream_t stream, b
     c.pq.xd = reinterpret_cast<float2*>(base + y_at + align256(size_t(g.rows)));
     c.pq.done = ws.done;
     c.pq.mode = int(detail::act_quant(f.next));
-    c.arrive = ws.chain + 2 * f.site;
-    c.flag = c.arrive + 1;
+    c.arrive = ws.chain + size_t(f.site) * kChainSiteWords;
+    c.flag = c.arrive + kChainLineWords;
     if (!detail::gemv_chain(wo.type, dim, c, ws.pdl, stream)) return false;
     ws.held = {f.gate_out, 1, g.rows, c.pq.mode, c.pq.xq, c.pq.xd};
     *y_quantized = true;

@@ -62,8 +62,8 @@ struct MatmulWorkspace {
     // Scratch for GEMVs that cut long rows into column slices (partial sums and counters, at
     // the end of buf; null where done is).
     detail::GemvSplitScratch split;
-    // Two 64-bit counters for each of kChainSites call sites of matmul_out_ffn (at the end of
-    // buf; null where done is).
+    // kChainSiteWords 64-bit counters for each of kChainSites call sites of matmul_out_ffn (at
+    // the end of buf; null where done is).
     uint64_t* chain = nullptr;
     // GEMVs as programmatic dependent launches (their weight loads overlap the end of the
     // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
@@ -128,7 +128,13 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
 // it does not apply (no programmatic launches, other types than Q4_K and Q6_K or
 // mixed types, rows other than 4096 or 8192 columns, wo not square, non-F32 norm weights, a
 // workspace without room); the caller then runs the three.
-constexpr int kChainSites = 512;
+constexpr int kChainSites = 128;
+// A site's counters: `arrive` on one 128-byte line, then kChainFlags copies of `flag` on a line
+// each: the CTAs that wait for the norm poll one copy each (blockIdx % kChainFlags), so that
+// hundreds of pollers do not queue at one L2 slice ahead of the counter's atomics.
+constexpr int kChainFlags = 8;
+constexpr int kChainLineWords = 16;  // 64-bit words a line
+constexpr int kChainSiteWords = (1 + kChainFlags) * kChainLineWords;
 struct OutFfn {
     WeightView wo;
     const float* att = nullptr;

@@ -204,8 +204,9 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     __syncwarp();
     // The count the launch before on these counters left (only this launch's norm CTA raises
     // it, and not before every CTA, this one included, has counted itself).
+    uint64_t* my_flag = c.flag + (blockIdx.x % kChainFlags) * kChainLineWords;
     uint64_t base = 0;
-    if (threadIdx.x == 0) base = *reinterpret_cast<volatile const uint64_t*>(c.flag);
+    if (threadIdx.x == 0) base = *reinterpret_cast<volatile const uint64_t*>(my_flag);
     pdl_trigger();
     // Before the wait only Wa's stages: the kernel before (the attention) is latency-bound, and
     // the pair's bytes requested under it would delay its reads (docs/BENCHMARKS.md: the L2
@@ -254,12 +255,12 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
         __syncthreads();
         if (threadIdx.x == 0) {
             __threadfence();
-            st_release_u64(c.flag, end);
+            for (int i = 0; i < kChainFlags; ++i) st_release_u64(c.flag + i * kChainLineWords, end);
         }
     } else if (threadIdx.x == 0) {
         const uint64_t t0 = globaltimer_ns();
-        while (ld_acquire_u64(c.flag) < end) {
-            __nanosleep(64);
+        while (ld_acquire_u64(my_flag) < end) {
+            __nanosleep(128);
             // A grid not all resident at once would wait here for ever: fail the launch instead.
             if (globaltimer_ns() - t0 > kChainWaitNs) __trap();
         }

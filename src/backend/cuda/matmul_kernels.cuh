@@ -156,8 +156,9 @@ struct GemvStack {
 // The decode step's attention output projection, residual add + RMSNorm and SwiGLU pair in one
 // launch (matmul_gemv_chain.cuh): ya = Wa xa (rows_a x dim); x += ya; out = rmsnorm(x) *
 // norm_w, quantized (Q8_K) into xq_n / xd_n; yb = silu(G out) * (U out) (rows_b x dim each),
-// quantized for the next matmul by pq. arrive / flag: two 64-bit counters of this call site,
-// zero at first, never reset, used by one launch at a time.
+// quantized for the next matmul by pq. arrive / flag: 64-bit counters of this call site (flag:
+// kChainFlags copies, kChainLineWords apart), zero at first, never reset, used by one launch at
+// a time.
 struct ChainArgs {
     const uint8_t* wa = nullptr;
     int64_t rows_a = 0;
