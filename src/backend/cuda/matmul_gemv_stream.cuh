@@ -36,7 +36,8 @@ constexpr size_t kStreamMaxXBytes = size_t(64) << 10;
 // The types the stream kernel is compiled for (matmul.cu's gemv_config_available mirrors it).
 template <GgmlType T>
 constexpr bool stream_compiled() {
-    return T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q6_K || T == GgmlType::Q8_0;
+    return T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q6_K ||
+           T == GgmlType::Q8_0;
 }
 
 template <GgmlType T>
@@ -44,9 +45,8 @@ struct StreamPiece {
     using Q = Quant<T>;
     static constexpr int kBlocksPerUnit = 32 / Q::kLanesPerBlock;  // blocks a warp computes at once
     static constexpr int kUnitBytes = kBlocksPerUnit * Q::kBlockBytes;
-    static constexpr int kUnits = (kStreamPieceTarget - 16) / kUnitBytes > 0
-                                      ? (kStreamPieceTarget - 16) / kUnitBytes
-                                      : 1;
+    static constexpr int kUnits =
+        (kStreamPieceTarget - 16) / kUnitBytes > 0 ? (kStreamPieceTarget - 16) / kUnitBytes : 1;
     static constexpr int kBlocks = kUnits * kBlocksPerUnit;  // blocks per piece
     // 16-byte vectors covering a piece from the aligned address at or below its start.
     static constexpr int kMaxVecs = (kBlocks * Q::kBlockBytes + 15 + 15) / 16;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks)
     const int total = my_rows * ppr;
 
     // Loads piece i into r (lane's vectors lane + 32u); returns the piece's vector count.
-    auto fetch = [&](int i, uint4(&r)[kV]) {
+    auto fetch = [&](int i, uint4 (&r)[kV]) {
         const int ri = i / ppr, pi = i - ri * ppr;
         const int64_t row = gwarp + int64_t(ri) * nwarps;
         const int kb0 = pi * P::kBlocks;
@@ -175,8 +175,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks)
                     const int64_t xr = k < n ? k : n - 1;
                     typename Q::X xv;
                     Q::template load_x<kXGeneric>(xqs + xr * cols + kb * Q::kBlockElems,
-                                                  xds + xr * xd_stride + kb * (Q::kBlockElems / 32),
-                                                  part, xv);
+                                             xds + xr * xd_stride + kb * (Q::kBlockElems / 32),
+                                             part, xv);
                     acc[k] += Q::dot(wr, xv);
                 }
             }
@@ -228,9 +228,9 @@ const StreamLimits& stream_limits() {
         NT_CUDA_CHECK(cudaDeviceGetAttribute(&l.smem_per_sm,
                                              cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev),
                       "device attribute");
-        NT_CUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.reg_ctas, kernel, kStreamThreads, 0),
-            "gemv stream occupancy");
+        NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&l.reg_ctas, kernel,
+                                                                    kStreamThreads, 0),
+                      "gemv stream occupancy");
         if (l.reg_ctas < 1)
             nt::fail("gemv: the stream kernel for %s does not fit on this GPU.", type_name(T));
         return l;
@@ -251,14 +251,14 @@ void launch_stream(const void* w, int64_t rows, int64_t cols, const int8_t* xq, 
     const int64_t needed = (rows + kStreamWarps - 1) / kStreamWarps;
     const int64_t grid = std::min<int64_t>(needed, int64_t(per_sm) * lim.sms);
     gemv_q8_stream<T, NX><<<unsigned(grid), kStreamThreads, smem, stream>>>(
-        static_cast<const uint8_t*>(w), rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n, y,
-        stage_x);
+        static_cast<const uint8_t*>(w), rows, int(cols / Quant<T>::kBlockElems), xq, xd, cols, n,
+        y, stage_x);
     NT_CUDA_CHECK(cudaGetLastError(), "gemv (stream)");
 }
 
 template <GgmlType T>
-void launch_stream_nx(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
-                      int n, float* y, int nx, cudaStream_t stream) {
+void launch_stream_nx(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+                      const float2* xd, int n, float* y, int nx, cudaStream_t stream) {
     switch (nx) {
         case 1:
             return launch_stream<T, 1>(w, rows, cols, xq, xd, n, y, stream);
