@@ -9,6 +9,31 @@ import pathlib
 
 import pytest
 
+
+def _reference_without_weight_repacking():
+    """llama.cpp (the reference) on its plain CPU kernels: a llama-cpp-python built on a CPU with
+    AMX repacks weights for its AMX matmul, which crashed (SIGSEGV in ggml_backend_amx_mul_mat)
+    on such a CI machine. Its extra buffer types are off for every model the tests load."""
+    try:
+        import llama_cpp.llama_cpp as lc
+    except ImportError:
+        return
+    default = lc.llama_model_default_params
+    if getattr(default, "_nt_no_extra_bufts", False):
+        return
+
+    def params():
+        p = default()
+        if hasattr(p, "use_extra_bufts"):
+            p.use_extra_bufts = False
+        return p
+
+    params._nt_no_extra_bufts = True
+    lc.llama_model_default_params = params
+
+
+_reference_without_weight_repacking()
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("NT_BUILD_DIR", ROOT / "build"))
 SMOLLM2 = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
