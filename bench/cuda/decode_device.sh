@@ -155,13 +155,12 @@ EOF
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of
         # one-row decode steps, keeping what the next op expects of its activations: the
         # outputs are wrong, the timing is the step without it. The patch is host code only.
-        # NT_CHAIN=0 throughout: o, norm and gateup are separate ops only without the chain.
         ablate_patch || return 1
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         for t in ${AB_MODELS:-q4_k_m}; do
             wait_model $t
             for env in NT_AS_SHIPPED=1 NT_SKIP=norm NT_SKIP=qkv NT_SKIP=attn NT_SKIP=o NT_SKIP=gateup NT_SKIP=down NT_AS_SHIPPED=1; do
-                echo "ablate: $t $env tg128 $(tg128 $t NT_CHAIN=0 $env)"
+                echo "ablate: $t $env tg128 $(tg128 $t $env)"
             done
         done
         ablate_patch -R

@@ -134,19 +134,6 @@ class Backend {
         matmul(w_up, x, n, up);
         swiglu(gate, up, int64_t(n) * w_gate.rows, gate);
     }
-    // The attention block's output projection and the feed-forward's input, in order:
-    // matmul(wo, att, n, y); add_rmsnorm(x, y, norm, n, dim, y, w_gate.type); ffn_gate_up(w_gate,
-    // w_up, y, n, gate, up, next). One call, so a backend may run them as one (the CUDA backend:
-    // one launch at a decode step, whose weight stream then does not stop between the two
-    // GEMVs). y holds the output projection's result, then the norm's.
-    virtual void out_ffn_gate_up(const WeightView& wo, const float* att, float* x,
-                                 const WeightView& norm, int n, int dim, float* y,
-                                 const WeightView& w_gate, const WeightView& w_up, float* gate,
-                                 float* up, GgmlType next) {
-        matmul(wo, att, n, y);
-        add_rmsnorm(x, y, norm, n, dim, y, w_gate.type);
-        ffn_gate_up(w_gate, w_up, y, n, gate, up, next);
-    }
     // x += y, n elements.
     virtual void add(float* x, const float* y, int64_t n) = 0;
     // Copies the rows of x whose want_logits is set to the first rows of dst (compacting).

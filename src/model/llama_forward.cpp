@@ -2,8 +2,8 @@
 
 namespace nt {
 
-void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& layers, Backend& be,
-                   const Batch& batch) {
+void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& layers,
+                   Backend& be, const Batch& batch) {
     const ModelShape& s = hp.shape;
     const int B = batch.size();
     const int64_t d = s.n_embd;
@@ -20,10 +20,10 @@ void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& 
         be.add_rmsnorm(a.x, residual, L.attn_norm, B, s.n_embd, a.xn, L.wq.type);
         be.qkv(L.wq, L.wk, L.wv, a.xn, B, a.q, a.k, a.v);
         be.rope_attention(l, a.q, a.k, a.v, a.att, L.wo.type);
-        // the output projection, x += it, and the feed-forward block's (SwiGLU) norm and
-        // gate/up projections, in one call
-        be.out_ffn_gate_up(L.wo, a.att, a.x, L.ffn_norm, B, s.n_embd, a.xn, L.w1, L.w3, a.gate,
-                           a.up, L.w2.type);
+        be.matmul(L.wo, a.att, B, a.xn);
+        // feed-forward block (SwiGLU), after x += attention output
+        be.add_rmsnorm(a.x, a.xn, L.ffn_norm, B, s.n_embd, a.xn, L.w1.type);
+        be.ffn_gate_up(L.w1, L.w3, a.xn, B, a.gate, a.up, L.w2.type);
         be.matmul(L.w2, a.gate, B, a.xn);
         residual = a.xn;
         layers.release(l);

@@ -44,9 +44,7 @@ bool CudaBackend::Op::operator==(const Op& o) const {
            w.cols == o.w.cols && w.rows == o.w.rows && w.data == o.w.data &&
            w.nbytes == o.w.nbytes && w2.type == o.w2.type && w2.cols == o.w2.cols &&
            w2.rows == o.w2.rows && w2.data == o.w2.data && w3.type == o.w3.type &&
-           w3.cols == o.w3.cols && w3.rows == o.w3.rows && w3.data == o.w3.data &&
-           w4.type == o.w4.type && w4.cols == o.w4.cols && w4.rows == o.w4.rows &&
-           w4.data == o.w4.data && p[4] == o.p[4] && next == o.next;
+           w3.cols == o.w3.cols && w3.rows == o.w3.rows && w3.data == o.w3.data && next == o.next;
 }
 
 CudaBackend::CudaBackend(int device) {
@@ -65,7 +63,6 @@ CudaBackend::CudaBackend(int device) {
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     graphs_on_ = env_switch("NT_CUDA_GRAPHS");
     rope_fusion_ = env_switch("NT_ROPE_FUSION");
-    chain_ = env_switch("NT_CHAIN");
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
 }
 
@@ -335,7 +332,6 @@ void CudaBackend::begin_step(const Batch& batch) {
     }
     splits_ = decode_splits(n_dec_);
     n_rows_ = n;
-    chain_site_ = 0;
     NT_CUDA_CHECK(cudaMemcpyAsync(d_step_, h_step_, step_bytes_, cudaMemcpyHostToDevice, stream_),
                   "cudaMemcpyAsync step tables");
     NT_CUDA_CHECK(cudaEventRecord(step_uploaded_, stream_), "cudaEventRecord");
@@ -480,12 +476,6 @@ void CudaBackend::set_rope_fusion(bool on) {
     drop_graphs();  // recorded steps hold the other choice
 }
 
-void CudaBackend::set_chain(bool on) {
-    flush();
-    chain_ = on;
-    drop_graphs();  // recorded steps hold the other choice
-}
-
 void CudaBackend::set_pdl(bool on) {
     flush();
     pdl_allowed_ = on;
@@ -548,44 +538,6 @@ void CudaBackend::run(const Op& op) {
                 for (int i = 0; i < 3; ++i)
                     cuda::matmul(w[i], f(0), op.i0, y[i], *mm_, stream_, x_unchanged || i > 0);
             after_matmul_ = true;
-            return;
-        }
-        case OpKind::OutFfn: {
-            // Decided on the host from the op's fields alone, like every matmul choice.
-            const cuda::OutFfn o{op.w, f(0),  f(1),  op.w4, shape_.norm_eps, op.i1,
-                                 f(2), op.w2, op.w3, f(3),  op.next,         int(op.n)};
-            bool quantized = false;
-            if (chain_ && op.i0 == 1 &&
-                cuda::matmul_out_ffn(o, *mm_, stream_, x_unchanged, &quantized)) {
-                after_matmul_ = quantized;
-                return;
-            }
-            Op m;
-            m.kind = OpKind::Matmul;
-            m.w = op.w;
-            m.i0 = op.i0;
-            m.p[0] = f(0);
-            m.p[1] = f(2);
-            Op norm;
-            norm.kind = OpKind::AddRmsNorm;
-            norm.w = op.w4;
-            norm.i0 = op.i0;
-            norm.i1 = op.i1;
-            norm.p[0] = f(1);
-            norm.p[1] = f(2);
-            norm.p[2] = f(2);
-            norm.next = op.w2.type;
-            Op gu;
-            gu.kind = OpKind::GateUp;
-            gu.w = op.w2;
-            gu.w2 = op.w3;
-            gu.i0 = op.i0;
-            gu.p[0] = f(2);
-            gu.p[1] = f(3);
-            gu.p[2] = f(4);
-            gu.next = op.next;
-            after_matmul_ = x_unchanged;  // as it was before this op: the matmul's to use
-            for (const Op* o3 : {&m, &norm, &gu}) run(*o3);
             return;
         }
         case OpKind::Rope:
@@ -786,34 +738,6 @@ void CudaBackend::ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, 
     op.p[0] = x;
     op.p[1] = gate;
     op.p[2] = up;
-    op.next = next;
-    submit(op);
-}
-
-void CudaBackend::out_ffn_gate_up(const WeightView& wo, const float* att, float* x,
-                                  const WeightView& norm, int n, int dim, float* y,
-                                  const WeightView& w_gate, const WeightView& w_up, float* gate,
-                                  float* up, GgmlType next) {
-    require_init("out_ffn_gate_up");
-    check_norm_weight(norm, dim);
-    if (w_gate.rows != w_up.rows || w_gate.cols != w_up.cols)
-        fail("ffn gate (%lld x %lld) and up (%lld x %lld) projections differ in shape.",
-             (long long)w_gate.rows, (long long)w_gate.cols, (long long)w_up.rows,
-             (long long)w_up.cols);
-    Op op;
-    op.kind = OpKind::OutFfn;
-    op.w = wo;
-    op.w2 = w_gate;
-    op.w3 = w_up;
-    op.w4 = norm;
-    op.i0 = n;
-    op.i1 = dim;
-    op.n = chain_site_++;
-    op.p[0] = att;
-    op.p[1] = x;
-    op.p[2] = y;
-    op.p[3] = gate;
-    op.p[4] = up;
     op.next = next;
     submit(op);
 }

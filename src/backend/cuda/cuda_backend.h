@@ -61,11 +61,6 @@ class CudaBackend : public Backend {
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
     void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x, int n,
                      float* gate, float* up, GgmlType next) override;
-    // At a decode step of one row, one launch (cuda::matmul_out_ffn) where it applies; else the
-    // three ops.
-    void out_ffn_gate_up(const WeightView& wo, const float* att, float* x, const WeightView& norm,
-                         int n, int dim, float* y, const WeightView& w_gate, const WeightView& w_up,
-                         float* gate, float* up, GgmlType next) override;
     void add(float* x, const float* y, int64_t n) override;
     void gather_logit_rows(const float* x, int dim, float* dst) override;
     void download(const float* src, float* host_dst, size_t n) override;
@@ -94,9 +89,6 @@ class CudaBackend : public Backend {
     // kernel rather than in a rope kernel before it (on unless NT_ROPE_FUSION=0; the same bits
     // either way). q and k are then left as the projections wrote them.
     void set_rope_fusion(bool on);
-    // out_ffn_gate_up as one launch where it applies (on unless NT_CHAIN=0), or always as its
-    // three ops.
-    void set_chain(bool on);
     struct GraphStats {
         int captures = 0;   // graphs recorded
         int replays = 0;    // steps served by a recorded graph
@@ -122,7 +114,6 @@ class CudaBackend : public Backend {
         Swiglu,
         GateUp,
         Qkv,
-        OutFfn,
         Add,
         Gather
     };
@@ -131,12 +122,11 @@ class CudaBackend : public Backend {
     struct Op {
         OpKind kind = OpKind::Embed;
         int32_t i0 = 0, i1 = 0;  // rows / layer / dim, by kind
-        int64_t n = 0;           // element count (swiglu, add); out_ffn: the call site
-        const void* p[5] = {};
+        int64_t n = 0;           // element count (swiglu, add)
+        const void* p[4] = {};
         WeightView w;
-        WeightView w2;  // gate_up: the up projection (w: the gate); qkv: wk; out_ffn: the gate
-        WeightView w3;  // qkv: wv; out_ffn: the up projection
-        WeightView w4;  // out_ffn: the norm
+        WeightView w2;                  // gate_up: the up projection (w: the gate); qkv: wk
+        WeightView w3;                  // qkv: wv
         GgmlType next = GgmlType::F32;  // add_rmsnorm: the next matmul's weight type
         bool operator==(const Op& o) const;
     };
@@ -205,8 +195,6 @@ class CudaBackend : public Backend {
     bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
     bool rope_fusion_ = true;
-    bool chain_ = true;
-    int chain_site_ = 0;  // out_ffn_gate_up calls so far this step: each its own counters
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
     GraphKey key_{0, 0};

@@ -14,7 +14,6 @@
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
-#include "backend/cuda/rmsnorm_q8.cuh"
 #include "backend/cuda/rope.cuh"
 #include "core/error.h"
 #include "quant/types.h"
@@ -323,19 +322,23 @@ __global__ void __launch_bounds__(1024)
         reinterpret_cast<float4*>(x + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
         reinterpret_cast<float4*>(x + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
-    // The sum of squares and the scale as the chained GEMV that runs this norm itself computes
-    // them (rmsnorm_q8.cuh): the same bits either way.
-    const float s = detail::warp_sum_xor(detail::sum_sq8(v));
-    if ((t & 31) == 0) red[t / 32] = s;
-    __syncthreads();
-    const float scale =
-        detail::rms_scale(detail::sum_of_warps(red, blockDim.x / 32, t & 31), dim, eps);
+    float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = detail::rms_apply(v[i], scale, wv[i]);
+    for (int i = 0; i < 8; ++i) s += v[i] * v[i];
+    s = block_sum(s, red);
+    const float scale = __frcp_rn(__fsqrt_rn(addf(__fdiv_rn(s, float(dim)), eps)));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = mul(mul(v[i], scale), wv[i]);
     reinterpret_cast<float4*>(out + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
     reinterpret_cast<float4*>(out + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
-    // Both layouts keep one pair per 32 elements, and 4 threads cover 32.
-    if constexpr (MODE != kNoQuant) detail::quantize8<MODE>(v, t & 31, xq, xd, e0);
+    if constexpr (MODE != kNoQuant) {
+        int q[8];
+        const float2 dq = MODE == kQ8K ? detail::q8k_block(v, t & 31, q)
+                                       : detail::q8_block<8, MODE == kQ81>(v, q);
+        detail::store_q8(xq + e0, q);
+        // Both layouts keep one pair per 32 elements, and 4 threads cover 32.
+        if ((t & 3) == 0) xd[e0 / 32] = dq;
+    }
 }
 
 // Version 1: one block per batch row: the row's cos/sin table first (double precision, so the

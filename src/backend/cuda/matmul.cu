@@ -25,8 +25,7 @@ constexpr int64_t kMinSliceRows = 128;
 constexpr int kQuantGroups = 1024;
 constexpr int kSplitCounters = 4096;
 constexpr size_t kSplitPartialBytes = size_t(2) << 20;
-constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters) * sizeof(int) +
-                                  kChainSites * kChainSiteWords * sizeof(uint64_t);
+constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters) * sizeof(int);
 constexpr size_t kTailBytes = kSplitPartialBytes + kCountersBytes;
 constexpr size_t kTailMinRest = size_t(256) << 10;
 
@@ -140,7 +139,6 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     ws.held = {};
     ws.done = nullptr;
     ws.split = {};
-    ws.chain = nullptr;
     if (bytes >= kTailBytes + kTailMinRest) {
         ws.bytes = bytes - kTailBytes;
         auto* tail = static_cast<uint8_t*>(buf) + ws.bytes;
@@ -149,7 +147,6 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
         ws.done = reinterpret_cast<int*>(tail + kSplitPartialBytes);
         ws.split.counters = ws.done + kQuantGroups;
         ws.split.counter_count = kSplitCounters;
-        ws.chain = reinterpret_cast<uint64_t*>(ws.split.counters + kSplitCounters);
         NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kCountersBytes, stream), "cudaMemsetAsync");
     }
     int dev = 0;
@@ -261,57 +258,6 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
         ws.held = {y, n, gate.rows, q.mode, q.xq, q.xd};
         *y_quantized = true;
     }
-    return true;
-}
-
-bool matmul_out_ffn(const OutFfn& f, MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged,
-                    bool* y_quantized) {
-    *y_quantized = false;
-    const WeightView &wo = f.wo, &g = f.gate, &u = f.up;
-    const int64_t dim = f.dim;
-    auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!ws.pdl || !ws.chain || f.site < 0 || f.site >= kChainSites || wo.type != g.type ||
-        g.type != u.type || wo.rows != dim || wo.cols != dim || g.cols != dim || u.cols != dim ||
-        g.rows != u.rows || g.rows % 256 != 0 || g.rows / 256 > kQuantGroups ||
-        f.norm.type != GgmlType::F32 || f.norm.cols * f.norm.rows < dim ||
-        !aligned16(f.norm.data) || !aligned16(f.x) || !aligned16(f.y) || !is_quantized(f.next))
-        return false;
-    // Slots: xa's at the start (the attention wrote it there), the pair's output quantization
-    // after it (as matmul_swiglu), the norm's after that (not xa's: a CTA may still hold xa's
-    // lines in L1 when it reads the norm's).
-    const size_t y_at = gemv_bytes(1, dim), n_at = y_at + gemv_bytes(1, g.rows);
-    if (n_at + gemv_bytes(1, dim) > ws.bytes) return false;
-    check_args(wo, f.att, 1, f.y);
-    check_args(g, f.y, 1, f.gate_out);
-    check_args(u, f.y, 1, f.gate_out);
-    const ActivationSlot a = gemv_activations(wo.type, f.att, 1, dim, ws, stream, x_unchanged);
-    auto* base = static_cast<uint8_t*>(ws.buf);
-    detail::ChainArgs c;
-    c.wa = static_cast<const uint8_t*>(wo.data);
-    c.rows_a = wo.rows;
-    c.xq_a = a.xq;
-    c.xd_a = a.xd;
-    c.ya = f.y;
-    c.x = f.x;
-    c.norm_w = static_cast<const float*>(f.norm.data);
-    c.eps = f.eps;
-    c.dim = int(dim);
-    c.out = f.y;
-    c.xq_n = reinterpret_cast<int8_t*>(base + n_at);
-    c.xd_n = reinterpret_cast<float2*>(base + n_at + align256(size_t(dim)));
-    c.wg = static_cast<const uint8_t*>(g.data);
-    c.wu = static_cast<const uint8_t*>(u.data);
-    c.rows_b = g.rows;
-    c.yb = f.gate_out;
-    c.pq.xq = reinterpret_cast<int8_t*>(base + y_at);
-    c.pq.xd = reinterpret_cast<float2*>(base + y_at + align256(size_t(g.rows)));
-    c.pq.done = ws.done;
-    c.pq.mode = int(detail::act_quant(f.next));
-    c.arrive = ws.chain + size_t(f.site) * kChainSiteWords;
-    c.flag = c.arrive + kChainLineWords;
-    if (!detail::gemv_chain(wo.type, dim, c, ws.pdl, stream)) return false;
-    ws.held = {f.gate_out, 1, g.rows, c.pq.mode, c.pq.xq, c.pq.xd};
-    *y_quantized = true;
     return true;
 }
 

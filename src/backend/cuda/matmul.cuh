@@ -62,9 +62,6 @@ struct MatmulWorkspace {
     // Scratch for GEMVs that cut long rows into column slices (partial sums and counters, at
     // the end of buf; null where done is).
     detail::GemvSplitScratch split;
-    // kChainSiteWords 64-bit counters for each of kChainSites call sites of matmul_out_ffn (at
-    // the end of buf; null where done is).
-    uint64_t* chain = nullptr;
     // GEMVs as programmatic dependent launches (their weight loads overlap the end of the
     // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
     // whose weights are written by earlier work in the stream (streamed layers) turn it off.
@@ -117,39 +114,6 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
 bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n, float* y,
                    MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged = false,
                    GgmlType next = GgmlType::F32, bool* y_quantized = nullptr);
-
-// The decode step's attention output projection, the residual add and RMSNorm before the
-// feed-forward, and its SwiGLU pair, as one launch (one activation row; detail::ChainArgs):
-//   y = wo att;  x += y;  y = rmsnorm(x) * norm;  gate_out = silu(gate y) * (up y)
-// leaving x, y and gate_out, and gate_out's quantization for `next`, bit for bit as matmul,
-// add_rmsnorm and matmul_swiglu would (the next matmul() on gate_out with x_unchanged uses that
-// quantization). `site` (0 .. kChainSites - 1) names the call site: each has its own counters,
-// and one site's launches must be ordered (one stream). Returns false, launching nothing, where
-// it does not apply (no programmatic launches, other types than Q4_K and Q6_K or
-// mixed types, rows other than 4096 or 8192 columns, wo not square, non-F32 norm weights, a
-// workspace without room); the caller then runs the three.
-constexpr int kChainSites = 128;
-// A site's counters: `arrive` on one 128-byte line, then kChainFlags copies of `flag` on a line
-// each: the CTAs that wait for the norm poll one copy each (blockIdx % kChainFlags), so that
-// hundreds of pollers do not queue at one L2 slice ahead of the counter's atomics.
-constexpr int kChainFlags = 8;
-constexpr int kChainLineWords = 16;  // 64-bit words a line
-constexpr int kChainSiteWords = (1 + kChainFlags) * kChainLineWords;
-struct OutFfn {
-    WeightView wo;
-    const float* att = nullptr;
-    float* x = nullptr;
-    WeightView norm;
-    float eps = 0.f;
-    int64_t dim = 0;
-    float* y = nullptr;
-    WeightView gate, up;
-    float* gate_out = nullptr;
-    GgmlType next = GgmlType::F32;
-    int site = -1;
-};
-bool matmul_out_ffn(const OutFfn& f, MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged,
-                    bool* y_quantized);
 
 // Three GEMVs of the same x (the attention's q, k and v projections). Matrices that share a
 // type whose GEMV here is the pipe kernel run as one launch over their stacked rows, the others

@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks)
                 for (int k = 0; k < NX; ++k) {
                     const int64_t xr = k < n ? k : n - 1;
                     typename Q::X xv;
-                    Q::template load_x<kXGeneric>(xqs + xr * cols + kb * Q::kBlockElems,
+                    Q::template load_x<true>(xqs + xr * cols + kb * Q::kBlockElems,
                                              xds + xr * xd_stride + kb * (Q::kBlockElems / 32),
                                              part, xv);
                     acc[k] += Q::dot(wr, xv);

@@ -153,40 +153,6 @@ struct GemvStack {
     }
     __device__ __forceinline__ float* out(int i) const { return i == 0 ? y0 : i == 1 ? y1 : y2; }
 };
-// The decode step's attention output projection, residual add + RMSNorm and SwiGLU pair in one
-// launch (matmul_gemv_chain.cuh): ya = Wa xa (rows_a x dim); x += ya; out = rmsnorm(x) *
-// norm_w, quantized (Q8_K) into xq_n / xd_n; yb = silu(G out) * (U out) (rows_b x dim each),
-// quantized for the next matmul by pq. arrive / flag: 64-bit counters of this call site (flag:
-// kChainFlags copies, kChainLineWords apart), zero at first, never reset, used by one launch at
-// a time.
-struct ChainArgs {
-    const uint8_t* wa = nullptr;
-    int64_t rows_a = 0;
-    const int8_t* xq_a = nullptr;
-    const float2* xd_a = nullptr;
-    float* ya = nullptr;
-    float* x = nullptr;
-    const float* norm_w = nullptr;  // F32, 16-byte aligned
-    float eps = 0.f;
-    int dim = 0;
-    float* out = nullptr;
-    int8_t* xq_n = nullptr;
-    float2* xd_n = nullptr;
-    const uint8_t* wg = nullptr;
-    const uint8_t* wu = nullptr;
-    int64_t rows_b = 0;
-    float* yb = nullptr;
-    PairQuant pq;
-    uint64_t* arrive = nullptr;
-    uint64_t* flag = nullptr;
-};
-// Launches the chain for weights of type t (all three) with rows of `cols` columns where a
-// chained kernel exists (Q4_K and Q6_K, 4096 or 8192 columns, compute capability 9.0+):
-// true; otherwise false, nothing launched.
-bool gemv_chain(GgmlType t, int64_t cols, const ChainArgs& c, bool pdl, cudaStream_t stream);
-// Chained launches so far in this process (tests: whether a step took the chain).
-int64_t gemv_chain_count();
-
 // The stack in one pipe launch (pipe_compiled<T>() types, n <= 8).
 template <GgmlType T>
 void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd, int n,

@@ -116,28 +116,19 @@ NT_HD void ld_u32x4(const uint8_t* p, uint32_t v[4]) {
     std::memcpy(v, p, 16);
 #endif
 }
-// Where activation loads read from (the loaders' kAny): global memory through L1
-// (ld.global.ca), any address space (a generic load: shared memory too), or global memory
-// through L2 only (ld.global.cg: activations another CTA of the same kernel wrote, which this
-// multiprocessor's L1 may hold an older copy of).
-constexpr int kXGlobal = 0, kXGeneric = 1, kXGlobalL2 = 2;
-// 16 activation quants (16-byte aligned), from kAny (above). Global activations are read with
-// coherent loads, never the read-only path (ld.global.nc, __ldg): under a programmatic
+// 16 activation quants (16-byte aligned). kAny: p may point to shared memory (a generic load)
+// rather than only global memory. Global activations are read with coherent, L1-cached loads
+// (ld.global.ca), never the read-only path (ld.global.nc, __ldg): under a programmatic
 // dependent launch (pdl.cuh) the kernel that writes them may still be running when this one
 // starts, so they are not read-only for this kernel's lifetime, and the compiler may move
 // read-only loads above the wait for it. Pointers come through pdl_wait(p...) for the same
 // reason at the compiler's level.
-template <int kAny = kXGlobal>
+template <bool kAny = false>
 NT_HD void ld_x16(const int8_t* p, int v[4]) {
 #ifdef __CUDA_ARCH__
-    if constexpr (kAny == kXGeneric) {
+    if constexpr (kAny) {
         const int4 t = *reinterpret_cast<const int4*>(p);
         v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
-    } else if constexpr (kAny == kXGlobalL2) {
-        asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                     : "l"(p)
-                     : "memory");
     } else {
         asm("ld.global.ca.v4.s32 {%0, %1, %2, %3}, [%4];"
             : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
@@ -147,18 +138,11 @@ NT_HD void ld_x16(const int8_t* p, int v[4]) {
     std::memcpy(v, p, 16);
 #endif
 }
-template <int kAny = kXGlobal>
+template <bool kAny = false>
 NT_HD float2 ld_xd(const float2* p) {
 #ifdef __CUDA_ARCH__
-    if constexpr (kAny == kXGeneric) {
+    if constexpr (kAny) {
         return *p;
-    } else if constexpr (kAny == kXGlobalL2) {
-        float2 r;
-        asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];"
-                     : "=f"(r.x), "=f"(r.y)
-                     : "l"(p)
-                     : "memory");
-        return r;
     } else {
         float2 r;
         asm("ld.global.ca.v2.f32 {%0, %1}, [%2];" : "=f"(r.x), "=f"(r.y) : "l"(p));
@@ -267,7 +251,7 @@ struct Quant<GgmlType::Q4_0> {
         w.d = h2f(ld_u16(b));
         ld_u32x4_a2(b + 2, w.q);
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int, X& x) {
         ld_x16<kAny>(xq, x.lo);
         ld_x16<kAny>(xq + 16, x.hi);
@@ -303,7 +287,7 @@ struct Quant<GgmlType::Q4_1> {
         w.m = h2f(ld_u16(b + 2));
         for (int i = 0; i < 4; ++i) w.q[i] = ld_u32(b + 4 + 4 * i);
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q4_0>::load_x<kAny>(xq, xd, part, x);
     }
@@ -343,7 +327,7 @@ struct Quant<GgmlType::Q5_0> {
             w.hi[i] = ((q >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (16 + 4 * i)) & 0xF);
         }
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q4_0>::load_x<kAny>(xq, xd, part, x);
     }
@@ -387,7 +371,7 @@ struct Quant<GgmlType::Q5_1> {
             w.hi[i] = ((q >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (16 + 4 * i)) & 0xF);
         }
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q4_0>::load_x<kAny>(xq, xd, part, x);
     }
@@ -443,7 +427,7 @@ struct Quant<GgmlType::Q8_0> {
         load_raw(b, part, r);
         decode(r, part, w);
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         ld_x16<kAny>(xq + 16 * part, x.q);
         x.d = ld_xd<kAny>(xd).x;
@@ -491,7 +475,7 @@ struct Quant<GgmlType::Q2_K> {
         w.d = h2f(ld_u16(b + 80));
         w.dmin = h2f(ld_u16(b + 82));
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         const int n = part >> 1, s = part & 1;
         for (int j = 0; j < 4; ++j) {
@@ -543,7 +527,7 @@ struct Quant<GgmlType::Q3_K> {
         for (int j = 0; j < 4; ++j) w.sc[j] = scale_q3k_words(8 * n + 2 * j + s, v0, v1, v2);
         w.d = h2f(ld_u16(b + 108));
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q2_K>::load_x<kAny>(xq, xd, part, x);
     }
@@ -618,7 +602,7 @@ struct Quant<GgmlType::Q4_K> {
         load_raw(b, part, r);
         decode(r, part, w);
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         ld_x16<kAny>(xq + 64 * part, x.a);
         ld_x16<kAny>(xq + 64 * part + 16, x.a + 4);
@@ -673,7 +657,7 @@ struct Quant<GgmlType::Q5_K> {
             w.b[i] = ((q[i] >> 4) & 0x0F0F0F0Fu) | ((hh & 0x02020202u) << 3);
         }
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q4_K>::load_x<kAny>(xq, xd, part, x);
     }
@@ -759,7 +743,7 @@ struct Quant<GgmlType::Q6_K> {
         load_raw(b, part, r);
         decode(r, part, w);
     }
-    template <int kAny = kXGlobal>
+    template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q2_K>::load_x<kAny>(xq, xd, part, x);
     }
