@@ -300,6 +300,25 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
             Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
                       part, xr[u]);
     }
+    // The pair's claimed rows not yet counted for its quantization: n_claimed, lane i the i-th.
+    int n_claimed = 0, claimed_row = 0;
+    auto quantize_claimed = [&]() {
+        __threadfence();  // the rows are visible before they are counted
+        int last = 0;
+        if (lane < n_claimed) {
+            const int grp = claimed_row / 256;
+            last = atomicAdd(pq.done + grp, 1) + 1 == 256;
+            if (last) pq.done[grp] = 0;  // all 256 rows counted: ready for the next launch
+        }
+        unsigned done = __ballot_sync(0xffffffffu, last);
+        if (done) __threadfence();
+        while (done) {
+            const int src = __ffs(done) - 1;
+            done &= done - 1;
+            pipe_quantize_group(pr.y0, __shfl_sync(0xffffffffu, claimed_row, src) / 256, pq, lane);
+        }
+        n_claimed = 0;
+    };
     for (int64_t j = 0;; ++j) {
         const int slot = int(j % S);
         // With claims, stage j's group as lane 0 wrote it S stages ago, before a __syncwarp
@@ -353,11 +372,21 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
                 for (int h = 0; h < kV; ++h) pr.out(m)[g * kV + h - b] = v[h];
             }
         }
-        if constexpr (kPair)
-            if (pq.mode >= 0 && j >= owned) pipe_quantize_groups(pr.y0, g, g + 1, pq, lane);
+        if constexpr (kClaims) {
+            // Claimed rows are counted for the quantization together, 32 at a time (lane i
+            // holds the i-th), not one by one: each count is a fence and an atomic.
+            if (pq.mode >= 0 && j >= owned) {
+                if (lane == n_claimed) claimed_row = g;
+                if (++n_claimed == 32) quantize_claimed();
+            }
+        }
     }
-    if constexpr (kPair)
-        if (pq.mode >= 0) pipe_quantize_groups(pr.y0, own0, own0 + owned, pq, lane);
+    if constexpr (kPair) {
+        if (pq.mode >= 0) {
+            if (n_claimed > 0) quantize_claimed();
+            pipe_quantize_groups(pr.y0, own0, own0 + owned, pq, lane);
+        }
+    }
     if constexpr (kSplit) {
         int last = 0;
         if (lane == 0) {
