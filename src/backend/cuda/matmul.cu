@@ -20,16 +20,12 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;  // cuBLAS's recommendatio
 constexpr int64_t kMinSliceRows = 128;
 // The workspace's tail (where it has room for it beyond kTailMinRest bytes): the column-split
 // GEMV's partial sums, then the counters of kernels that quantize their own output in groups
-// of 256 rows (the SwiGLU pair), then the column split's counters (one per warp of a slice),
-// then the claim counters' slots (MatmulWorkspace::claims), each on a 128-byte line of its own.
+// of 256 rows (the SwiGLU pair), then the column split's counters (one per warp of a slice).
 // 512K partial sums hold the largest split (70B's output matrix in Q6_K: 2 x 128256).
 constexpr int kQuantGroups = 1024;
 constexpr int kSplitCounters = 4096;
-constexpr int kClaimSlots = 64;
-constexpr int kClaimSlotInts = 32;
 constexpr size_t kSplitPartialBytes = size_t(2) << 20;
-constexpr size_t kCountersBytes =
-    (kQuantGroups + kSplitCounters + kClaimSlots * kClaimSlotInts) * sizeof(int);
+constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters) * sizeof(int);
 constexpr size_t kTailBytes = kSplitPartialBytes + kCountersBytes;
 constexpr size_t kTailMinRest = size_t(256) << 10;
 
@@ -53,15 +49,6 @@ bool is_quantized(GgmlType t) {
         default:
             return false;
     }
-}
-
-// The next launch's claim counters (GemvConfig::claim): the slots in turn, so that a slot comes
-// back only after kClaimSlots launches, long after the one before it ended.
-int* next_claim(MatmulWorkspace& ws) {
-    if (!ws.claims) return nullptr;
-    int* c = ws.claims + ws.claim_next * kClaimSlotInts;
-    ws.claim_next = (ws.claim_next + 1) % kClaimSlots;
-    return c;
 }
 
 bool is_float(GgmlType t) {
@@ -152,8 +139,6 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     ws.held = {};
     ws.done = nullptr;
     ws.split = {};
-    ws.claims = nullptr;
-    ws.claim_next = 0;
     if (bytes >= kTailBytes + kTailMinRest) {
         ws.bytes = bytes - kTailBytes;
         auto* tail = static_cast<uint8_t*>(buf) + ws.bytes;
@@ -162,7 +147,6 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
         ws.done = reinterpret_cast<int*>(tail + kSplitPartialBytes);
         ws.split.counters = ws.done + kQuantGroups;
         ws.split.counter_count = kSplitCounters;
-        ws.claims = ws.split.counters + kSplitCounters;
         NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kCountersBytes, stream), "cudaMemsetAsync");
     }
     int dev = 0;
@@ -268,7 +252,7 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
         q.mode = int(detail::act_quant(next));
     }
     detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols, a.xq, a.xd, n, y, ws.pdl,
-                      stream, q, next_claim(ws));
+                      stream, q);
     forget_if_overwritten(ws, x, n, gate.cols, y, gate.rows);
     if (q.mode >= 0) {
         ws.held = {y, n, gate.rows, q.mode, q.xq, q.xd};
@@ -371,7 +355,6 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
         GemvConfig c = detail::gemv_default(w.type, rows, cols, n, ws.sm_count);
         c.pdl = ws.pdl;
         c.split = ws.split;
-        c.claim = next_claim(ws);
         detail::gemv_q8(w.type, w.data, rows, cols, a.xq, a.xd, n, y, c, stream);
         forget_if_overwritten(ws, x, n, cols, y, rows);
         return;
@@ -587,11 +570,11 @@ int gemv_split_slices(GgmlType t, int64_t cols, int nx) {
 
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t s,
-               const PairQuant& q, int* claim) {
+               const PairQuant& q) {
     if (n < 1 || n > 8) nt::fail("gemv pair: batch %d is not in 1..8.", n);
     with_pipe_type(t, "gemv pair", [&](auto type) {
         launch_gemv_pair<decltype(type)::value>(w, w2, rows, cols, xq, xd, n, y, gemv_nx(n), pdl, s,
-                                                q, claim);
+                                                q);
     });
 }
 

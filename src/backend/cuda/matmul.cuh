@@ -62,12 +62,6 @@ struct MatmulWorkspace {
     // Scratch for GEMVs that cut long rows into column slices (partial sums and counters, at
     // the end of buf; null where done is).
     detail::GemvSplitScratch split;
-    // Counters for GEMVs whose warps claim their last rows as they go (GemvConfig::claim): a
-    // ring of slots at the end of buf, one per launch in turn (claim_next), so that launches
-    // that may run at once (programmatic launches, q/k/v on side streams) never share one;
-    // null where done is.
-    int* claims = nullptr;
-    int claim_next = 0;
     // GEMVs as programmatic dependent launches (their weight loads overlap the end of the
     // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
     // whose weights are written by earlier work in the stream (streamed layers) turn it off.

@@ -396,7 +396,7 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
             const GemvStack one = GemvStack::one(w, rows, y);
             if (c.tma)
                 return launch_pipe_any<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream, {},
-                                          c.split, c.claim);
+                                          c.split);
             return launch_pipe_nx<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream);
         }
     }
@@ -438,10 +438,10 @@ void prepare_gemv_q8() {
 template <GgmlType T>
 void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
-                      const PairQuant& q, int* claim) {
+                      const PairQuant& q) {
     if constexpr (pipe_compiled<T>())
         return launch_pipe_any<T>(GemvStack::one(w, rows, y), w2, cols, xq, xd, n, nx, pdl, stream,
-                                  q, {}, claim);
+                                  q);
     nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
 }
 
@@ -463,7 +463,7 @@ void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const
                                               cudaStream_t);                                    \
     template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t,     \
                                                 const int8_t*, const float2*, int, float*, int, \
-                                                bool, cudaStream_t, const PairQuant&, int*);    \
+                                                bool, cudaStream_t, const PairQuant&);          \
     template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,      \
                                                  const float2*, int, bool, cudaStream_t);       \
     template void prepare_gemv_q8<GgmlType::T>();

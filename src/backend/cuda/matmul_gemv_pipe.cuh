@@ -82,20 +82,6 @@ __device__ __forceinline__ float pipe_silu_mul(float g, float u) {
 // written its rows [r0, r1), it counts them into each 256-row group they touch; the warp that
 // completes a group quantizes it, as quantize_q8 would (a warp per 256 elements, 8 per lane),
 // and returns the group's counter to zero for the next launch.
-// Group g (256 rows of y, all written and counted) quantized by the warp.
-__device__ __forceinline__ void pipe_quantize_group(const float* y, int64_t g, const PairQuant& pq,
-                                                    int lane) {
-    float v[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = __ldcg(y + g * 256 + lane * 8 + i);
-    int q[8];
-    const float2 dq = pq.mode == int(ActQuant::Q8_K)   ? q8k_block(v, lane, q)
-                      : pq.mode == int(ActQuant::Q8_1) ? q8_block<8, true>(v, q)
-                                                       : q8_block<8, false>(v, q);
-    store_q8(pq.xq + g * 256 + lane * 8, q);
-    if ((lane & 3) == 0) pq.xd[g * 8 + (lane >> 2)] = dq;
-}
-
 __device__ __forceinline__ void pipe_quantize_groups(const float* y, int64_t r0, int64_t r1,
                                                      const PairQuant& pq, int lane) {
     for (int64_t g = r0 / 256; g * 256 < r1; ++g) {
@@ -108,7 +94,15 @@ __device__ __forceinline__ void pipe_quantize_groups(const float* y, int64_t r0,
         }
         if (!__shfl_sync(0xffffffffu, last, 0)) continue;
         __threadfence();
-        pipe_quantize_group(y, g, pq, lane);
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __ldcg(y + g * 256 + lane * 8 + i);
+        int q[8];
+        const float2 dq = pq.mode == int(ActQuant::Q8_K)   ? q8k_block(v, lane, q)
+                          : pq.mode == int(ActQuant::Q8_1) ? q8_block<8, true>(v, q)
+                                                           : q8_block<8, false>(v, q);
+        store_q8(pq.xq + g * 256 + lane * 8, q);
+        if ((lane & 3) == 0) pq.xd[g * 8 + (lane >> 2)] = dq;
     }
 }
 

@@ -43,9 +43,7 @@
 namespace nt::cuda::detail {
 
 constexpr int kTmaMaxStages = 8;
-// After the rings: each warp's stage barriers, then each stage's row group (-1: none).
 constexpr int kTmaBarrierBytes = kPipeWarps * kTmaMaxStages * 8;
-constexpr int kTmaGroupBytes = kPipeWarps * kTmaMaxStages * 4;
 
 // A warp's ring: `stages` slots of kV rows of `row_bytes` bytes each. With `evict_first` the
 // weights stream through L2 with its evict-first policy: read once per token, they then push
@@ -69,20 +67,6 @@ struct TmaSplit {
     int64_t stride = 0;  // bytes from one row to the next (slices * ring.row_bytes)
     float* partial = nullptr;
     int* counters = nullptr;
-};
-
-// Claimed tails (matmul_gemv_tma's dynamic balance): each warp takes `per_warp` row groups of
-// its own, [k per_warp, (k + 1) per_warp), and then claims groups one at a time from the pool
-// after all of those (counters[0], an atomic add), until the pool is spent. With every warp's
-// share fixed in advance, the launch ends with its slowest warp: the memory system does not
-// serve 2000 warps' streams evenly, and a warp left with a stage or two more than the rest
-// finishes alone while HBM idles. Claimed tails end the warps together. A warp claims its
-// next group as it issues the one before (the add's latency hides behind a stage), and each
-// counts itself on counters[1] after its last, failed claim; the last to count zeroes both
-// for the next launch (launches sharing the counters must be ordered).
-struct TmaClaim {
-    int* counters = nullptr;  // two ints, zero between launches; null: fixed shares only
-    int per_warp = 0;
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -185,8 +169,8 @@ bool with_tma_units(int64_t upr, F&& f) {
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
 __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
-                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring, TmaSplit sp,
-                TmaClaim cl) {
+                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
+                TmaSplit sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using Q = Quant<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
@@ -204,9 +188,6 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     uint8_t* buf = smem + size_t(warp) * S * stage_bytes;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(kPipeWarps) * S * stage_bytes) +
                      warp * kTmaMaxStages;
-    int* stage_group =
-        reinterpret_cast<int*>(smem + size_t(kPipeWarps) * S * stage_bytes + kTmaBarrierBytes) +
-        warp * kTmaMaxStages;
 
     const int64_t rows = pr.rows();
     const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + warp;
@@ -216,34 +197,7 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     const int64_t k = gw - slice * wps;  // this warp's rank in its slice
     const int64_t groups = kPair ? rows : rows / kV;
     const int64_t g0 = groups * k / wps, g1 = groups * (k + 1) / wps;
-    // This warp's own groups [own0, own0 + owned): its fixed share, or with claimed tails its
-    // per_warp before the pool (which starts at pool0). Claimed tails only in the SwiGLU pairs,
-    // the largest launches of a layer: elsewhere their state would cost the q/k/v stack a CTA
-    // a multiprocessor (96 registers for 5).
-    constexpr bool kClaims = kPair;
-    const bool claims = kClaims && cl.counters != nullptr;
-    const int own0 = int(claims ? k * cl.per_warp : g0);
-    const int owned = int(claims ? cl.per_warp : g1 - g0);
-    const int pool0 = int(wps) * cl.per_warp;
-    int pending = 0;  // lane 0: the pool index its last claim returned
-    bool claiming = claims;
-    if (claims && lane == 0) pending = atomicAdd(cl.counters, 1);
-    // Lane 0: stage j's group, or -1 past this warp's last (called for j = 0, 1, 2, ...).
-    auto group_of = [&](int64_t j) -> int {
-        if (j < owned) return int(own0 + j);
-        if (!claiming) return -1;
-        const int g = pool0 + pending;
-        if (g < groups) {
-            pending = atomicAdd(cl.counters, 1);
-            return g;
-        }
-        claiming = false;
-        if (atomicAdd(cl.counters + 1, 1) == wps - 1) {  // every warp's last claim is made
-            atomicExch(cl.counters, 0);
-            atomicExch(cl.counters + 1, 0);
-        }
-        return -1;
-    };
+    const int64_t total = g1 - g0;  // stages (row groups) of this warp
     const size_t stride = kSplit ? size_t(sp.stride) : size_t(ring.row_bytes);
     const size_t at = size_t(slice) * ring.row_bytes;  // the slice's first byte in a row
     auto row_of = [&](int64_t g, int h) {
@@ -253,21 +207,18 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
         return pr.weights(m) + size_t(r - pr.begin(m)) * stride + at;
     };
     const uint64_t policy = ring.evict_first ? l2_evict_first_policy() : 0;
-    // Stage j: its group (group_of) into slot j % S, named in stage_group (lane 0 only).
+    // Stage j: group g0 + j into slot j % S (lane 0 only).
     auto issue = [&](int64_t j) {
-        const int g = group_of(j);
-        if constexpr (kClaims) stage_group[j % S] = g;
-        if (g < 0) return;
         uint8_t* dst = buf + (j % S) * stage_bytes;
         uint64_t* bar = bars + j % S;
         mbar_expect_tx(bar, uint32_t(stage_bytes));
 #pragma unroll
         for (int h = 0; h < kV; ++h) {
             if (ring.evict_first)
-                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g, h), uint32_t(ring.row_bytes), bar,
-                              policy);
+                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h), uint32_t(ring.row_bytes),
+                              bar, policy);
             else
-                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g, h), uint32_t(ring.row_bytes),
+                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h), uint32_t(ring.row_bytes),
                               bar);
         }
     };
@@ -282,9 +233,8 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     pdl_trigger();
     if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
-        for (int j = 0; j < S; ++j) issue(j);
+        for (int64_t j = 0; j < S && j < total; ++j) issue(j);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
-    if constexpr (kClaims) __syncwarp();  // the stages' groups are visible to every lane
     if constexpr (kSplit) {
         pdl_order(sp.partial);
         pdl_order(sp.counters);
@@ -300,36 +250,8 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
             Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
                       part, xr[u]);
     }
-    // The pair's claimed rows not yet counted for its quantization: n_claimed, lane i the i-th.
-    int n_claimed = 0, claimed_row = 0;
-    auto quantize_claimed = [&]() {
-        __threadfence();  // the rows are visible before they are counted
-        int last = 0;
-        if (lane < n_claimed) {
-            const int grp = claimed_row / 256;
-            last = atomicAdd(pq.done + grp, 1) + 1 == 256;
-            if (last) pq.done[grp] = 0;  // all 256 rows counted: ready for the next launch
-        }
-        unsigned done = __ballot_sync(0xffffffffu, last);
-        if (done) __threadfence();
-        while (done) {
-            const int src = __ffs(done) - 1;
-            done &= done - 1;
-            pipe_quantize_group(pr.y0, __shfl_sync(0xffffffffu, claimed_row, src) / 256, pq, lane);
-        }
-        n_claimed = 0;
-    };
-    for (int64_t j = 0;; ++j) {
+    for (int64_t j = 0; j < total; ++j) {
         const int slot = int(j % S);
-        // With claims, stage j's group as lane 0 wrote it S stages ago, before a __syncwarp
-        // (S >= 2); read by every lane before the __syncwarp below, after which lane 0 reuses
-        // the slot.
-        int g;
-        if constexpr (kClaims)
-            g = stage_group[slot];
-        else
-            g = j < owned ? int(own0 + j) : -1;
-        if (g < 0) break;
         mbar_wait(bars + slot, uint32_t((j / S) & 1));
         const uint8_t* st = buf + slot * stage_bytes;
         float acc[kV];
@@ -351,7 +273,8 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
             }
         }
         __syncwarp();  // every lane has read the slot: it may be refilled
-        if (lane == 0) issue(j + S);
+        if (lane == 0 && j + S < total) issue(j + S);
+        const int64_t g = g0 + j;
         float v[kV];
 #pragma unroll
         for (int h = 0; h < kV; ++h) {
@@ -372,21 +295,9 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
                 for (int h = 0; h < kV; ++h) pr.out(m)[g * kV + h - b] = v[h];
             }
         }
-        if constexpr (kClaims) {
-            // Claimed rows are counted for the quantization together, 32 at a time (lane i
-            // holds the i-th), not one by one: each count is a fence and an atomic.
-            if (pq.mode >= 0 && j >= owned) {
-                if (lane == n_claimed) claimed_row = g;
-                if (++n_claimed == 32) quantize_claimed();
-            }
-        }
     }
-    if constexpr (kPair) {
-        if (pq.mode >= 0) {
-            if (n_claimed > 0) quantize_claimed();
-            pipe_quantize_groups(pr.y0, own0, own0 + owned, pq, lane);
-        }
-    }
+    if constexpr (kPair)
+        if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
     if constexpr (kSplit) {
         int last = 0;
         if (lane == 0) {
@@ -483,31 +394,14 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     return r;
 }
 
-// The row groups a warp keeps in reserve for claimed tails (NT_GEMV_CLAIM, default 2; 0: every
-// warp's share fixed in advance, for A/B runs): each takes its share less this many, the rest
-// is claimed. Only where a warp's share is more than that.
-inline int tma_claim_reserve() {
-    static const int n = int(std::clamp<long long>(env_int("NT_GEMV_CLAIM", 2), 0, 64));
-    return n;
-}
-
-// The claims of a launch of `groups` row groups over `warps` warps given counters (TmaClaim).
-inline TmaClaim tma_claim(int* counters, int64_t groups, int64_t warps) {
-    const int64_t share = groups / warps, reserve = tma_claim_reserve();
-    if (!counters || reserve == 0 || share <= reserve) return {};
-    return {counters, int(share - reserve)};
-}
-
-// nb: blocks of a stage's row (of a slice's when split: sp.slices > 1). claim: two counters
-// for claimed tails (TmaClaim), or null; not with column slices.
+// nb: blocks of a stage's row (of a slice's when split: sp.slices > 1).
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
-                  const TmaSplit& sp = {}, int counter_count = 0, int* claim = nullptr) {
+                  const TmaSplit& sp = {}, int counter_count = 0) {
     using Q = Quant<T>;
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
-    const size_t smem =
-        size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes + kTmaGroupBytes;
+    const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
     const TmaDevice& d = tma_device();
     const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(),
                                 int(d.smem_per_sm / (smem + d.reserved)));
@@ -523,10 +417,9 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
             nt::fail("gemv: %lld warps a slice need more than the workspace's %d counters.",
                      (long long)(grid * kPipeWarps / sp.slices), counter_count);
     }
-    const TmaClaim cl = kSplit ? TmaClaim{} : tma_claim(claim, groups, grid * kPipeWarps);
     launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
                   dim3(kPipeThreads), smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q,
-                  pdl && pdl_prefetch_enabled(), ring, sp, cl);
+                  pdl && pdl_prefetch_enabled(), ring, sp);
 }
 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
@@ -556,18 +449,17 @@ bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
 }
 
 // launch_pipe's choices (two rows a warp for a single matrix with a row per resident warp)
-// for the TMA form; tma_fits holds. claim: as launch_tma_k's.
+// for the TMA form; tma_fits holds.
 template <GgmlType T, bool kPair>
 void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8_t* xq,
-                const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q, int* claim) {
+                const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q) {
     constexpr int kV = kPair ? 2 : 1;
     const int nb = int(cols / Quant<T>::kBlockElems);
     const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
-        if (two)
-            return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q, {}, 0, claim);
-        launch_tma_k<T, kPair, XU, kV>(pr, w2, nb, xq, xd, pdl, stream, q, {}, 0, claim);
+        if (two) return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
+        launch_tma_k<T, kPair, XU, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
     });
     if (!launched)
         nt::fail("gemv: no TMA form for %s rows of %lld.", type_name(T), (long long)cols);
@@ -662,18 +554,16 @@ bool tma_takes(int64_t cols) {
 }
 
 // The pipe kernel, in its TMA form where that can run: whole rows (tma_fits), or, given scratch,
-// a single matrix in column slices (launch_tma_split); else with its register ring. claim: two
-// counters for the TMA form's claimed tails (TmaClaim), or null.
+// a single matrix in column slices (launch_tma_split); else with its register ring.
 template <GgmlType T>
 void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const int8_t* xq,
                      const float2* xd, int n, int nx, bool pdl, cudaStream_t stream,
-                     const PairQuant& q = {}, const GemvSplitScratch& split = {},
-                     int* claim = nullptr) {
+                     const PairQuant& q = {}, const GemvSplitScratch& split = {}) {
     if (!w2 && launch_tma_split<T>(pr, cols, xq, xd, nx, pdl, stream, split)) return;
     if (tma_fits<T>(pr, w2, cols, nx)) {
         const auto* b = static_cast<const uint8_t*>(w2);
-        if (b) return launch_tma<T, true>(pr, b, cols, xq, xd, pdl, stream, q, claim);
-        return launch_tma<T, false>(pr, pr.m0, cols, xq, xd, pdl, stream, PairQuant{}, claim);
+        if (b) return launch_tma<T, true>(pr, b, cols, xq, xd, pdl, stream, q);
+        return launch_tma<T, false>(pr, pr.m0, cols, xq, xd, pdl, stream, PairQuant{});
     }
     launch_pipe_nx<T>(pr, w2, cols, xq, xd, n, nx, pdl, stream, q);
 }

@@ -79,10 +79,6 @@ struct GemvConfig {
     // using this scratch (matmul() passes the workspace's; none: such rows take the register
     // ring). Single launches only, ordered on one stream (the counters are shared).
     GemvSplitScratch split{};
-    // Pipe, TMA form only: two counters (zero between launches, launches using them ordered)
-    // with which warps claim their last row groups as they go instead of a fixed share
-    // (matmul_gemv_tma.cuh, TmaClaim); null: fixed shares.
-    int* claim = nullptr;
 };
 
 // The dispatcher's choice for this shape (used when a GemvConfig field is 0).
@@ -166,14 +162,14 @@ void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const
 template <GgmlType T>
 void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
-                      const PairQuant& q, int* claim);
+                      const PairQuant& q);
 #define NT_GEMV_EXTERN(T)                                                                          \
     extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
                                                      const float2*, int, float*,                   \
                                                      const GemvConfig&, cudaStream_t);             \
-    extern template void launch_gemv_pair<GgmlType::T>(                                            \
-        const void*, const void*, int64_t, int64_t, const int8_t*, const float2*, int, float*,     \
-        int, bool, cudaStream_t, const PairQuant&, int*);                                          \
+    extern template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t, \
+                                                       const int8_t*, const float2*, int, float*,  \
+                                                       int, bool, cudaStream_t, const PairQuant&); \
     extern template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,  \
                                                         const float2*, int, bool, cudaStream_t);   \
     extern template void prepare_gemv_q8<GgmlType::T>();
@@ -197,11 +193,10 @@ bool gemv_pair_available(GgmlType t);
 // The stack's GEMV for n <= 8 activation rows (quantize_q8 output), all matrices of type t.
 void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,
                 int n, bool pdl, cudaStream_t stream);
-// y = silu(w x) * (w2 x) for n <= 8 activation rows (quantize_q8 output), nx as GemvConfig;
-// claim as GemvConfig's.
+// y = silu(w x) * (w2 x) for n <= 8 activation rows (quantize_q8 output), nx as GemvConfig.
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
-               const PairQuant& q = {}, int* claim = nullptr);
+               const PairQuant& q = {});
 
 // The same for F32, F16 and BF16 weights with float activations (any cols).
 void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,
