@@ -94,6 +94,11 @@ __device__ __forceinline__ void pipe_quantize_group(const float (&v)[8], int64_t
 __device__ __forceinline__ void st_relaxed_u64(unsigned long long* p, uint64_t v) {
     asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+__device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
 __device__ __forceinline__ uint64_t ld_relaxed_u64(const unsigned long long* p) {
     uint64_t v;
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -101,8 +106,8 @@ __device__ __forceinline__ uint64_t ld_relaxed_u64(const unsigned long long* p) 
 }
 
 // Group g of the pair's output quantized from its tagged records (PairQuant::ll), each read
-// until it carries `tag`: the writers counted before they wrote and did not fence, so a
-// record may land after the count. Every writer writes without waiting on anything, so the
+// until it carries `tag`: the writers did not fence before they counted, so a record may land
+// after the count. Every writer writes without waiting on anything, so the
 // wait ends; past 2 s something else is wrong, and the launch fails rather than hangs.
 __device__ __forceinline__ void pipe_quantize_tagged(const unsigned long long* ll, int64_t g,
                                                      unsigned tag, const PairQuant& pq, int lane) {

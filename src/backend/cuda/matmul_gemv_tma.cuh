@@ -242,20 +242,15 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
         xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
     }
 
-    // The pair's quantization in tagged form (pq.ll): lane i counts this warp's rows of the
-    // i-th 256-row group they touch (b0 + i) now, before writing any, and learns the launch's
-    // tag for the group and whether its count completed it (then this warp quantizes it).
+    // The pair's quantization in tagged form (pq.ll): lane i takes the i-th 256-row group this
+    // warp's rows touch (b0 + i). Its counter holds 256 per launch before this one plus the rows
+    // of this launch counted so far (fewer than 256: this warp's are not), so it names the
+    // launch: the tag of its records.
     const bool tagged = kPair && pq.mode >= 0 && pq.ll != nullptr;
     const int64_t b0 = g0 / 256;
+    const bool my_group = tagged && g1 > g0 && lane <= (g1 - 1) / 256 - b0;
     unsigned tag = 0;
-    bool completes = false;
-    if (tagged && g1 > g0 && lane <= (g1 - 1) / 256 - b0) {
-        const int64_t blk = b0 + lane;
-        const unsigned cnt = unsigned(min(g1, (blk + 1) * 256) - max(g0, blk * 256));
-        const unsigned before = atomicAdd(reinterpret_cast<unsigned*>(pq.done) + blk, cnt);
-        tag = before / 256 + 1;  // the launch's number (+1: records start at tag 0)
-        completes = (before + cnt) % 256 == 0;
-    }
+    if (my_group) tag = ld_relaxed_u32(reinterpret_cast<unsigned*>(pq.done) + b0 + lane) / 256 + 1;
 
     typename Q::X xr[kXU];
 #pragma unroll
@@ -318,7 +313,16 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     }
     if constexpr (kPair) {
         if (tagged) {
-            // The groups this warp completed, once every row carries the group's tag.
+            // Counted after writing, without a fence: the warp whose count completes a group
+            // quantizes it once every row's record carries the tag (the others' writes were
+            // issued before their counts, so the wait is short).
+            bool completes = false;
+            if (my_group) {
+                const int64_t blk = b0 + lane;
+                const unsigned cnt = unsigned(min(g1, (blk + 1) * 256) - max(g0, blk * 256));
+                completes =
+                    (atomicAdd(reinterpret_cast<unsigned*>(pq.done) + blk, cnt) + cnt) % 256 == 0;
+            }
             for (unsigned m = __ballot_sync(0xffffffffu, completes); m; m &= m - 1) {
                 const int i = __ffs(m) - 1;
                 pipe_quantize_tagged(pq.ll, b0 + i, __shfl_sync(0xffffffffu, tag, i), pq, lane);
