@@ -734,64 +734,53 @@ TEST(CudaBackend, SwigluAddGather) {
 // (other types, more rows) against the CPU's matmul + matmul + swiglu, eager and as a graph.
 // Then the down projection: with one row the pair also quantizes its output for it (Q8_K, Q8_0
 // or Q8_1 by the down weight's type), which must be bit for bit what the matmul's own
-// quantization of the same floats gives; the TMA form quantizes from tagged records
-// (PairQuant::ll) on counters that grow from launch to launch. At 1024 rows a warp has a row
-// or none, at 8B's 14336 (one row only) several, over one or two 256-row groups. The output
-// starts as NaN each time, so that a row no warp wrote cannot pass.
+// quantization of the same floats gives.
 TEST(CudaBackend, FfnGateUp) {
     NT_REQUIRE_GPU();
     ModelShape s = make_shape(128, 32, 8);  // n_embd 4096, n_ff 14336
     Pair p(s, 8, 1, 64);
-    const int dim = s.n_embd;
-    for (int ff : {1024, 14336}) {  // rows of the gate/up projections
-        const GgmlType downs[] = {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_1};
-        std::vector<HostWeight> wd;
-        std::vector<WeightView> gd;
-        for (GgmlType t : downs) {
-            wd.push_back(random_weight(t, 256, ff, 77 + uint32_t(t)));
-            gd.push_back(on_gpu(p.gpu, wd.back()));
-        }
-        int round = 0;
-        for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0}) {
-            if (ff > 1024 && t == GgmlType::Q4_0) continue;  // no pair kernel: covered at 1024
-            const HostWeight wg = random_weight(t, ff, dim, 81 + uint32_t(t));
-            const HostWeight wu = random_weight(t, ff, dim, 91 + uint32_t(t));
-            const WeightView gg = on_gpu(p.gpu, wg), gu = on_gpu(p.gpu, wu);
-            for (int n : {1, 3}) {
-                if (ff > 1024 && n > 1) continue;  // the unfused fallback: covered at 1024
-                for (bool graphs : {false, true}) {
-                    p.gpu.set_graphs(graphs);
-                    Batch b;
-                    for (int i = 0; i < n; i++) b.add(0, i, 0, true);
-                    const size_t m = size_t(n) * size_t(dim);
-                    p.set(&Activations::xn, random_floats(m, 101 + uint32_t(n), -2.f, 2.f));
-                    for (int rep = 0; rep < (graphs ? 3 : 1); rep++) {  // capture, then replays
-                        const size_t d = size_t(round++) % gd.size();
-                        p.set(&Activations::gate, std::vector<float>(size_t(n) * ff, NAN));
-                        p.begin(b);
-                        p.cpu.ffn_gate_up(wg.view, wu.view, p.cpu.acts().xn, n, p.cpu.acts().gate,
-                                          p.cpu.acts().up, downs[d]);
-                        p.gpu.ffn_gate_up(gg, gu, p.gpu.acts().xn, n, p.gpu.acts().gate,
-                                          p.gpu.acts().up, downs[d]);
-                        p.gpu.matmul(gd[d], p.gpu.acts().gate, n, p.gpu.acts().x);
-                        p.gpu.end_step();
-                        const std::string what =
-                            std::string(type_name(t)) + " n " + std::to_string(n) +
-                            (graphs ? " graph " : " eager ") + std::to_string(rep) + " then " +
-                            type_name(downs[d]);
-                        expect_close(p.get_gpu(&Activations::gate, size_t(n) * ff),
-                                     p.get_cpu(&Activations::gate, size_t(n) * ff), 2e-4f, 2e-4f,
-                                     what);
-                        // The down projection again, quantizing gate itself (a new step forgets
-                        // any quantization): the same bits.
-                        const std::vector<float> fused =
-                            p.get_gpu(&Activations::x, size_t(n) * 256);
-                        p.gpu.begin_step(b);
-                        p.gpu.matmul(gd[d], p.gpu.acts().gate, n, p.gpu.acts().x);
-                        p.gpu.end_step();
-                        expect_equal(fused, p.get_gpu(&Activations::x, size_t(n) * 256),
-                                     what + " down projection");
-                    }
+    const int dim = s.n_embd, ff = 1024;  // ff rows of the gate/up projections
+    const GgmlType downs[] = {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_1};
+    std::vector<HostWeight> wd;
+    std::vector<WeightView> gd;
+    for (GgmlType t : downs) {
+        wd.push_back(random_weight(t, 256, ff, 77 + uint32_t(t)));
+        gd.push_back(on_gpu(p.gpu, wd.back()));
+    }
+    int round = 0;
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0}) {
+        const HostWeight wg = random_weight(t, ff, dim, 81 + uint32_t(t));
+        const HostWeight wu = random_weight(t, ff, dim, 91 + uint32_t(t));
+        const WeightView gg = on_gpu(p.gpu, wg), gu = on_gpu(p.gpu, wu);
+        for (int n : {1, 3}) {
+            for (bool graphs : {false, true}) {
+                p.gpu.set_graphs(graphs);
+                Batch b;
+                for (int i = 0; i < n; i++) b.add(0, i, 0, true);
+                const size_t m = size_t(n) * size_t(dim);
+                p.set(&Activations::xn, random_floats(m, 101 + uint32_t(n), -2.f, 2.f));
+                for (int rep = 0; rep < (graphs ? 3 : 1); rep++) {  // capture, then replays
+                    const size_t d = size_t(round++) % gd.size();
+                    p.begin(b);
+                    p.cpu.ffn_gate_up(wg.view, wu.view, p.cpu.acts().xn, n, p.cpu.acts().gate,
+                                      p.cpu.acts().up, downs[d]);
+                    p.gpu.ffn_gate_up(gg, gu, p.gpu.acts().xn, n, p.gpu.acts().gate,
+                                      p.gpu.acts().up, downs[d]);
+                    p.gpu.matmul(gd[d], p.gpu.acts().gate, n, p.gpu.acts().x);
+                    p.gpu.end_step();
+                    const std::string what = std::string(type_name(t)) + " n " + std::to_string(n) +
+                                             (graphs ? " graph " : " eager ") +
+                                             std::to_string(rep) + " then " + type_name(downs[d]);
+                    expect_close(p.get_gpu(&Activations::gate, size_t(n) * ff),
+                                 p.get_cpu(&Activations::gate, size_t(n) * ff), 2e-4f, 2e-4f, what);
+                    // The down projection again, quantizing gate itself (a new step forgets
+                    // any quantization): the same bits.
+                    const std::vector<float> fused = p.get_gpu(&Activations::x, size_t(n) * 256);
+                    p.gpu.begin_step(b);
+                    p.gpu.matmul(gd[d], p.gpu.acts().gate, n, p.gpu.acts().x);
+                    p.gpu.end_step();
+                    expect_equal(fused, p.get_gpu(&Activations::x, size_t(n) * 256),
+                                 what + " down projection");
                 }
             }
         }

@@ -20,15 +20,13 @@ constexpr size_t kCublasWorkspace = size_t(32) << 20;  // cuBLAS's recommendatio
 constexpr int64_t kMinSliceRows = 128;
 // The workspace's tail (where it has room for it beyond kTailMinRest bytes): the column-split
 // GEMV's partial sums, then the counters of kernels that quantize their own output in groups
-// of 256 rows (the SwiGLU pair), then the column split's counters (one per warp of a slice),
-// then the pair's tagged output records (8 bytes a row). 512K partial sums hold the largest
-// split (70B's output matrix in Q6_K: 2 x 128256).
+// of 256 rows (the SwiGLU pair), then the column split's counters (one per warp of a slice).
+// 512K partial sums hold the largest split (70B's output matrix in Q6_K: 2 x 128256).
 constexpr int kQuantGroups = 1024;
 constexpr int kSplitCounters = 4096;
 constexpr size_t kSplitPartialBytes = size_t(2) << 20;
 constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters) * sizeof(int);
-constexpr size_t kPairRecordBytes = size_t(kQuantGroups) * 256 * 8;
-constexpr size_t kTailBytes = kSplitPartialBytes + kCountersBytes + kPairRecordBytes;
+constexpr size_t kTailBytes = kSplitPartialBytes + kCountersBytes;
 constexpr size_t kTailMinRest = size_t(256) << 10;
 
 constexpr size_t align256(size_t b) {
@@ -51,13 +49,6 @@ bool is_quantized(GgmlType t) {
         default:
             return false;
     }
-}
-
-// Whether the pair's TMA form quantizes its output from tagged records rather than fencing
-// (on unless NT_PAIR_TAGGED=0, for A/B runs).
-bool pair_tagged() {
-    static const bool on = env_switch("NT_PAIR_TAGGED");
-    return on;
 }
 
 bool is_float(GgmlType t) {
@@ -147,7 +138,6 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     ws.bytes = bytes;
     ws.held = {};
     ws.done = nullptr;
-    ws.pair_records = nullptr;
     ws.split = {};
     if (bytes >= kTailBytes + kTailMinRest) {
         ws.bytes = bytes - kTailBytes;
@@ -157,10 +147,7 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
         ws.done = reinterpret_cast<int*>(tail + kSplitPartialBytes);
         ws.split.counters = ws.done + kQuantGroups;
         ws.split.counter_count = kSplitCounters;
-        ws.pair_records =
-            reinterpret_cast<unsigned long long*>(tail + kSplitPartialBytes + kCountersBytes);
-        NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kCountersBytes + kPairRecordBytes, stream),
-                      "cudaMemsetAsync");
+        NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kCountersBytes, stream), "cudaMemsetAsync");
     }
     int dev = 0;
     NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
@@ -262,7 +249,6 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
         q.xd = reinterpret_cast<float2*>(reinterpret_cast<uint8_t*>(q.xq) +
                                          align256(size_t(n) * gate.rows));
         q.done = ws.done;
-        q.ll = pair_tagged() ? ws.pair_records : nullptr;
         q.mode = int(detail::act_quant(next));
     }
     detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols, a.xq, a.xd, n, y, ws.pdl,

@@ -56,11 +56,9 @@ struct MatmulWorkspace {
     cublasHandle_t cublas = nullptr;
     int sm_count = 0;    // multiprocessors of the current device (launch shapes)
     ActivationKey held;  // host-side record of what the last GEMV quantized into buf
-    // Counters near the end of buf (zero at first, then only growing: PairQuant::done), for
-    // kernels that quantize their own output in groups of 256 rows (the SwiGLU pair), and the
-    // tagged records of that output (PairQuant::ll); null in a workspace too small for them.
+    // Counters near the end of buf (zero between launches), for kernels that quantize their own
+    // output in groups of 256 rows (the SwiGLU pair); null in a workspace too small for them.
     int* done = nullptr;
-    unsigned long long* pair_records = nullptr;
     // Scratch for GEMVs that cut long rows into column slices (partial sums and counters, at
     // the end of buf; null where done is).
     detail::GemvSplitScratch split;
@@ -72,13 +70,13 @@ struct MatmulWorkspace {
 
 // Bytes of workspace that let matmul() run on any weight with at most max_cols columns and
 // max_rows rows, for batches up to max_batch. For max_batch <= kGemvMaxBatch it is the int8
-// activations (n x max_cols x 1.25 bytes, at least 256 KiB) and a 4 MiB tail of partial sums,
-// counters and the pair's records (MatmulWorkspace::done, split). Above, the GEMM path adds
-// cuBLAS's 32 MiB, the FP16 activations (max_batch x max_cols x 2) and an FP16 weight slice of at
-// most kGemmSliceBytes: 8B's largest matrix (14336 x 4096, 117 MB) is dequantized whole; 70B's ffn
-// matrices (28672 x 8192, 470 MB in FP16) and the vocab projections go in row slices of that size,
-// which costs nothing measurable (each slice is still a large GEMM) and keeps the workspace near
-// 300 MB. A smaller workspace also works, with more slices, as long as it holds 128 rows.
+// activations (n x max_cols x 1.25 bytes, at least 256 KiB) and a 2 MiB tail of partial sums and
+// counters (MatmulWorkspace::done, split). Above, the GEMM path adds cuBLAS's 32 MiB, the FP16
+// activations (max_batch x max_cols x 2) and an FP16 weight slice of at most kGemmSliceBytes:
+// 8B's largest matrix (14336 x 4096, 117 MB) is dequantized whole; 70B's ffn matrices (28672 x
+// 8192, 470 MB in FP16) and the vocab projections go in row slices of that size, which costs
+// nothing measurable (each slice is still a large GEMM) and keeps the workspace near 300 MB.
+// A smaller workspace also works, with more slices, as long as it holds 128 rows.
 constexpr size_t kGemmSliceBytes = size_t(256) << 20;
 size_t matmul_workspace_bytes(int64_t max_cols, int64_t max_rows, int max_batch);
 // The tail's share of that (partial sums and counters), which a workspace of any size holds

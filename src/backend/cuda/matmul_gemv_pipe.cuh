@@ -78,75 +78,31 @@ __device__ __forceinline__ float pipe_silu_mul(float g, float u) {
     return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.f, __expf(-g))), u);
 }
 
-// Group g of the pair's output (256 rows; lane l holds rows 8l .. 8l + 7) quantized by the
-// warp, as quantize_q8 would (a warp per 256 elements, 8 per lane).
-__device__ __forceinline__ void pipe_quantize_group(const float (&v)[8], int64_t g,
-                                                    const PairQuant& pq, int lane) {
-    int q[8];
-    const float2 dq = pq.mode == int(ActQuant::Q8_K)   ? q8k_block(v, lane, q)
-                      : pq.mode == int(ActQuant::Q8_1) ? q8_block<8, true>(v, q)
-                                                       : q8_block<8, false>(v, q);
-    store_q8(pq.xq + g * 256 + lane * 8, q);
-    if ((lane & 3) == 0) pq.xd[g * 8 + (lane >> 2)] = dq;
-}
-
-// A 64-bit record written and read whole (single-copy atomic at gpu scope): a value and its tag.
-__device__ __forceinline__ void st_relaxed_u64(unsigned long long* p, uint64_t v) {
-    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ uint64_t ld_relaxed_u64(const unsigned long long* p) {
-    uint64_t v;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-// Group g of the pair's output quantized from its tagged records (PairQuant::ll), each read
-// until it carries `tag`: the writers did not fence before they counted, so a record may land
-// after the count. Every writer writes without waiting on anything, so the
-// wait ends; past 2 s something else is wrong, and the launch fails rather than hangs.
-__device__ __forceinline__ void pipe_quantize_tagged(const unsigned long long* ll, int64_t g,
-                                                     unsigned tag, const PairQuant& pq, int lane) {
-    float v[8];
-    uint64_t start = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const unsigned long long* r = ll + g * 256 + lane * 8 + i;
-        uint64_t rec;
-        while (unsigned((rec = ld_relaxed_u64(r)) >> 32) != tag) {
-            uint64_t t;
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (start == 0) start = t;
-            if (t - start > 2000000000ull) __trap();
-        }
-        v[i] = __uint_as_float(unsigned(rec));
-    }
-    pipe_quantize_group(v, g, pq, lane);
-}
-
-// The pair's quantization of its output (one activation row, PairQuant), fenced form: once a
-// warp has written its rows [r0, r1), it fences and counts them into each 256-row group they
-// touch; the warp whose count completes a group (the counters only grow: a launch adds 256 to
-// each) quantizes it.
+// The pair's quantization of its output (one activation row, PairQuant): once a warp has
+// written its rows [r0, r1), it counts them into each 256-row group they touch; the warp that
+// completes a group quantizes it, as quantize_q8 would (a warp per 256 elements, 8 per lane),
+// and returns the group's counter to zero for the next launch.
 __device__ __forceinline__ void pipe_quantize_groups(const float* y, int64_t r0, int64_t r1,
                                                      const PairQuant& pq, int lane) {
     for (int64_t g = r0 / 256; g * 256 < r1; ++g) {
-        const unsigned cnt = unsigned(min(r1, (g + 1) * 256) - max(r0, g * 256));
+        const int cnt = int(min(r1, (g + 1) * 256) - max(r0, g * 256));
         int last = 0;
         if (lane == 0) {
             __threadfence();  // this warp's rows are visible before they are counted
-            last = (atomicAdd(reinterpret_cast<unsigned*>(pq.done) + g, cnt) + cnt) % 256 == 0;
+            last = atomicAdd(pq.done + g, cnt) + cnt == 256;
+            if (last) pq.done[g] = 0;  // all 256 rows counted: no other warp touches it now
         }
         if (!__shfl_sync(0xffffffffu, last, 0)) continue;
         __threadfence();
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = __ldcg(y + g * 256 + lane * 8 + i);
-        pipe_quantize_group(v, g, pq, lane);
+        int q[8];
+        const float2 dq = pq.mode == int(ActQuant::Q8_K)   ? q8k_block(v, lane, q)
+                          : pq.mode == int(ActQuant::Q8_1) ? q8_block<8, true>(v, q)
+                                                           : q8_block<8, false>(v, q);
+        store_q8(pq.xq + g * 256 + lane * 8, q);
+        if ((lane & 3) == 0) pq.xd[g * 8 + (lane >> 2)] = dq;
     }
 }
 

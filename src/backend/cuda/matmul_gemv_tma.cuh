@@ -242,16 +242,6 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
         xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
     }
 
-    // The pair's quantization in tagged form (pq.ll): lane i takes the i-th 256-row group this
-    // warp's rows touch (b0 + i). Its counter holds 256 per launch before this one plus the rows
-    // of this launch counted so far (fewer than 256: this warp's are not), so it names the
-    // launch: the tag of its records.
-    const bool tagged = kPair && pq.mode >= 0 && pq.ll != nullptr;
-    const int64_t b0 = g0 / 256;
-    const bool my_group = tagged && g1 > g0 && lane <= (g1 - 1) / 256 - b0;
-    unsigned tag = 0;
-    if (my_group) tag = ld_relaxed_u32(reinterpret_cast<unsigned*>(pq.done) + b0 + lane) / 256 + 1;
-
     typename Q::X xr[kXU];
 #pragma unroll
     for (int u = 0; u < kXU; ++u) {
@@ -292,14 +282,9 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
         }
-        unsigned g_tag = 0;
-        if constexpr (kPair)
-            if (tagged) g_tag = __shfl_sync(0xffffffffu, tag, int(g / 256 - b0));
         if (lane == 0) {
             if constexpr (kPair) {
-                const float out = pipe_silu_mul(v[0], v[1]);
-                pr.y0[g] = out;
-                if (tagged) st_relaxed_u64(pq.ll + g, uint64_t(g_tag) << 32 | __float_as_uint(out));
+                pr.y0[g] = pipe_silu_mul(v[0], v[1]);
             } else if constexpr (kSplit) {
 #pragma unroll
                 for (int h = 0; h < kV; ++h) sp.partial[slice * rows + g * kV + h] = v[h];
@@ -311,26 +296,8 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
             }
         }
     }
-    if constexpr (kPair) {
-        if (tagged) {
-            // Counted after writing, without a fence: the warp whose count completes a group
-            // quantizes it once every row's record carries the tag (the others' writes were
-            // issued before their counts, so the wait is short).
-            bool completes = false;
-            if (my_group) {
-                const int64_t blk = b0 + lane;
-                const unsigned cnt = unsigned(min(g1, (blk + 1) * 256) - max(g0, blk * 256));
-                completes =
-                    (atomicAdd(reinterpret_cast<unsigned*>(pq.done) + blk, cnt) + cnt) % 256 == 0;
-            }
-            for (unsigned m = __ballot_sync(0xffffffffu, completes); m; m &= m - 1) {
-                const int i = __ffs(m) - 1;
-                pipe_quantize_tagged(pq.ll, b0 + i, __shfl_sync(0xffffffffu, tag, i), pq, lane);
-            }
-        } else if (pq.mode >= 0) {
-            pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
-        }
-    }
+    if constexpr (kPair)
+        if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
     if constexpr (kSplit) {
         int last = 0;
         if (lane == 0) {
@@ -450,11 +417,8 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
             nt::fail("gemv: %lld warps a slice need more than the workspace's %d counters.",
                      (long long)(grid * kPipeWarps / sp.slices), counter_count);
     }
-    // The tagged quantization counts a warp's rows with one lane a 256-row group: at most 32.
-    PairQuant pq = q;
-    if ((groups + grid * kPipeWarps - 1) / (grid * kPipeWarps) > 31 * 256) pq.ll = nullptr;
     launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
-                  dim3(kPipeThreads), smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, pq,
+                  dim3(kPipeThreads), smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q,
                   pdl && pdl_prefetch_enabled(), ring, sp);
 }
 

@@ -106,16 +106,11 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
 template <GgmlType T>
 void prepare_gemv_q8();
 // The SwiGLU pair's own quantization of its output y (one activation row): mode =
-// int(ActQuant), -1 for none; y's rows a multiple of 256; done: rows / 256 counters that only
-// grow (wrapping), zero at first: every launch adds 256 to each. ll: where the TMA form also
-// writes each output with its launch's tag (rows records; zero at first), so that the warp
-// that quantizes a group can check the group's values have arrived instead of every writer
-// fencing (matmul_gemv_tma.cuh); null: the writers fence.
+// int(ActQuant), -1 for none; y's rows a multiple of 256; done: rows / 256 counters, zero.
 struct PairQuant {
     int8_t* xq = nullptr;
     float2* xd = nullptr;
     int* done = nullptr;
-    unsigned long long* ll = nullptr;
     int mode = -1;
 };
 // The activation rows one GEMV pass handles (nx, GemvConfig) for a batch of n <= 8.
