@@ -3,13 +3,18 @@
 // __threadfence after a store, each measured alone on an idle GPU and then beside a grid that
 // reads HBM as fast as it can (a decode GEMV's situation). Every way of fusing decode kernels
 // across CTAs (a last-CTA handoff, a grid-wide flag, claimed work) puts some of these on the
-// critical path; this says at what price.
+// critical path; this says at what price. Then the handoff a cluster offers instead: each CTA
+// of a cluster of 2, 4 or 8 stores into the first CTA's shared memory (distributed shared
+// memory) and all meet at the cluster barrier, which orders those stores without a fence at
+// gpu scope.
 //
 //   bench_sync_latency [--mib 4096] [--samples 2000] [--ctas-per-sm 4]
 //
-// The probe is warp 0 of block 0; with load, every other block reads a buffer of --mib MiB
-// (16-byte streaming loads) until the probe is done. Latencies are the mean of --samples
-// dependent operations (each one's address or value depends on the one before), in ns.
+// The probe is warp 0 of block 0 (for the cluster, every thread of the first cluster); with
+// load, every other block reads a buffer of --mib MiB (16-byte streaming loads) until the probe
+// is done. Latencies are the mean of --samples dependent operations (each one's address or value
+// depends on the one before), in ns.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -46,14 +51,44 @@ __device__ __forceinline__ unsigned long long now_ns() {
     return t;
 }
 
+// The load: grid-stride 16-byte loads, evict-first, by the blocks from `first` on, until the
+// probe is done; their bytes counted into p.out[3].
+__device__ void stream_until_stop(const Probe& p, const int4* __restrict__ buf, long long n16,
+                                  int first) {
+    const long long stride = (long long)(gridDim.x - first) * blockDim.x;
+    long long i = (long long)(blockIdx.x - first) * blockDim.x + threadIdx.x;
+    unsigned acc = 0;
+    long long bytes = 0;  // this thread's
+    while (true) {
+        for (int r = 0; r < 8; ++r) {  // the flag read once every 64 loads
+#pragma unroll 8
+            for (int k = 0; k < 8; ++k) {
+                const int4 q = __ldcs(buf + i);
+                acc ^= unsigned(q.x ^ q.y ^ q.z ^ q.w);
+                i += stride;
+                if (i >= n16) i -= n16;
+            }
+        }
+        bytes += 64 * 16;
+        if (*p.stop) break;
+    }
+    if (acc == 0x9e3779b9u) p.store[1] = int(acc);  // keeps the loads
+    const unsigned warp_bytes = __reduce_add_sync(0xffffffffu, unsigned(bytes));
+    if ((threadIdx.x & 31) == 0) atomicAdd(p.out + 3, (unsigned long long)warp_bytes);
+}
+
+// With load, the probe waits until the streaming blocks are at full bandwidth.
+__device__ void settle(bool loaded) {
+    if (!loaded) return;
+    const unsigned long long t = now_ns();
+    while (now_ns() - t < 50000) {
+    }
+}
+
 __global__ void sync_latency(Probe p, const int4* __restrict__ buf, long long n16) {
     if (blockIdx.x == 0) {
         if (threadIdx.x != 0) return;
-        if (gridDim.x > 1) {  // let the streaming blocks reach full bandwidth first
-            const unsigned long long t = now_ns();
-            while (now_ns() - t < 50000) {
-            }
-        }
+        settle(gridDim.x > 1);
         int v = 0;
         unsigned long long t0 = now_ns();
         for (int i = 0; i < p.samples; ++i) v = atomicAdd(p.counter + (v & p.mask), 1);
@@ -74,27 +109,43 @@ __global__ void sync_latency(Probe p, const int4* __restrict__ buf, long long n1
         *p.stop = 1;
         return;
     }
-    // Streaming blocks: grid-stride 16-byte loads, evict-first, until the probe is done.
-    const long long stride = (long long)(gridDim.x - 1) * blockDim.x;
-    long long i = (long long)(blockIdx.x - 1) * blockDim.x + threadIdx.x;
-    unsigned acc = 0;
-    long long bytes = 0;  // this thread's
-    while (true) {
-        for (int r = 0; r < 8; ++r) {  // the flag read once every 64 loads
-#pragma unroll 8
-            for (int k = 0; k < 8; ++k) {
-                const int4 q = __ldcs(buf + i);
-                acc ^= unsigned(q.x ^ q.y ^ q.z ^ q.w);
-                i += stride;
-                if (i >= n16) i -= n16;
-            }
-        }
-        bytes += 64 * 16;
-        if (*p.stop) break;
+    stream_until_stop(p, buf, n16, 1);
+}
+
+// The first cluster's CTAs, --samples rounds: thread 0 of each stores the round's number into
+// its slot of the first CTA's shared memory, then every thread arrives at the cluster barrier
+// and waits; the first CTA's thread 0 then checks every slot (p.out[2] counts the slots that
+// did not hold the round: the barrier's ordering failing) and times the rounds (p.out[0]). Two
+// sets of slots, by the round's parity: a set is written again two rounds later, after a
+// barrier that the check precedes, so one barrier a round suffices. The other clusters stream.
+__global__ void cluster_latency(Probe p, const int4* __restrict__ buf, long long n16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    __shared__ int slot[2][8];
+    const int csize = int(cluster.num_blocks());
+    if (blockIdx.x >= unsigned(csize)) return stream_until_stop(p, buf, n16, csize);
+    const int rank = int(cluster.block_rank());
+    int* lead = cluster.map_shared_rank(&slot[0][0], 0);
+    settle(gridDim.x > unsigned(csize));
+    cluster.sync();
+    unsigned long long wrong = 0;
+    const unsigned long long t0 = now_ns();
+    for (int i = 0; i < p.samples; ++i) {
+        if (threadIdx.x == 0) lead[(i & 1) * 8 + rank] = i;
+        cluster.sync();
+        if (rank == 0 && threadIdx.x == 0)
+            for (int r = 0; r < csize; ++r) wrong += slot[i & 1][r] != i;
     }
-    if (acc == 0x9e3779b9u) p.store[1] = int(acc);  // keeps the loads
-    const unsigned warp_bytes = __reduce_add_sync(0xffffffffu, unsigned(bytes));
-    if ((threadIdx.x & 31) == 0) atomicAdd(p.out + 3, (unsigned long long)warp_bytes);
+    const unsigned long long t1 = now_ns();
+    if (rank == 0 && threadIdx.x == 0) {
+        p.out[0] = (t1 - t0) / p.samples;
+        p.out[2] = wrong;
+        *p.stop = 1;
+    }
+#else
+    __trap();  // launched only on compute capability 9.0+
+#endif
 }
 
 long long arg_ll(int& i, int argc, char** argv) {
@@ -150,34 +201,75 @@ int main(int argc, char** argv) {
         std::printf(
             "probe: %d dependent operations each; load: %d CTAs of 256 threads reading %lld MiB\n",
             o.samples, sms * o.ctas_per_sm, o.mib);
-        for (int loaded = 0; loaded < 2; ++loaded) {
-            for (int rep = 0; rep < 2; ++rep) {  // the first of each is a warm-up
+        // One launch after a warm-up one: the probe's figures (out) and the launch's ms.
+        struct Result {
+            unsigned long long r[4];
+            float ms;
+        };
+        auto measure = [&](void (*kernel)(Probe, const int4*, long long), int grid, int block,
+                           int cluster) {
+            Result res{};
+            for (int rep = 0; rep < 2; ++rep) {
                 NT_CUDA_CHECK(cudaMemset(out, 0, 4 * sizeof(unsigned long long)), "reset");
                 NT_CUDA_CHECK(cudaMemset(stop, 0, sizeof(int)), "reset");
+                cudaLaunchConfig_t cfg{};
+                cfg.gridDim = dim3(unsigned(grid));
+                cfg.blockDim = dim3(unsigned(block));
+                cudaLaunchAttribute attr[1];
+                attr[0].id = cudaLaunchAttributeClusterDimension;
+                attr[0].val.clusterDim.x = unsigned(cluster);
+                attr[0].val.clusterDim.y = 1;
+                attr[0].val.clusterDim.z = 1;
+                cfg.attrs = cluster > 1 ? attr : nullptr;
+                cfg.numAttrs = cluster > 1 ? 1 : 0;
                 cudaEvent_t e0, e1;
                 NT_CUDA_CHECK(cudaEventCreate(&e0), "event");
                 NT_CUDA_CHECK(cudaEventCreate(&e1), "event");
-                const int grid = loaded ? 1 + sms * o.ctas_per_sm : 1;
                 NT_CUDA_CHECK(cudaEventRecord(e0), "event");
-                sync_latency<<<grid, loaded ? 256 : 32>>>(base, buf, (long long)(bytes / 16));
-                NT_CUDA_CHECK(cudaGetLastError(), "sync_latency launch");
+                NT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, base, (const int4*)buf,
+                                                 (long long)(bytes / 16)),
+                              "probe launch");
                 NT_CUDA_CHECK(cudaEventRecord(e1), "event");
-                NT_CUDA_CHECK(cudaEventSynchronize(e1), "sync_latency");
-                float ms = 0;
-                NT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
-                unsigned long long r[4];
-                NT_CUDA_CHECK(cudaMemcpy(r, out, sizeof r, cudaMemcpyDeviceToHost), "read back");
-                if (rep == 0) continue;
-                std::printf(
-                    "%-7s atomicAdd (result used) %6llu ns | L2-hit load %5llu ns | store + "
-                    "__threadfence %6llu ns",
-                    loaded ? "loaded:" : "idle:", r[0], r[1], r[2]);
-                if (loaded)
-                    std::printf(" | streaming %.0f GB/s over %.2f ms", double(r[3]) / (ms * 1e6),
-                                ms);
-                std::printf("\n");
+                NT_CUDA_CHECK(cudaEventSynchronize(e1), "probe");
+                NT_CUDA_CHECK(cudaEventElapsedTime(&res.ms, e0, e1), "elapsed");
+                NT_CUDA_CHECK(cudaMemcpy(res.r, out, sizeof res.r, cudaMemcpyDeviceToHost),
+                              "read back");
                 cudaEventDestroy(e0);
                 cudaEventDestroy(e1);
+            }
+            return res;
+        };
+        auto streaming = [](const Result& res) {
+            std::printf(" | streaming %.0f GB/s over %.2f ms\n", double(res.r[3]) / (res.ms * 1e6),
+                        res.ms);
+        };
+        const int load = sms * o.ctas_per_sm;
+        for (int loaded = 0; loaded < 2; ++loaded) {
+            const Result res = measure(sync_latency, loaded ? 1 + load : 1, loaded ? 256 : 32, 1);
+            std::printf(
+                "%-7s atomicAdd (result used) %6llu ns | L2-hit load %5llu ns | store + "
+                "__threadfence %6llu ns",
+                loaded ? "loaded:" : "idle:", res.r[0], res.r[1], res.r[2]);
+            if (loaded)
+                streaming(res);
+            else
+                std::printf("\n");
+        }
+        int major = 0;
+        NT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "cc");
+        if (major < 9) std::printf("no clusters below compute capability 9.0\n");
+        for (int c : {2, 4, 8}) {
+            if (major < 9) break;
+            for (int loaded = 0; loaded < 2; ++loaded) {
+                const int grid = loaded ? c + load / c * c : c;
+                const Result res = measure(cluster_latency, grid, 256, c);
+                std::printf(
+                    "%-7s cluster of %d: DSMEM store + cluster barrier %6llu ns (%llu slots wrong)",
+                    loaded ? "loaded:" : "idle:", c, res.r[0], res.r[2]);
+                if (loaded)
+                    streaming(res);
+                else
+                    std::printf("\n");
             }
         }
         cudaFree(buf);
