@@ -22,10 +22,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/device_info.h"
+#include "matmul_harness.h"
 
 using namespace nt;
+using bench::DeviceBuffer;
 
 namespace {
 
@@ -105,7 +109,7 @@ __global__ void sync_latency(Probe p, const int4* __restrict__ buf, long long n1
             __threadfence();
         }
         t1 = now_ns();
-        p.out[2] = (t1 - t0) / p.samples + (idx == 12345 ? 1 : 0);
+        p.out[2] = (t1 - t0) / p.samples;
         *p.stop = 1;
         return;
     }
@@ -180,102 +184,80 @@ int main(int argc, char** argv) {
         return 1;
     }
     try {
-        int sms = 0;
-        NT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sms");
+        const CudaDeviceInfo dev = cuda_device_info(0);
         const size_t bytes = size_t(o.mib) << 20;
-        int4* buf = nullptr;
-        NT_CUDA_CHECK(cudaMalloc(&buf, bytes), "cudaMalloc buffer");
-        NT_CUDA_CHECK(cudaMemset(buf, 1, bytes), "cudaMemset buffer");
-        int* ints = nullptr;
-        NT_CUDA_CHECK(cudaMalloc(&ints, 4096), "cudaMalloc ints");
+        DeviceBuffer<int4> buf(bytes / 16);
+        NT_CUDA_CHECK(cudaMemset(buf.p, 1, bytes), "cudaMemset buffer");
+        DeviceBuffer<int> ints(1024);  // the counter, then the chain at 256, the store at 512
+        NT_CUDA_CHECK(cudaMemset(ints.p, 0, 1024 * sizeof(int)), "cudaMemset ints");
         int chain[64];
         for (int i = 0; i < 64; ++i) chain[i] = (i + 1) % 64;
-        NT_CUDA_CHECK(cudaMemset(ints, 0, 4096), "cudaMemset ints");
-        NT_CUDA_CHECK(cudaMemcpy(ints + 256, chain, sizeof chain, cudaMemcpyHostToDevice), "chain");
-        unsigned long long* out = nullptr;
-        NT_CUDA_CHECK(cudaMalloc(&out, 4 * sizeof(unsigned long long)), "cudaMalloc out");
-        int* stop = nullptr;
-        NT_CUDA_CHECK(cudaMalloc(&stop, sizeof(int)), "cudaMalloc stop");
+        NT_CUDA_CHECK(cudaMemcpy(ints.p + 256, chain, sizeof chain, cudaMemcpyHostToDevice),
+                      "chain");
+        DeviceBuffer<unsigned long long> out(4);
+        DeviceBuffer<int> stop(1);
 
-        const Probe base{ints, ints + 256, ints + 512, 0, o.samples, out, stop};
+        const Probe base{ints.p, ints.p + 256, ints.p + 512, 0, o.samples, out.p, stop.p};
+        const int load = dev.sm_count * o.ctas_per_sm;
+        std::printf("# device: %s\n", describe(dev).c_str());
         std::printf(
             "probe: %d dependent operations each; load: %d CTAs of 256 threads reading %lld MiB\n",
-            o.samples, sms * o.ctas_per_sm, o.mib);
-        // One launch after a warm-up one: the probe's figures (out) and the launch's ms.
+            o.samples, load, o.mib);
+        // One launch after a warm-up one (in clusters of `cluster` CTAs): the probe's figures
+        // (out) and the launch's ms.
         struct Result {
-            unsigned long long r[4];
-            float ms;
+            std::vector<unsigned long long> r;
+            double ms;
         };
         auto measure = [&](void (*kernel)(Probe, const int4*, long long), int grid, int block,
                            int cluster) {
-            Result res{};
-            for (int rep = 0; rep < 2; ++rep) {
-                NT_CUDA_CHECK(cudaMemset(out, 0, 4 * sizeof(unsigned long long)), "reset");
-                NT_CUDA_CHECK(cudaMemset(stop, 0, sizeof(int)), "reset");
-                cudaLaunchConfig_t cfg{};
-                cfg.gridDim = dim3(unsigned(grid));
-                cfg.blockDim = dim3(unsigned(block));
-                cudaLaunchAttribute attr[1];
-                attr[0].id = cudaLaunchAttributeClusterDimension;
-                attr[0].val.clusterDim.x = unsigned(cluster);
-                attr[0].val.clusterDim.y = 1;
-                attr[0].val.clusterDim.z = 1;
-                cfg.attrs = cluster > 1 ? attr : nullptr;
-                cfg.numAttrs = cluster > 1 ? 1 : 0;
-                cudaEvent_t e0, e1;
-                NT_CUDA_CHECK(cudaEventCreate(&e0), "event");
-                NT_CUDA_CHECK(cudaEventCreate(&e1), "event");
-                NT_CUDA_CHECK(cudaEventRecord(e0), "event");
-                NT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, base, (const int4*)buf,
+            cudaLaunchConfig_t cfg{};
+            cfg.gridDim = dim3(unsigned(grid));
+            cfg.blockDim = dim3(unsigned(block));
+            cudaLaunchAttribute attr{};
+            attr.id = cudaLaunchAttributeClusterDimension;
+            attr.val.clusterDim.x = unsigned(cluster);
+            attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+            cfg.attrs = cluster > 1 ? &attr : nullptr;
+            cfg.numAttrs = cluster > 1 ? 1 : 0;
+            const double us = bench::time_stream_us(nullptr, 1, [&](int) {
+                NT_CUDA_CHECK(cudaMemset(out.p, 0, 4 * sizeof(unsigned long long)), "reset");
+                NT_CUDA_CHECK(cudaMemset(stop.p, 0, sizeof(int)), "reset");
+                NT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, base, (const int4*)buf.p,
                                                  (long long)(bytes / 16)),
                               "probe launch");
-                NT_CUDA_CHECK(cudaEventRecord(e1), "event");
-                NT_CUDA_CHECK(cudaEventSynchronize(e1), "probe");
-                NT_CUDA_CHECK(cudaEventElapsedTime(&res.ms, e0, e1), "elapsed");
-                NT_CUDA_CHECK(cudaMemcpy(res.r, out, sizeof res.r, cudaMemcpyDeviceToHost),
-                              "read back");
-                cudaEventDestroy(e0);
-                cudaEventDestroy(e1);
-            }
-            return res;
+            });
+            return Result{out.download(4), us / 1000.0};
         };
-        auto streaming = [](const Result& res) {
-            std::printf(" | streaming %.0f GB/s over %.2f ms\n", double(res.r[3]) / (res.ms * 1e6),
-                        res.ms);
+        // The line's end: with load, what the streaming blocks read.
+        auto end_line = [](bool loaded, const Result& res) {
+            if (loaded)
+                std::printf(" | streaming %.0f GB/s over %.2f ms",
+                            double(res.r[3]) / (res.ms * 1e6), res.ms);
+            std::printf("\n");
         };
-        const int load = sms * o.ctas_per_sm;
         for (int loaded = 0; loaded < 2; ++loaded) {
             const Result res = measure(sync_latency, loaded ? 1 + load : 1, loaded ? 256 : 32, 1);
             std::printf(
                 "%-7s atomicAdd (result used) %6llu ns | L2-hit load %5llu ns | store + "
                 "__threadfence %6llu ns",
                 loaded ? "loaded:" : "idle:", res.r[0], res.r[1], res.r[2]);
-            if (loaded)
-                streaming(res);
-            else
-                std::printf("\n");
+            end_line(loaded, res);
         }
-        int major = 0;
-        NT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), "cc");
-        if (major < 9) std::printf("no clusters below compute capability 9.0\n");
+        if (dev.cc_major < 9) {
+            std::printf("no clusters below compute capability 9.0\n");
+            return 0;
+        }
         for (int c : {2, 4, 8}) {
-            if (major < 9) break;
             for (int loaded = 0; loaded < 2; ++loaded) {
                 const int grid = loaded ? c + load / c * c : c;
                 const Result res = measure(cluster_latency, grid, 256, c);
                 std::printf(
                     "%-7s cluster of %d: DSMEM store + cluster barrier %6llu ns (%llu slots wrong)",
                     loaded ? "loaded:" : "idle:", c, res.r[0], res.r[2]);
-                if (loaded)
-                    streaming(res);
-                else
-                    std::printf("\n");
+                end_line(loaded, res);
             }
         }
-        cudaFree(buf);
-        cudaFree(ints);
-        cudaFree(out);
-        cudaFree(stop);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "bench_sync_latency: %s\n", e.what());
         return 1;
