@@ -29,6 +29,7 @@
 // on every such shape (Q4_K 4096x14336 2071 / 2893, 70B 8192x8192 1978 / 2997): it is not kept.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <numeric>
@@ -67,6 +68,7 @@ struct TmaSplit {
     int64_t stride = 0;  // bytes from one row to the next (slices * ring.row_bytes)
     float* partial = nullptr;
     int* counters = nullptr;
+    int cta_rows = 0;  // kSplitCta: the most rows a CTA takes
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -140,7 +142,16 @@ constexpr bool tma_x_units(int upr) {
     if (T == GgmlType::Q8_0) return upr == 4 || upr == 8;
     return pipe_x_units<T>(upr) || (T == GgmlType::Q4_K && upr == 4);
 }
-constexpr int tma_min_blocks(GgmlType t, int kxu) {
+// kSplit: how a kernel's rows are cut. kNoSplit: whole rows. kSplitGrid: column slices whose
+// warps are spread over the grid, the last of a row's warps (counted by an atomic after a fence)
+// adding the slices. kSplitCta: column slices whose warps share a CTA (TmaSplit::slices of them
+// a row range), added through shared memory after the CTA's barrier: no fence, no atomic.
+constexpr int kNoSplit = 0, kSplitGrid = 1, kSplitCta = 2;
+// kSplitCta's CTAs hold up to kTmaCtaWarps warps (a whole number of warps a slice).
+constexpr int kTmaCtaWarps = 8;
+constexpr int tma_threads(int split) { return split == kSplitCta ? kTmaCtaWarps * 32 : kPipeThreads; }
+constexpr int tma_min_blocks(GgmlType t, int kxu, int split = kNoSplit) {
+    if (split == kSplitCta) return 2;  // the same registers a thread as 4 CTAs of 4 warps
     return kxu >= 4 && t != GgmlType::Q8_0 ? 3 : 4;
 }
 // f(std::integral_constant<int, XU>{}) for every row length XU (units) whose activations the
@@ -166,8 +177,8 @@ bool with_tma_units(int64_t upr, F&& f) {
 }
 
 // nb: blocks of a stage's row (of a slice's, with kSplit).
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
-__global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
+template <GgmlType T, bool kPair, int kXU, int kV, int kSplit>
+__global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kSplit))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
                 const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
                 TmaSplit sp) {
@@ -183,20 +194,38 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int part = lane % kLPB, sub = lane / kLPB;
+    const int W = kSplit == kSplitCta ? int(blockDim.x >> 5) : kPipeWarps;  // warps a CTA
     const int S = ring.stages;
     const int stage_bytes = kV * ring.row_bytes;
     uint8_t* buf = smem + size_t(warp) * S * stage_bytes;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(kPipeWarps) * S * stage_bytes) +
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(W) * S * stage_bytes) +
                      warp * kTmaMaxStages;
+    // kSplitCta: the slices' sums of the CTA's rows, [slices][sp.cta_rows], after the barriers.
+    float* cta_part = reinterpret_cast<float*>(smem + size_t(W) * S * stage_bytes +
+                                               size_t(W) * kTmaMaxStages * 8);
 
     const int64_t rows = pr.rows();
-    const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + warp;
-    // With kSplit, wps warps a slice (the grid holds a multiple of `slices` warps).
-    const int64_t wps = int64_t(gridDim.x) * kPipeWarps / (kSplit ? sp.slices : 1);
-    const int slice = kSplit ? int(gw / wps) : 0;
-    const int64_t k = gw - slice * wps;  // this warp's rank in its slice
     const int64_t groups = kPair ? rows : rows / kV;
-    const int64_t g0 = groups * k / wps, g1 = groups * (k + 1) / wps;
+    int slice = 0;
+    int64_t g0, g1, k = 0, c0 = 0;  // k: kSplitGrid's rank in the slice; c0: kSplitCta's first group
+    if constexpr (kSplit == kSplitCta) {
+        // The CTA takes a balanced range of groups in every slice; W / slices warps a slice
+        // share it.
+        const int m = W / sp.slices, r = warp % m;
+        slice = warp / m;
+        c0 = groups * blockIdx.x / gridDim.x;
+        const int64_t n = groups * (blockIdx.x + 1) / gridDim.x - c0;
+        g0 = c0 + n * r / m;
+        g1 = c0 + n * (r + 1) / m;
+    } else {
+        const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + warp;
+        // With kSplitGrid, wps warps a slice (the grid holds a multiple of `slices` warps).
+        const int64_t wps = int64_t(gridDim.x) * kPipeWarps / (kSplit ? sp.slices : 1);
+        slice = kSplit ? int(gw / wps) : 0;
+        k = gw - slice * wps;
+        g0 = groups * k / wps;
+        g1 = groups * (k + 1) / wps;
+    }
     const int64_t total = g1 - g0;  // stages (row groups) of this warp
     const size_t stride = kSplit ? size_t(sp.stride) : size_t(ring.row_bytes);
     const size_t at = size_t(slice) * ring.row_bytes;  // the slice's first byte in a row
@@ -235,9 +264,11 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     if (lane == 0)
         for (int64_t j = 0; j < S && j < total; ++j) issue(j);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
-    if constexpr (kSplit) {
+    if constexpr (kSplit == kSplitGrid) {
         pdl_order(sp.partial);
         pdl_order(sp.counters);
+    }
+    if constexpr (kSplit) {
         xq += int64_t(slice) * nb * Q::kBlockElems;
         xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
     }
@@ -285,6 +316,9 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
         if (lane == 0) {
             if constexpr (kPair) {
                 pr.y0[g] = pipe_silu_mul(v[0], v[1]);
+            } else if constexpr (kSplit == kSplitCta) {
+#pragma unroll
+                for (int h = 0; h < kV; ++h) cta_part[slice * sp.cta_rows + (g - c0) * kV + h] = v[h];
             } else if constexpr (kSplit) {
 #pragma unroll
                 for (int h = 0; h < kV; ++h) sp.partial[slice * rows + g * kV + h] = v[h];
@@ -298,7 +332,17 @@ __global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T, kXU))
     }
     if constexpr (kPair)
         if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
-    if constexpr (kSplit) {
+    if constexpr (kSplit == kSplitCta) {
+        // Every slice of the CTA's rows is in shared memory: added in slice order, as
+        // kSplitGrid's last warp adds them (the same bits).
+        __syncthreads();
+        const int64_t n = (groups * (blockIdx.x + 1) / gridDim.x - c0) * kV;
+        for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
+            float sum = cta_part[r];
+            for (int q = 1; q < sp.slices; ++q) sum += cta_part[q * sp.cta_rows + r];
+            pr.y0[c0 * kV + r] = sum;
+        }
+    } else if constexpr (kSplit) {
         int last = 0;
         if (lane == 0) {
             __threadfence();  // this warp's sums are visible before they are counted
@@ -362,20 +406,23 @@ inline const TmaDevice& tma_device() {
 }
 
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
-// CTAs per multiprocessor that its registers allow (shared memory then decides per launch).
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
-int tma_ctas_by_registers() {
-    static const int per_sm = [] {
+// CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; kSplitCta
+// also fewer, up to kTmaCtaWarps); shared memory then decides per launch.
+template <GgmlType T, bool kPair, int kXU, int kV, int kSplit = kNoSplit>
+int tma_ctas_by_registers(int warps = kPipeWarps) {
+    constexpr int kMaxWarps = tma_threads(kSplit) / 32;
+    static const std::array<int, kMaxWarps + 1> per_sm = [] {
         auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit>;
         NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            tma_device().optin),
                       "gemv tma shared memory limit");
-        int n = 0;
-        NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kPipeThreads, 0),
-                      "gemv tma occupancy");
+        std::array<int, kMaxWarps + 1> n{};
+        for (int w = 1; w <= kMaxWarps; ++w)
+            NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n[w], kernel, w * 32, 0),
+                          "gemv tma occupancy");
         return n;
     }();
-    return per_sm;
+    return per_sm[std::clamp(warps, 1, kMaxWarps)];
 }
 
 // Whether weights stream with L2's evict-first policy (on unless NT_TMA_EVICT_FIRST=0, for A/B
@@ -395,7 +442,7 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
 }
 
 // nb: blocks of a stage's row (of a slice's when split: sp.slices > 1).
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
+template <GgmlType T, bool kPair, int kXU, int kV, int kSplit = kNoSplit>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
                   const TmaSplit& sp = {}, int counter_count = 0) {
@@ -409,6 +456,31 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     const int64_t groups = (kPair ? pr.rows() : pr.rows() / kV) * sp.slices;
     int64_t grid =
         std::min<int64_t>((groups + kPipeWarps - 1) / kPipeWarps, int64_t(per_sm) * d.sms);
+    if constexpr (kSplit == kSplitCta) {
+        // slices * m warps a CTA, each row range's slices in one CTA; the slices' sums of its
+        // rows (cta_rows at most) after the rings and barriers.
+        const int W = kTmaCtaWarps / sp.slices * sp.slices;
+        const int64_t rgroups = kPair ? pr.rows() : pr.rows() / kV;
+        const size_t ring_smem = size_t(W) * ring.stages * kV * ring.row_bytes +
+                                 size_t(W) * kTmaMaxStages * 8;
+        int64_t cgrid = (rgroups * sp.slices + W - 1) / W;
+        TmaSplit csp = sp;
+        size_t csmem = 0;
+        for (int pass = 0; pass < 3; ++pass) {
+            csp.cta_rows = int((rgroups + cgrid - 1) / cgrid * kV);
+            csmem = ring_smem + (size_t(sp.slices) * csp.cta_rows * sizeof(float) + 15) / 16 * 16;
+            const int cper_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
+                                         int(d.smem_per_sm / (csmem + d.reserved)));
+            if (cper_sm < 1)
+                nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", csmem);
+            cgrid = std::min<int64_t>(cgrid, int64_t(cper_sm) * d.sms);
+        }
+        csp.cta_rows = int((rgroups + cgrid - 1) / cgrid * kV);
+        csmem = ring_smem + (size_t(sp.slices) * csp.cta_rows * sizeof(float) + 15) / 16 * 16;
+        return launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(cgrid)),
+                             dim3(W * 32), csmem, stream, "gemv (pipe, tma ring, cta slices)", pr,
+                             w2, nb, xq, xd, q, pdl && pdl_prefetch_enabled(), ring, csp);
+    }
     if constexpr (kSplit) {
         // A whole number of warps a slice: the grid a multiple of slices / gcd(slices, 4).
         const int64_t m = sp.slices / std::gcd(sp.slices, kPipeWarps);
@@ -472,6 +544,13 @@ inline bool tma_split_enabled() {
     return on;
 }
 
+// Whether column slices share CTAs (kSplitCta; on unless NT_SPLIT_CTA=0, for A/B runs against
+// kSplitGrid).
+inline bool tma_split_cta() {
+    static const bool on = env_switch("NT_SPLIT_CTA");
+    return on;
+}
+
 // The slice width (units) for rows of `upr` units that the TMA form does not take whole: the
 // widest it takes whole that cuts the row into 2 .. kTmaMaxSlices equal slices; 0 for none.
 // 70B's 28672 columns (14 units): 7 slices of 2; Q6_K's 8192 (4): 2 of 2; 8B's 14336 (7): 7 of
@@ -527,14 +606,25 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         const int snb = int(nb / slices);
         auto go = [&](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
+            if (tma_split_cta()) {
+                const int W = kTmaCtaWarps / slices * slices;
+                const int64_t warps =
+                    int64_t(tma_ctas_by_registers<T, false, XU, 2, kSplitCta>(W)) *
+                    tma_device().sms * W;
+                if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
+                    return launch_tma_k<T, false, XU, 2, kSplitCta>(pr, nullptr, snb, xq, xd, pdl,
+                                                                    stream, {}, sp);
+                return launch_tma_k<T, false, XU, 1, kSplitCta>(pr, nullptr, snb, xq, xd, pdl,
+                                                                stream, {}, sp);
+            }
             // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
-            const int64_t warps = int64_t(tma_ctas_by_registers<T, false, XU, 2, true>()) *
+            const int64_t warps = int64_t(tma_ctas_by_registers<T, false, XU, 2, kSplitGrid>()) *
                                   tma_device().sms * kPipeWarps;
             if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
-                return launch_tma_k<T, false, XU, 2, true>(pr, nullptr, snb, xq, xd, pdl, stream,
-                                                           {}, sp, scr.counter_count);
-            launch_tma_k<T, false, XU, 1, true>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp,
-                                                scr.counter_count);
+                return launch_tma_k<T, false, XU, 2, kSplitGrid>(pr, nullptr, snb, xq, xd, pdl,
+                                                                 stream, {}, sp, scr.counter_count);
+            launch_tma_k<T, false, XU, 1, kSplitGrid>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp,
+                                                      scr.counter_count);
         };
         with_tma_units<T>(pipe_units<T>(cols) / slices, go);
         return true;
@@ -578,8 +668,10 @@ void prepare_tma() {
             tma_ctas_by_registers<T, false, XU, 1>();
             tma_ctas_by_registers<T, false, XU, 2>();
             tma_ctas_by_registers<T, true, XU, 2>();
-            tma_ctas_by_registers<T, false, XU, 1, true>();
-            tma_ctas_by_registers<T, false, XU, 2, true>();
+            tma_ctas_by_registers<T, false, XU, 1, kSplitGrid>();
+            tma_ctas_by_registers<T, false, XU, 2, kSplitGrid>();
+            tma_ctas_by_registers<T, false, XU, 1, kSplitCta>();
+            tma_ctas_by_registers<T, false, XU, 2, kSplitCta>();
             return false;  // every one
         });
     }
