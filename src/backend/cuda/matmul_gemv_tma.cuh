@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
     static_assert(!kPair || kV == 2, "a pair is a group of two rows");
-    static_assert(!kPair || kSplit != kSplitGrid, "a pair's slices share a CTA");
+    static_assert(!(kPair && kSplit), "a pair's rows are whole");
     static_assert(tma_x_units<T>(kXU), "whole rows, activations in registers");
     extern __shared__ __align__(16) uint8_t smem[];
 
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     const size_t stride = kSplit ? size_t(sp.stride) : size_t(ring.row_bytes);
     const size_t at = size_t(slice) * ring.row_bytes;  // the slice's first byte in a row
     auto row_of = [&](int64_t g, int h) {
-        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * stride + at;
+        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * stride;
         const int64_t r = g * kV + h;
         const int m = pr.matrix(r);
         return pr.weights(m) + size_t(r - pr.begin(m)) * stride + at;
@@ -316,11 +316,11 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             for (int o = 16; o > 0; o >>= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
         }
         if (lane == 0) {
-            if constexpr (kSplit == kSplitCta) {
+            if constexpr (kPair) {
+                pr.y0[g] = pipe_silu_mul(v[0], v[1]);
+            } else if constexpr (kSplit == kSplitCta) {
 #pragma unroll
                 for (int h = 0; h < kV; ++h) cta_part[slice * sp.cta_rows + (g - c0) * kV + h] = v[h];
-            } else if constexpr (kPair) {
-                pr.y0[g] = pipe_silu_mul(v[0], v[1]);
             } else if constexpr (kSplit) {
 #pragma unroll
                 for (int h = 0; h < kV; ++h) sp.partial[slice * rows + g * kV + h] = v[h];
@@ -332,28 +332,17 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             }
         }
     }
-    if constexpr (kPair && !kSplit)
+    if constexpr (kPair)
         if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
     if constexpr (kSplit == kSplitCta) {
         // Every slice of the CTA's rows is in shared memory: added in slice order, as
         // kSplitGrid's last warp adds them (the same bits).
         __syncthreads();
-        const int64_t c1 = groups * (blockIdx.x + 1) / gridDim.x;
-        auto sum = [&](int64_t r) {
-            float s = cta_part[r];
-            for (int q = 1; q < sp.slices; ++q) s += cta_part[q * sp.cta_rows + r];
-            return s;
-        };
-        if constexpr (kPair) {
-            for (int64_t r = threadIdx.x; r < c1 - c0; r += blockDim.x)
-                pr.y0[c0 + r] = pipe_silu_mul(sum(2 * r), sum(2 * r + 1));
-            if (pq.mode >= 0) {
-                __syncthreads();  // the CTA's outputs are written before warp 0 counts them
-                if (warp == 0) pipe_quantize_groups(pr.y0, c0, c1, pq, lane);
-            }
-        } else {
-            for (int64_t r = threadIdx.x; r < (c1 - c0) * kV; r += blockDim.x)
-                pr.y0[c0 * kV + r] = sum(r);
+        const int64_t n = (groups * (blockIdx.x + 1) / gridDim.x - c0) * kV;
+        for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
+            float sum = cta_part[r];
+            for (int q = 1; q < sp.slices; ++q) sum += cta_part[q * sp.cta_rows + r];
+            pr.y0[c0 * kV + r] = sum;
         }
     } else if constexpr (kSplit) {
         int last = 0;
@@ -541,19 +530,6 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
     constexpr int kV = kPair ? 2 : 1;
     const int nb = int(cols / Quant<T>::kBlockElems);
     const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
-    // NT_PAIR_SLICES=N (an A/B switch): a pair's rows in N column slices that share a CTA.
-    if constexpr (kPair) {
-        static const int ps = int(env_int("NT_PAIR_SLICES", 1));
-        const int64_t upr = pipe_units<T>(cols);
-        if (ps > 1 && ps <= kTmaMaxSlices && upr % ps == 0 &&
-            with_tma_units<T>(upr / ps, [&](auto xu_tag) {
-                constexpr int XU = decltype(xu_tag)::value;
-                const TmaSplit sp{ps, int64_t(nb) * Quant<T>::kBlockBytes};
-                launch_tma_k<T, true, XU, 2, kSplitCta>(pr, w2, nb / ps, xq, xd, pdl, stream, q,
-                                                        sp);
-            }))
-            return;
-    }
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
         if (two) return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
@@ -706,7 +682,6 @@ void prepare_tma() {
             tma_ctas_by_registers<T, false, XU, 2, kSplitGrid>();
             tma_ctas_by_registers<T, false, XU, 1, kSplitCta>();
             tma_ctas_by_registers<T, false, XU, 2, kSplitCta>();
-            tma_ctas_by_registers<T, true, XU, 2, kSplitCta>();
             return false;  // every one
         });
     }
