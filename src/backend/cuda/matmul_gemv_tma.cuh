@@ -151,9 +151,7 @@ constexpr int kNoSplit = 0, kSplitGrid = 1, kSplitCta = 2;
 constexpr int kTmaCtaWarps = 8;
 constexpr int tma_threads(int split) { return split == kSplitCta ? kTmaCtaWarps * 32 : kPipeThreads; }
 constexpr int tma_min_blocks(GgmlType t, int kxu, int split = kNoSplit) {
-    // kSplitCta (8B's 14336 columns are 7 slices, so 7 warps a CTA): 3 CTAs a multiprocessor
-    // at one unit a slice (80 registers, no spills: 21 warps), else 2 (up to 128 registers).
-    if (split == kSplitCta) return kxu == 1 && t != GgmlType::Q8_0 ? 3 : 2;
+    if (split == kSplitCta) return 2;  // the same registers a thread as 4 CTAs of 4 warps
     return kxu >= 4 && t != GgmlType::Q8_0 ? 3 : 4;
 }
 // f(std::integral_constant<int, XU>{}) for every row length XU (units) whose activations the
@@ -553,12 +551,6 @@ inline bool tma_split_cta() {
     return on;
 }
 
-// Whether Q4_K rows may be cut into slices of one unit (NT_SPLIT_Q4K_UNIT=1; off by default).
-inline bool q4k_unit_slices() {
-    static const bool on = env_int("NT_SPLIT_Q4K_UNIT", 0) != 0;
-    return on;
-}
-
 // The slice width (units) for rows of `upr` units that the TMA form does not take whole: the
 // widest it takes whole that cuts the row into 2 .. kTmaMaxSlices equal slices; 0 for none.
 // 70B's 28672 columns (14 units): 7 slices of 2; Q6_K's 8192 (4): 2 of 2; 8B's 14336 (7): 7 of
@@ -570,9 +562,7 @@ template <GgmlType T>
 int tma_slice_units(int64_t upr) {
     if (tma_x_units<T>(int(upr))) return 0;
     for (int su : {8, 4, 2, 1})
-        if (tma_x_units<T>(su) &&
-            (su > 1 || T == GgmlType::Q6_K || (T == GgmlType::Q4_K && q4k_unit_slices())) &&
-            upr % su == 0 &&
+        if (tma_x_units<T>(su) && (su > 1 || T == GgmlType::Q6_K) && upr % su == 0 &&
             upr / su >= 2 && upr / su <= kTmaMaxSlices)
             return su;
     return 0;
