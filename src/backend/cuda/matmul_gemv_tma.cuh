@@ -44,6 +44,7 @@
 namespace nt::cuda::detail {
 
 constexpr int kTmaMaxStages = 8;
+constexpr int kTmaBarrierBytes = kPipeWarps * kTmaMaxStages * 8;
 
 // A warp's ring: `stages` slots of kV rows of `row_bytes` bytes each. With `evict_first` the
 // weights stream through L2 with its evict-first policy: read once per token, they then push
@@ -206,17 +207,16 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     const int64_t rows = pr.rows();
     const int64_t groups = kPair ? rows : rows / kV;
     int slice = 0;
-    // k: kSplitGrid's rank in the slice; [c0, c1): kSplitCta's groups
-    int64_t g0, g1, k = 0, c0 = 0, c1 = 0;
+    int64_t g0, g1, k = 0, c0 = 0;  // k: kSplitGrid's rank in the slice; c0: kSplitCta's first group
     if constexpr (kSplit == kSplitCta) {
         // The CTA takes a balanced range of groups in every slice; W / slices warps a slice
         // share it.
         const int m = W / sp.slices, r = warp % m;
         slice = warp / m;
         c0 = groups * blockIdx.x / gridDim.x;
-        c1 = groups * (blockIdx.x + 1) / gridDim.x;
-        g0 = c0 + (c1 - c0) * r / m;
-        g1 = c0 + (c1 - c0) * (r + 1) / m;
+        const int64_t n = groups * (blockIdx.x + 1) / gridDim.x - c0;
+        g0 = c0 + n * r / m;
+        g1 = c0 + n * (r + 1) / m;
     } else {
         const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + warp;
         // With kSplitGrid, wps warps a slice (the grid holds a multiple of `slices` warps).
@@ -336,7 +336,8 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         // Every slice of the CTA's rows is in shared memory: added in slice order, as
         // kSplitGrid's last warp adds them (the same bits).
         __syncthreads();
-        for (int64_t r = threadIdx.x; r < (c1 - c0) * kV; r += blockDim.x) {
+        const int64_t n = (groups * (blockIdx.x + 1) / gridDim.x - c0) * kV;
+        for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
             float sum = cta_part[r];
             for (int q = 1; q < sp.slices; ++q) sum += cta_part[q * sp.cta_rows + r];
             pr.y0[c0 * kV + r] = sum;
@@ -444,37 +445,43 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
 template <GgmlType T, bool kPair, int kXU, int kV, int kSplit = kNoSplit>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
-                  TmaSplit sp = {}, int counter_count = 0) {
+                  const TmaSplit& sp = {}, int counter_count = 0) {
     using Q = Quant<T>;
-    constexpr bool kCta = kSplit == kSplitCta;
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
-    // Warps a CTA: kPipeWarps; kSplitCta a whole number a slice.
-    const int W = kCta ? kTmaCtaWarps / sp.slices * sp.slices : kPipeWarps;
-    const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
-    const size_t ring_smem =
-        size_t(W) * ring.stages * kV * ring.row_bytes + size_t(W) * kTmaMaxStages * 8;
+    const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
     const TmaDevice& d = tma_device();
-    // As many CTAs as the GPU holds at once, at most one group a warp. With kSplitCta the
-    // slices' sums of a CTA's rows follow its rings and barriers, and the grid sets how many
-    // rows that is.
-    int64_t grid = (groups * sp.slices + W - 1) / W;
-    size_t smem = ring_smem;
-    auto sums_fit = [&] {
-        if constexpr (kCta) {
-            sp.cta_rows = int((groups + grid - 1) / grid * kV);
-            smem = ring_smem + (size_t(sp.slices) * sp.cta_rows * sizeof(float) + 15) / 16 * 16;
+    const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(),
+                                int(d.smem_per_sm / (smem + d.reserved)));
+    if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
+    const int64_t groups = (kPair ? pr.rows() : pr.rows() / kV) * sp.slices;
+    int64_t grid =
+        std::min<int64_t>((groups + kPipeWarps - 1) / kPipeWarps, int64_t(per_sm) * d.sms);
+    if constexpr (kSplit == kSplitCta) {
+        // slices * m warps a CTA, each row range's slices in one CTA; the slices' sums of its
+        // rows (cta_rows at most) after the rings and barriers.
+        const int W = kTmaCtaWarps / sp.slices * sp.slices;
+        const int64_t rgroups = kPair ? pr.rows() : pr.rows() / kV;
+        const size_t ring_smem = size_t(W) * ring.stages * kV * ring.row_bytes +
+                                 size_t(W) * kTmaMaxStages * 8;
+        int64_t cgrid = (rgroups * sp.slices + W - 1) / W;
+        TmaSplit csp = sp;
+        size_t csmem = 0;
+        for (int pass = 0; pass < 3; ++pass) {
+            csp.cta_rows = int((rgroups + cgrid - 1) / cgrid * kV);
+            csmem = ring_smem + (size_t(sp.slices) * csp.cta_rows * sizeof(float) + 15) / 16 * 16;
+            const int cper_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
+                                         int(d.smem_per_sm / (csmem + d.reserved)));
+            if (cper_sm < 1)
+                nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", csmem);
+            cgrid = std::min<int64_t>(cgrid, int64_t(cper_sm) * d.sms);
         }
-    };
-    for (int pass = 0; pass < (kCta ? 3 : 1); ++pass) {
-        sums_fit();
-        const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
-                                    int(d.smem_per_sm / (smem + d.reserved)));
-        if (per_sm < 1)
-            nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
-        grid = std::min<int64_t>(grid, int64_t(per_sm) * d.sms);
+        csp.cta_rows = int((rgroups + cgrid - 1) / cgrid * kV);
+        csmem = ring_smem + (size_t(sp.slices) * csp.cta_rows * sizeof(float) + 15) / 16 * 16;
+        return launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(cgrid)),
+                             dim3(W * 32), csmem, stream, "gemv (pipe, tma ring, cta slices)", pr,
+                             w2, nb, xq, xd, q, pdl && pdl_prefetch_enabled(), ring, csp);
     }
-    sums_fit();
-    if constexpr (kSplit == kSplitGrid) {
+    if constexpr (kSplit) {
         // A whole number of warps a slice: the grid a multiple of slices / gcd(slices, 4).
         const int64_t m = sp.slices / std::gcd(sp.slices, kPipeWarps);
         grid = std::max(m, grid / m * m);
@@ -483,9 +490,8 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                      (long long)(grid * kPipeWarps / sp.slices), counter_count);
     }
     launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
-                  dim3(unsigned(W) * 32), smem, stream,
-                  kCta ? "gemv (pipe, tma ring, cta slices)" : "gemv (pipe, tma ring)", pr, w2, nb,
-                  xq, xd, q, pdl && pdl_prefetch_enabled(), ring, sp);
+                  dim3(kPipeThreads), smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q,
+                  pdl && pdl_prefetch_enabled(), ring, sp);
 }
 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
