@@ -13,8 +13,8 @@
 //   CTA per row tile, direct = registers only, stream = whole rows per warp with several
 //   16-byte loads per lane in flight (matmul_gemv_stream.cuh), pipe = register or shared-memory
 //   (TMA) ring of raw weights per warp, pipe-r = its register ring only, pipe-s = pipe with
-//   the workspace's scratch, so that rows too long for the TMA form whole go in column slices
-//   (as matmul() runs it); nxN rwR kK = activation
+//   column slices allowed, so that rows too long for the TMA form whole go in slices (as
+//   matmul() runs it); nxN rwR kK = activation
 //   rows per pass, weight rows per warp, warps splitting the columns. err: max |y - ref| / sum|w*x|
 //   over the checked rows, against the CPU backend's nt::vec_dot on the CPU's own quantized
 //   activations (the GPU quantizes them identically); ok / FAIL against the tolerance.
@@ -88,9 +88,9 @@ std::string describe(const GemvConfig& c) {
     std::snprintf(b, sizeof b, "%s nx%d rw%d k%d",
                   c.kernel == GemvKernel::Direct   ? "direct"
                   : c.kernel == GemvKernel::Stream ? "stream"
-                  : c.kernel == GemvKernel::Pipe   ? (!c.tma            ? "pipe-r"
-                                                      : c.split.partial ? "pipe-s"
-                                                                        : "pipe")
+                  : c.kernel == GemvKernel::Pipe   ? (!c.tma    ? "pipe-r"
+                                                      : c.split ? "pipe-s"
+                                                                : "pipe")
                   : c.persistent                   ? "staged-p"
                                                    : "staged",
                   c.nx, c.rows_per_warp, c.ksplit);
@@ -102,7 +102,7 @@ bool same(const GemvConfig& a, const GemvConfig& b) {
            a.ksplit == b.ksplit &&
            (a.kernel != GemvKernel::Staged || a.persistent == b.persistent) &&
            (a.kernel != GemvKernel::Pipe ||
-            (a.tma == b.tma && (a.split.partial != nullptr) == (b.split.partial != nullptr)));
+            (a.tma == b.tma && a.split == b.split));
 }
 
 }  // namespace
@@ -187,11 +187,11 @@ int main(int argc, char** argv) try {
                     quantized ? nt::cuda::detail::gemv_default(t, sh.rows, sh.cols, n, sms)
                               : GemvConfig{};
                 variants.push_back(def);
-                // The pipe kernel with the workspace's scratch, as matmul() runs it: rows too
-                // long for its TMA form whole go in column slices there.
+                // The pipe kernel as matmul() runs it: rows too long for its TMA form whole go
+                // in column slices there.
                 if (def.kernel == GemvKernel::Pipe && def.tma && n == 1) {
                     GemvConfig c = def;
-                    c.split = ws.split;
+                    c.split = true;
                     variants.push_back(c);
                 }
                 if (quantized && opt.all_variants) {

@@ -704,9 +704,9 @@ TEST(MatmulGraph, CapturedGemvReplaysIdentically) {
 }
 
 // Rows too long for the pipe kernel's TMA form whole (70B's 28672 columns; Q6_K's 8192 and
-// 14336; Q8_0's 14336) go in column slices whose sums the last warp of each row range adds in
-// order: against the CPU reference, the same bits on every launch (the counters come back to zero),
-// with and without programmatic dependent launch, and matmul() running exactly that. Row counts
+// 14336; Q8_0's 14336) go in column slices whose sums the CTA of each row range adds in order:
+// against the CPU reference, the same bits on every launch, with and without programmatic
+// dependent launch, and matmul() running exactly that. Row counts
 // cover two rows a warp and one (too few rows for two: 300 x 28672, and an odd count).
 TEST(MatmulSplit, LongRowsInColumnSlices) {
     SKIP_WITHOUT_GPU();
@@ -769,7 +769,7 @@ TEST(MatmulSplit, LongRowsInColumnSlices) {
         Dev<float2> xd(static_cast<size_t>(cols) / 32);
         ncu::detail::quantize_q8(dx.p, 1, cols, ncu::detail::act_quant(t), xq.p, xd.p, s);
         GemvConfig c{GemvKernel::Pipe, 1, 1, 1, true};
-        c.split = ws.ws.split;
+        c.split = true;
         std::vector<float> first;
         for (int run = 0; run < 3; ++run) {
             c.pdl = run == 1;

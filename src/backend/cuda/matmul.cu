@@ -18,15 +18,10 @@ using detail::GemvKernel;
 
 constexpr size_t kCublasWorkspace = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
 constexpr int64_t kMinSliceRows = 128;
-// The workspace's tail (where it has room for it beyond kTailMinRest bytes): the column-split
-// GEMV's partial sums, then the counters of kernels that quantize their own output in groups
-// of 256 rows (the SwiGLU pair), then the column split's counters (one per warp of a slice).
-// 512K partial sums hold the largest split (70B's output matrix in Q6_K: 2 x 128256).
+// The workspace's tail (where it has room for it beyond kTailMinRest bytes): the counters of
+// kernels that quantize their own output in groups of 256 rows (the SwiGLU pair).
 constexpr int kQuantGroups = 1024;
-constexpr int kSplitCounters = 4096;
-constexpr size_t kSplitPartialBytes = size_t(2) << 20;
-constexpr size_t kCountersBytes = (kQuantGroups + kSplitCounters) * sizeof(int);
-constexpr size_t kTailBytes = kSplitPartialBytes + kCountersBytes;
+constexpr size_t kTailBytes = kQuantGroups * sizeof(int);
 constexpr size_t kTailMinRest = size_t(256) << 10;
 
 constexpr size_t align256(size_t b) {
@@ -138,16 +133,10 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     ws.bytes = bytes;
     ws.held = {};
     ws.done = nullptr;
-    ws.split = {};
     if (bytes >= kTailBytes + kTailMinRest) {
         ws.bytes = bytes - kTailBytes;
-        auto* tail = static_cast<uint8_t*>(buf) + ws.bytes;
-        ws.split.partial = reinterpret_cast<float*>(tail);
-        ws.split.partial_floats = int64_t(kSplitPartialBytes / sizeof(float));
-        ws.done = reinterpret_cast<int*>(tail + kSplitPartialBytes);
-        ws.split.counters = ws.done + kQuantGroups;
-        ws.split.counter_count = kSplitCounters;
-        NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kCountersBytes, stream), "cudaMemsetAsync");
+        ws.done = reinterpret_cast<int*>(static_cast<uint8_t*>(buf) + ws.bytes);
+        NT_CUDA_CHECK(cudaMemsetAsync(ws.done, 0, kTailBytes, stream), "cudaMemsetAsync");
     }
     int dev = 0;
     NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
@@ -354,7 +343,7 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
         const ActivationSlot a = gemv_activations(w.type, x, n, cols, ws, stream, x_unchanged);
         GemvConfig c = detail::gemv_default(w.type, rows, cols, n, ws.sm_count);
         c.pdl = ws.pdl;
-        c.split = ws.split;
+        c.split = true;
         detail::gemv_q8(w.type, w.data, rows, cols, a.xq, a.xd, n, y, c, stream);
         forget_if_overwritten(ws, x, n, cols, y, rows);
         return;

@@ -37,18 +37,6 @@ struct ActivationKey {
     float2* xd = nullptr;  // quantized output) the one after its input's
 };
 
-namespace detail {
-// Scratch for a GEMV whose rows are cut into column slices (the pipe kernel's TMA form, for
-// rows too long to hold their activations in registers: matmul_gemv_tma.cuh): each slice's
-// sums in `partial` ([slices][rows]), `counters` zero between launches.
-struct GemvSplitScratch {
-    float* partial = nullptr;
-    int64_t partial_floats = 0;
-    int* counters = nullptr;
-    int counter_count = 0;
-};
-}  // namespace detail
-
 // Scratch for one stream's matmuls. Calls sharing a workspace must be ordered (same stream).
 struct MatmulWorkspace {
     void* buf = nullptr;  // device memory, 256-byte aligned (cudaMalloc)
@@ -59,9 +47,6 @@ struct MatmulWorkspace {
     // Counters near the end of buf (zero between launches), for kernels that quantize their own
     // output in groups of 256 rows (the SwiGLU pair); null in a workspace too small for them.
     int* done = nullptr;
-    // Scratch for GEMVs that cut long rows into column slices (partial sums and counters, at
-    // the end of buf; null where done is).
-    detail::GemvSplitScratch split;
     // GEMVs as programmatic dependent launches (their weight loads overlap the end of the
     // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
     // whose weights are written by earlier work in the stream (streamed layers) turn it off.
@@ -70,8 +55,8 @@ struct MatmulWorkspace {
 
 // Bytes of workspace that let matmul() run on any weight with at most max_cols columns and
 // max_rows rows, for batches up to max_batch. For max_batch <= kGemvMaxBatch it is the int8
-// activations (n x max_cols x 1.25 bytes, at least 256 KiB) and a 2 MiB tail of partial sums and
-// counters (MatmulWorkspace::done, split). Above, the GEMM path adds cuBLAS's 32 MiB, the FP16
+// activations (n x max_cols x 1.25 bytes, at least 256 KiB) and a tail of counters
+// (MatmulWorkspace::done). Above, the GEMM path adds cuBLAS's 32 MiB, the FP16
 // activations (max_batch x max_cols x 2) and an FP16 weight slice of at most kGemmSliceBytes:
 // 8B's largest matrix (14336 x 4096, 117 MB) is dequantized whole; 70B's ffn matrices (28672 x
 // 8192, 470 MB in FP16) and the vocab projections go in row slices of that size, which costs

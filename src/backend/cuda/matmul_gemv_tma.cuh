@@ -13,7 +13,7 @@
 // read stage j.
 //
 // Rows too long for that (70B's 28672 columns, Q6_K's 8192 and 14336, Q8_0's 14336) go in
-// column slices that it takes whole (TmaSplit), given scratch for the slices' partial sums.
+// column slices that it takes whole, the slices of a row range in one CTA (TmaSplit).
 //
 // The copies carry L2's evict-first policy (8B tg128, H200, with / without: Q4_K_M 463 / 455,
 // Q6_K 367 / 363.5). Tried and not kept: asking L2 for a warp's next 1-8 stages before the wait
@@ -44,11 +44,10 @@
 namespace nt::cuda::detail {
 
 constexpr int kTmaMaxStages = 8;
-constexpr int kTmaBarrierBytes = kPipeWarps * kTmaMaxStages * 8;
 
 // A warp's ring: `stages` slots of kV rows of `row_bytes` bytes each. With `evict_first` the
 // weights stream through L2 with its evict-first policy: read once per token, they then push
-// out less of what is read again (activations, the KV cache, the split's partial sums).
+// out less of what is read again (activations, the KV cache).
 struct TmaRing {
     int stages = 0;
     int row_bytes = 0;
@@ -58,17 +57,23 @@ struct TmaRing {
 // A column split (gemv_q8_tma's kSplit): rows too long to hold their activations in registers
 // (70B's 28672-column down projection, 8B's 14336) are cut into `slices` slices of whole
 // units, each of which the TMA form takes whole, as if the matrix were `slices` matrices of
-// short rows side by side. Warps [s wps, (s + 1) wps) take slice s, warp k of every slice the
-// same rows; each writes its sums to partial[s][rows], and the last of the `slices` warps k to
-// finish (counters[k], zero between launches) adds the slices in order into y: deterministic,
-// whichever warp does it.
+// short rows side by side. A CTA takes a balanced range of row groups in every slice, with
+// kTmaCtaWarps / slices warps a slice; each warp leaves its sums in the CTA's shared memory,
+// and after the CTA's barrier its threads add the slices in order into y.
+//
+// The slices of a row meet inside one CTA because a handoff between CTAs costs a fence, and a
+// fence takes 2.5-7 us while HBM streams (bench_sync_latency). The first form spread a slice's
+// warps over the grid, the last of a row's warps (counted by an atomic after a fence) adding
+// the slices: 8B tg128 on the H200, this form / that one, Q6_K 397.7, 393.1 / 380.4, 381.1
+// (+4.2%), Q4_K_M 507.1, 505.5 / 493.0, 493.0 (+2.7%), the same bits.
 constexpr int kTmaMaxSlices = 8;
+// A split CTA holds up to kTmaCtaWarps warps, a whole number a slice (7 for 8B's 14336 columns,
+// which are 7 slices).
+constexpr int kTmaCtaWarps = kTmaMaxSlices;
 struct TmaSplit {
     int slices = 1;
     int64_t stride = 0;  // bytes from one row to the next (slices * ring.row_bytes)
-    float* partial = nullptr;
-    int* counters = nullptr;
-    int cta_rows = 0;  // kSplitCta: the most rows a CTA takes
+    int cta_rows = 0;    // the most rows a CTA takes
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -142,16 +147,13 @@ constexpr bool tma_x_units(int upr) {
     if (T == GgmlType::Q8_0) return upr == 4 || upr == 8;
     return pipe_x_units<T>(upr) || (T == GgmlType::Q4_K && upr == 4);
 }
-// kSplit: how a kernel's rows are cut. kNoSplit: whole rows. kSplitGrid: column slices whose
-// warps are spread over the grid, the last of a row's warps (counted by an atomic after a fence)
-// adding the slices. kSplitCta: column slices whose warps share a CTA (TmaSplit::slices of them
-// a row range), added through shared memory after the CTA's barrier: no fence, no atomic.
-constexpr int kNoSplit = 0, kSplitGrid = 1, kSplitCta = 2;
-// kSplitCta's CTAs hold up to kTmaCtaWarps warps (a whole number of warps a slice).
-constexpr int kTmaCtaWarps = 8;
-constexpr int tma_threads(int split) { return split == kSplitCta ? kTmaCtaWarps * 32 : kPipeThreads; }
-constexpr int tma_min_blocks(GgmlType t, int kxu, int split = kNoSplit) {
-    if (split == kSplitCta) return 2;  // the same registers a thread as 4 CTAs of 4 warps
+constexpr int tma_threads(bool split) {
+    return split ? kTmaCtaWarps * 32 : kPipeThreads;
+}
+constexpr int tma_min_blocks(GgmlType t, int kxu, bool split = false) {
+    // Split: 3 CTAs a multiprocessor at one unit a slice (80 registers, no spills: 21 warps of
+    // 8B's 7-warp CTAs), else 2 (up to 128 registers).
+    if (split) return kxu == 1 && t != GgmlType::Q8_0 ? 3 : 2;
     return kxu >= 4 && t != GgmlType::Q8_0 ? 3 : 4;
 }
 // f(std::integral_constant<int, XU>{}) for every row length XU (units) whose activations the
@@ -177,7 +179,7 @@ bool with_tma_units(int64_t upr, F&& f) {
 }
 
 // nb: blocks of a stage's row (of a slice's, with kSplit).
-template <GgmlType T, bool kPair, int kXU, int kV, int kSplit>
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
 __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kSplit))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
                 const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
@@ -188,27 +190,26 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
     static_assert(!kPair || kV == 2, "a pair is a group of two rows");
-    static_assert(!(kPair && kSplit), "a pair's rows are whole");
     static_assert(tma_x_units<T>(kXU), "whole rows, activations in registers");
     extern __shared__ __align__(16) uint8_t smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int part = lane % kLPB, sub = lane / kLPB;
-    const int W = kSplit == kSplitCta ? int(blockDim.x >> 5) : kPipeWarps;  // warps a CTA
+    const int W = kSplit ? int(blockDim.x >> 5) : kPipeWarps;  // warps a CTA
     const int S = ring.stages;
     const int stage_bytes = kV * ring.row_bytes;
     uint8_t* buf = smem + size_t(warp) * S * stage_bytes;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(W) * S * stage_bytes) +
                      warp * kTmaMaxStages;
-    // kSplitCta: the slices' sums of the CTA's rows, [slices][sp.cta_rows], after the barriers.
+    // With kSplit: the slices' sums of the CTA's rows, [slices][sp.cta_rows], after the barriers.
     float* cta_part = reinterpret_cast<float*>(smem + size_t(W) * S * stage_bytes +
                                                size_t(W) * kTmaMaxStages * 8);
 
     const int64_t rows = pr.rows();
     const int64_t groups = kPair ? rows : rows / kV;
     int slice = 0;
-    int64_t g0, g1, k = 0, c0 = 0;  // k: kSplitGrid's rank in the slice; c0: kSplitCta's first group
-    if constexpr (kSplit == kSplitCta) {
+    int64_t g0, g1, c0 = 0;  // c0: with kSplit, the CTA's first group
+    if constexpr (kSplit) {
         // The CTA takes a balanced range of groups in every slice; W / slices warps a slice
         // share it.
         const int m = W / sp.slices, r = warp % m;
@@ -219,18 +220,15 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         g1 = c0 + n * (r + 1) / m;
     } else {
         const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + warp;
-        // With kSplitGrid, wps warps a slice (the grid holds a multiple of `slices` warps).
-        const int64_t wps = int64_t(gridDim.x) * kPipeWarps / (kSplit ? sp.slices : 1);
-        slice = kSplit ? int(gw / wps) : 0;
-        k = gw - slice * wps;
-        g0 = groups * k / wps;
-        g1 = groups * (k + 1) / wps;
+        const int64_t warps = int64_t(gridDim.x) * kPipeWarps;
+        g0 = groups * gw / warps;
+        g1 = groups * (gw + 1) / warps;
     }
     const int64_t total = g1 - g0;  // stages (row groups) of this warp
     const size_t stride = kSplit ? size_t(sp.stride) : size_t(ring.row_bytes);
     const size_t at = size_t(slice) * ring.row_bytes;  // the slice's first byte in a row
     auto row_of = [&](int64_t g, int h) {
-        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * stride;
+        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * stride + at;
         const int64_t r = g * kV + h;
         const int m = pr.matrix(r);
         return pr.weights(m) + size_t(r - pr.begin(m)) * stride + at;
@@ -264,10 +262,6 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     if (lane == 0)
         for (int64_t j = 0; j < S && j < total; ++j) issue(j);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
-    if constexpr (kSplit == kSplitGrid) {
-        pdl_order(sp.partial);
-        pdl_order(sp.counters);
-    }
     if constexpr (kSplit) {
         xq += int64_t(slice) * nb * Q::kBlockElems;
         xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
@@ -314,14 +308,11 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             for (int o = 16; o > 0; o >>= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
         }
         if (lane == 0) {
-            if constexpr (kPair) {
-                pr.y0[g] = pipe_silu_mul(v[0], v[1]);
-            } else if constexpr (kSplit == kSplitCta) {
+            if constexpr (kSplit) {
 #pragma unroll
                 for (int h = 0; h < kV; ++h) cta_part[slice * sp.cta_rows + (g - c0) * kV + h] = v[h];
-            } else if constexpr (kSplit) {
-#pragma unroll
-                for (int h = 0; h < kV; ++h) sp.partial[slice * rows + g * kV + h] = v[h];
+            } else if constexpr (kPair) {
+                pr.y0[g] = pipe_silu_mul(v[0], v[1]);
             } else {
                 const int m = pr.matrix(g * kV);
                 const int64_t b = pr.begin(m);
@@ -330,32 +321,27 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             }
         }
     }
-    if constexpr (kPair)
+    if constexpr (kPair && !kSplit)
         if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
-    if constexpr (kSplit == kSplitCta) {
-        // Every slice of the CTA's rows is in shared memory: added in slice order, as
-        // kSplitGrid's last warp adds them (the same bits).
+    if constexpr (kSplit) {
+        // Every slice of the CTA's rows is in shared memory: added in slice order.
         __syncthreads();
-        const int64_t n = (groups * (blockIdx.x + 1) / gridDim.x - c0) * kV;
-        for (int64_t r = threadIdx.x; r < n; r += blockDim.x) {
-            float sum = cta_part[r];
-            for (int q = 1; q < sp.slices; ++q) sum += cta_part[q * sp.cta_rows + r];
-            pr.y0[c0 * kV + r] = sum;
-        }
-    } else if constexpr (kSplit) {
-        int last = 0;
-        if (lane == 0) {
-            __threadfence();  // this warp's sums are visible before they are counted
-            last = atomicAdd(sp.counters + k, 1) == sp.slices - 1;
-            if (last) sp.counters[k] = 0;  // every slice has counted: ready for the next launch
-        }
-        if (__shfl_sync(0xffffffffu, last, 0)) {
-            __threadfence();
-            for (int64_t r = g0 * kV + lane; r < g1 * kV; r += 32) {
-                float sum = __ldcg(sp.partial + r);
-                for (int q = 1; q < sp.slices; ++q) sum += __ldcg(sp.partial + q * rows + r);
-                pr.y0[r] = sum;
+        const int64_t c1 = groups * (blockIdx.x + 1) / gridDim.x;
+        auto sum = [&](int64_t r) {
+            float s = cta_part[r];
+            for (int q = 1; q < sp.slices; ++q) s += cta_part[q * sp.cta_rows + r];
+            return s;
+        };
+        if constexpr (kPair) {
+            for (int64_t r = threadIdx.x; r < c1 - c0; r += blockDim.x)
+                pr.y0[c0 + r] = pipe_silu_mul(sum(2 * r), sum(2 * r + 1));
+            if (pq.mode >= 0) {
+                __syncthreads();  // the CTA's outputs are written before warp 0 counts them
+                if (warp == 0) pipe_quantize_groups(pr.y0, c0, c1, pq, lane);
             }
+        } else {
+            for (int64_t r = threadIdx.x; r < (c1 - c0) * kV; r += blockDim.x)
+                pr.y0[c0 * kV + r] = sum(r);
         }
     }
 #else
@@ -406,9 +392,9 @@ inline const TmaDevice& tma_device() {
 }
 
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
-// CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; kSplitCta
-// also fewer, up to kTmaCtaWarps); shared memory then decides per launch.
-template <GgmlType T, bool kPair, int kXU, int kV, int kSplit = kNoSplit>
+// CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; with
+// kSplit up to kTmaCtaWarps); shared memory then decides per launch.
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
 int tma_ctas_by_registers(int warps = kPipeWarps) {
     constexpr int kMaxWarps = tma_threads(kSplit) / 32;
     static const std::array<int, kMaxWarps + 1> per_sm = [] {
@@ -441,57 +427,42 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     return r;
 }
 
-// nb: blocks of a stage's row (of a slice's when split: sp.slices > 1).
-template <GgmlType T, bool kPair, int kXU, int kV, int kSplit = kNoSplit>
+// nb: blocks of a stage's row (of a slice's with kSplit).
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
-                  const TmaSplit& sp = {}, int counter_count = 0) {
+                  TmaSplit sp = {}) {
     using Q = Quant<T>;
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
-    const size_t smem = size_t(kPipeWarps) * ring.stages * kV * ring.row_bytes + kTmaBarrierBytes;
+    // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
+    const int W = kSplit ? kTmaCtaWarps / sp.slices * sp.slices : kPipeWarps;
+    const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
+    const size_t ring_smem =
+        size_t(W) * ring.stages * kV * ring.row_bytes + size_t(W) * kTmaMaxStages * 8;
     const TmaDevice& d = tma_device();
-    const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(),
-                                int(d.smem_per_sm / (smem + d.reserved)));
-    if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
-    const int64_t groups = (kPair ? pr.rows() : pr.rows() / kV) * sp.slices;
-    int64_t grid =
-        std::min<int64_t>((groups + kPipeWarps - 1) / kPipeWarps, int64_t(per_sm) * d.sms);
-    if constexpr (kSplit == kSplitCta) {
-        // slices * m warps a CTA, each row range's slices in one CTA; the slices' sums of its
-        // rows (cta_rows at most) after the rings and barriers.
-        const int W = kTmaCtaWarps / sp.slices * sp.slices;
-        const int64_t rgroups = kPair ? pr.rows() : pr.rows() / kV;
-        const size_t ring_smem = size_t(W) * ring.stages * kV * ring.row_bytes +
-                                 size_t(W) * kTmaMaxStages * 8;
-        int64_t cgrid = (rgroups * sp.slices + W - 1) / W;
-        TmaSplit csp = sp;
-        size_t csmem = 0;
-        for (int pass = 0; pass < 3; ++pass) {
-            csp.cta_rows = int((rgroups + cgrid - 1) / cgrid * kV);
-            csmem = ring_smem + (size_t(sp.slices) * csp.cta_rows * sizeof(float) + 15) / 16 * 16;
-            const int cper_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
-                                         int(d.smem_per_sm / (csmem + d.reserved)));
-            if (cper_sm < 1)
-                nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", csmem);
-            cgrid = std::min<int64_t>(cgrid, int64_t(cper_sm) * d.sms);
+    // As many CTAs as the GPU holds at once, at most one group a warp. With kSplit the slices'
+    // sums of a CTA's rows follow its rings and barriers, and the grid sets how many rows that is.
+    int64_t grid = (groups * sp.slices + W - 1) / W;
+    size_t smem = ring_smem;
+    auto sums_fit = [&] {
+        if constexpr (kSplit) {
+            sp.cta_rows = int((groups + grid - 1) / grid * kV);
+            smem = ring_smem + (size_t(sp.slices) * sp.cta_rows * sizeof(float) + 15) / 16 * 16;
         }
-        csp.cta_rows = int((rgroups + cgrid - 1) / cgrid * kV);
-        csmem = ring_smem + (size_t(sp.slices) * csp.cta_rows * sizeof(float) + 15) / 16 * 16;
-        return launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(cgrid)),
-                             dim3(W * 32), csmem, stream, "gemv (pipe, tma ring, cta slices)", pr,
-                             w2, nb, xq, xd, q, pdl && pdl_prefetch_enabled(), ring, csp);
+    };
+    for (int pass = 0; pass < (kSplit ? 3 : 1); ++pass) {
+        sums_fit();
+        const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
+                                    int(d.smem_per_sm / (smem + d.reserved)));
+        if (per_sm < 1)
+            nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
+        grid = std::min<int64_t>(grid, int64_t(per_sm) * d.sms);
     }
-    if constexpr (kSplit) {
-        // A whole number of warps a slice: the grid a multiple of slices / gcd(slices, 4).
-        const int64_t m = sp.slices / std::gcd(sp.slices, kPipeWarps);
-        grid = std::max(m, grid / m * m);
-        if (grid * kPipeWarps / sp.slices > counter_count)
-            nt::fail("gemv: %lld warps a slice need more than the workspace's %d counters.",
-                     (long long)(grid * kPipeWarps / sp.slices), counter_count);
-    }
+    sums_fit();
     launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
-                  dim3(kPipeThreads), smem, stream, "gemv (pipe, tma ring)", pr, w2, nb, xq, xd, q,
-                  pdl && pdl_prefetch_enabled(), ring, sp);
+                  dim3(unsigned(W) * 32), smem, stream,
+                  kSplit ? "gemv (pipe, tma ring, column slices)" : "gemv (pipe, tma ring)", pr, w2,
+                  nb, xq, xd, q, pdl && pdl_prefetch_enabled(), ring, sp);
 }
 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
@@ -528,6 +499,18 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
     constexpr int kV = kPair ? 2 : 1;
     const int nb = int(cols / Quant<T>::kBlockElems);
     const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
+    // NT_PAIR_SLICES=N (an A/B switch): a pair's rows in N column slices that share a CTA.
+    if constexpr (kPair) {
+        static const int ps = int(env_int("NT_PAIR_SLICES", 1));
+        const int64_t upr = pipe_units<T>(cols);
+        if (ps > 1 && ps <= kTmaMaxSlices && upr % ps == 0 &&
+            with_tma_units<T>(upr / ps, [&](auto xu_tag) {
+                constexpr int XU = decltype(xu_tag)::value;
+                const TmaSplit sp{ps, int64_t(nb) * Quant<T>::kBlockBytes};
+                launch_tma_k<T, true, XU, 2, true>(pr, w2, nb / ps, xq, xd, pdl, stream, q, sp);
+            }))
+            return;
+    }
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
         if (two) return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
@@ -544,10 +527,9 @@ inline bool tma_split_enabled() {
     return on;
 }
 
-// Whether column slices share CTAs (kSplitCta; on unless NT_SPLIT_CTA=0, for A/B runs against
-// kSplitGrid).
-inline bool tma_split_cta() {
-    static const bool on = env_switch("NT_SPLIT_CTA");
+// Whether Q4_K rows may be cut into slices of one unit (NT_SPLIT_Q4K_UNIT=1; off by default).
+inline bool q4k_unit_slices() {
+    static const bool on = env_int("NT_SPLIT_Q4K_UNIT", 0) != 0;
     return on;
 }
 
@@ -562,7 +544,9 @@ template <GgmlType T>
 int tma_slice_units(int64_t upr) {
     if (tma_x_units<T>(int(upr))) return 0;
     for (int su : {8, 4, 2, 1})
-        if (tma_x_units<T>(su) && (su > 1 || T == GgmlType::Q6_K) && upr % su == 0 &&
+        if (tma_x_units<T>(su) &&
+            (su > 1 || T == GgmlType::Q6_K || (T == GgmlType::Q4_K && q4k_unit_slices())) &&
+            upr % su == 0 &&
             upr / su >= 2 && upr / su <= kTmaMaxSlices)
             return su;
     return 0;
@@ -590,41 +574,28 @@ int tma_split_slices(int64_t cols, int nx) {
 // scratch for them: launched, true; otherwise false, nothing launched.
 template <GgmlType T>
 bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const float2* xd, int nx,
-                      bool pdl, cudaStream_t stream, const GemvSplitScratch& scr) {
+                      bool pdl, cudaStream_t stream) {
     if constexpr (!tma_compiled<T>()) {
         return false;
     } else {
-        if (!scr.partial || !scr.counters || pr.count != 1) return false;
+        if (pr.count != 1) return false;
         const int slices = tma_split_slices<T>(cols, nx);
         const int64_t rows = pr.rows();
-        if (slices == 0 || reinterpret_cast<uintptr_t>(pr.m0) % 16 != 0 ||
-            slices * rows > scr.partial_floats)
-            return false;
+        if (slices == 0 || reinterpret_cast<uintptr_t>(pr.m0) % 16 != 0) return false;
         using Q = Quant<T>;
         const int64_t nb = cols / Q::kBlockElems;
-        const TmaSplit sp{slices, nb * Q::kBlockBytes, scr.partial, scr.counters};
+        const TmaSplit sp{slices, nb * Q::kBlockBytes};
         const int snb = int(nb / slices);
         auto go = [&](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
-            if (tma_split_cta()) {
-                const int W = kTmaCtaWarps / slices * slices;
-                const int64_t warps =
-                    int64_t(tma_ctas_by_registers<T, false, XU, 2, kSplitCta>(W)) *
-                    tma_device().sms * W;
-                if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
-                    return launch_tma_k<T, false, XU, 2, kSplitCta>(pr, nullptr, snb, xq, xd, pdl,
-                                                                    stream, {}, sp);
-                return launch_tma_k<T, false, XU, 1, kSplitCta>(pr, nullptr, snb, xq, xd, pdl,
-                                                                stream, {}, sp);
-            }
             // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
-            const int64_t warps = int64_t(tma_ctas_by_registers<T, false, XU, 2, kSplitGrid>()) *
-                                  tma_device().sms * kPipeWarps;
+            const int W = kTmaCtaWarps / slices * slices;
+            const int64_t warps =
+                int64_t(tma_ctas_by_registers<T, false, XU, 2, true>(W)) * tma_device().sms * W;
             if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
-                return launch_tma_k<T, false, XU, 2, kSplitGrid>(pr, nullptr, snb, xq, xd, pdl,
-                                                                 stream, {}, sp, scr.counter_count);
-            launch_tma_k<T, false, XU, 1, kSplitGrid>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp,
-                                                      scr.counter_count);
+                return launch_tma_k<T, false, XU, 2, true>(pr, nullptr, snb, xq, xd, pdl, stream,
+                                                           {}, sp);
+            launch_tma_k<T, false, XU, 1, true>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp);
         };
         with_tma_units<T>(pipe_units<T>(cols) / slices, go);
         return true;
@@ -643,13 +614,13 @@ bool tma_takes(int64_t cols) {
     }
 }
 
-// The pipe kernel, in its TMA form where that can run: whole rows (tma_fits), or, given scratch,
-// a single matrix in column slices (launch_tma_split); else with its register ring.
+// The pipe kernel, in its TMA form where that can run: whole rows (tma_fits), or, where `split`
+// allows it, a single matrix in column slices (launch_tma_split); else with its register ring.
 template <GgmlType T>
 void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const int8_t* xq,
                      const float2* xd, int n, int nx, bool pdl, cudaStream_t stream,
-                     const PairQuant& q = {}, const GemvSplitScratch& split = {}) {
-    if (!w2 && launch_tma_split<T>(pr, cols, xq, xd, nx, pdl, stream, split)) return;
+                     const PairQuant& q = {}, bool split = false) {
+    if (split && !w2 && launch_tma_split<T>(pr, cols, xq, xd, nx, pdl, stream)) return;
     if (tma_fits<T>(pr, w2, cols, nx)) {
         const auto* b = static_cast<const uint8_t*>(w2);
         if (b) return launch_tma<T, true>(pr, b, cols, xq, xd, pdl, stream, q);
@@ -668,10 +639,9 @@ void prepare_tma() {
             tma_ctas_by_registers<T, false, XU, 1>();
             tma_ctas_by_registers<T, false, XU, 2>();
             tma_ctas_by_registers<T, true, XU, 2>();
-            tma_ctas_by_registers<T, false, XU, 1, kSplitGrid>();
-            tma_ctas_by_registers<T, false, XU, 2, kSplitGrid>();
-            tma_ctas_by_registers<T, false, XU, 1, kSplitCta>();
-            tma_ctas_by_registers<T, false, XU, 2, kSplitCta>();
+            tma_ctas_by_registers<T, false, XU, 1, true>();
+            tma_ctas_by_registers<T, false, XU, 2, true>();
+            tma_ctas_by_registers<T, true, XU, 2, true>();
             return false;  // every one
         });
     }

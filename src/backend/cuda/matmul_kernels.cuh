@@ -76,9 +76,8 @@ struct GemvConfig {
                        // that can run (one activation row, sm_90+, 16-byte aligned rows;
                        // matmul_gemv_tma.cuh); false: the register ring
     // Pipe, TMA form only: where rows are too long for it whole, cut them into column slices
-    // using this scratch (matmul() passes the workspace's; none: such rows take the register
-    // ring). Single launches only, ordered on one stream (the counters are shared).
-    GemvSplitScratch split{};
+    // (matmul() does; false: such rows take the register ring). Single launches only.
+    bool split = false;
 };
 
 // The dispatcher's choice for this shape (used when a GemvConfig field is 0).
@@ -86,8 +85,8 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
                        GemvConfig want = {});
 // What matmul() runs: gemv_config with the kernel measured fastest for the type.
 GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count);
-// The column slices a Pipe GEMV with split scratch cuts rows of `cols` columns into on this
-// GPU (GemvConfig::split), at nx activation rows; 0 where it takes them whole or not at all.
+// The column slices a Pipe GEMV with GemvConfig::split cuts rows of `cols` columns into on this
+// GPU, at nx activation rows; 0 where it takes them whole or not at all.
 int gemv_split_slices(GgmlType t, int64_t cols, int nx);
 // Whether a (kernel, nx, rows_per_warp) combination is compiled for type t.
 bool gemv_config_available(GgmlType t, const GemvConfig& c);
