@@ -143,7 +143,6 @@ struct DecodeArgs {
     const float* v_new;
     const float* inv_freq;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
-    int slice_align;   // tiled: a slice's positions, a multiple of its tile (NT_ATTN_SLICE_MIN)
     float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
 };
 
@@ -321,7 +320,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
     const int h0 = kvh * G;
     int start, end;
-    const int live = split_range(a.pos[row] + 1, a.splits, split, a.slice_align, start, end);
+    const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     if (start >= end) return;  // past the sequence's end: not counted, not merged
     const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
     const bool rope = a.inv_freq != nullptr;
@@ -972,13 +971,6 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
     return size_t(n_rows) * size_t(s.n_head) * size_t(splits) * size_t(s.head_dim + 2);
 }
 
-// The fewest positions a tiled decode slice takes (NT_ATTN_SLICE_MIN, an A/B switch: 64, one
-// tile, or 128): a context that fits in one slice needs no merge, and so no fence.
-static int attn_slice_min() {
-    static const int n = int(env_int("NT_ATTN_SLICE_MIN", 64)) >= 128 ? 128 : 64;
-    return n;
-}
-
 bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
@@ -1006,7 +998,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.kv_dim = s.kv_dim();
     a.group = s.group();
     a.splits = splits;
-    a.slice_align = attn_slice_min();
     a.scale_log2 = scale_log2(s.head_dim);
     a.xq = nullptr;
     a.xd = nullptr;
