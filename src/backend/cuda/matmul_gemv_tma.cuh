@@ -150,10 +150,11 @@ constexpr bool tma_x_units(int upr) {
 constexpr int tma_threads(bool split) {
     return split ? kTmaCtaWarps * 32 : kPipeThreads;
 }
-constexpr int tma_min_blocks(GgmlType t, int kxu, bool split = false) {
-    // Split: 3 CTAs a multiprocessor at one unit a slice (80 registers, no spills: 21 warps of
-    // 8B's 7-warp CTAs), else 2 (up to 128 registers).
-    if (split) return kxu == 1 && t != GgmlType::Q8_0 ? 3 : 2;
+constexpr int tma_min_blocks(GgmlType t, int kxu, bool split = false, bool pair = false) {
+    // In column slices, 2 CTAs a multiprocessor (up to 128 registers); a SwiGLU pair at one
+    // unit a slice, 3 (80 registers, no spills). H200 tg128, 8B Q6_K: 3 CTAs for the single
+    // matrices' one-unit slices (the down projection) too lost 2.2% (394.5 / 403.2).
+    if (split) return pair && kxu == 1 && t != GgmlType::Q8_0 ? 3 : 2;
     return kxu >= 4 && t != GgmlType::Q8_0 ? 3 : 4;
 }
 // f(std::integral_constant<int, XU>{}) for every row length XU (units) whose activations the
@@ -180,7 +181,7 @@ bool with_tma_units(int64_t upr, F&& f) {
 
 // nb: blocks of a stage's row (of a slice's, with kSplit).
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
-__global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kSplit))
+__global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kSplit, kPair))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
                 const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
                 TmaSplit sp) {
@@ -491,6 +492,16 @@ bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
     }
 }
 
+// The column slices a SwiGLU pair's rows are cut into, sharing a CTA (1: whole rows;
+// NT_PAIR_SLICES=N for A/B runs). H200 tg128, 8B, two slices against whole rows in one run:
+// Q6_K 402.6, 402.6 / 394.5, 394.9 (+2.0%), Q8_0 370.3 / 364.6, 364.6 (+1.6%), but Q4_K_M
+// 505.8, 504.9 / 507.9, 508.9: Q4_K's pairs stay whole.
+template <GgmlType T>
+int tma_pair_slices() {
+    static const int n = int(env_int("NT_PAIR_SLICES", T == GgmlType::Q4_K ? 1 : 2));
+    return n;
+}
+
 // launch_pipe's choices (two rows a warp for a single matrix with a row per resident warp)
 // for the TMA form; tma_fits holds.
 template <GgmlType T, bool kPair>
@@ -499,9 +510,8 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
     constexpr int kV = kPair ? 2 : 1;
     const int nb = int(cols / Quant<T>::kBlockElems);
     const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
-    // NT_PAIR_SLICES=N (an A/B switch): a pair's rows in N column slices that share a CTA.
     if constexpr (kPair) {
-        static const int ps = int(env_int("NT_PAIR_SLICES", 1));
+        const int ps = tma_pair_slices<T>();
         const int64_t upr = pipe_units<T>(cols);
         if (ps > 1 && ps <= kTmaMaxSlices && upr % ps == 0 &&
             with_tma_units<T>(upr / ps, [&](auto xu_tag) {
@@ -527,12 +537,6 @@ inline bool tma_split_enabled() {
     return on;
 }
 
-// Whether Q4_K rows may be cut into slices of one unit (NT_SPLIT_Q4K_UNIT=1; off by default).
-inline bool q4k_unit_slices() {
-    static const bool on = env_int("NT_SPLIT_Q4K_UNIT", 0) != 0;
-    return on;
-}
-
 // The slice width (units) for rows of `upr` units that the TMA form does not take whole: the
 // widest it takes whole that cuts the row into 2 .. kTmaMaxSlices equal slices; 0 for none.
 // 70B's 28672 columns (14 units): 7 slices of 2; Q6_K's 8192 (4): 2 of 2; 8B's 14336 (7): 7 of
@@ -544,9 +548,7 @@ template <GgmlType T>
 int tma_slice_units(int64_t upr) {
     if (tma_x_units<T>(int(upr))) return 0;
     for (int su : {8, 4, 2, 1})
-        if (tma_x_units<T>(su) &&
-            (su > 1 || T == GgmlType::Q6_K || (T == GgmlType::Q4_K && q4k_unit_slices())) &&
-            upr % su == 0 &&
+        if (tma_x_units<T>(su) && (su > 1 || T == GgmlType::Q6_K) && upr % su == 0 &&
             upr / su >= 2 && upr / su <= kTmaMaxSlices)
             return su;
     return 0;
