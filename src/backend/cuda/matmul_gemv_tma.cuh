@@ -493,9 +493,10 @@ bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
 }
 
 // The column slices a SwiGLU pair's rows are cut into, sharing a CTA (1: whole rows;
-// NT_PAIR_SLICES=N for A/B runs). H200 tg128, 8B, two slices against whole rows in one run:
-// Q6_K 402.6, 402.6 / 394.5, 394.9 (+2.0%), Q8_0 370.3 / 364.6, 364.6 (+1.6%), but Q4_K_M
-// 505.8, 504.9 / 507.9, 508.9: Q4_K's pairs stay whole.
+// NT_PAIR_SLICES=N for A/B runs). H200 tg128, 8B, two slices against whole rows, same runs:
+// Q6_K 402.6, 402.6 / 394.5, 394.9 and 402.4, 403.9 / 395.1 (+1.9%); Q8_0 370.3 / 364.6, 364.6
+// and 359.8 (mean of 3) / 357.5 (+0.6 to +1.6%); but Q4_K_M 505.8, 504.9 / 507.9, 508.9: Q4_K's
+// pairs stay whole.
 template <GgmlType T>
 int tma_pair_slices() {
     static const int n = int(env_int("NT_PAIR_SLICES", T == GgmlType::Q4_K ? 1 : 2));
