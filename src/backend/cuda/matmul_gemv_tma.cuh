@@ -573,23 +573,6 @@ int tma_split_slices(int64_t cols, int nx) {
     }
 }
 
-// Q6_K rows that the TMA form takes whole, cut into NT_SPLIT_WHOLE=N column slices all the same
-// (an A/B switch, off), in matrices of fewer than 32768 rows (8B's o projection, not the output
-// matrix); 0 where they are not. Call where tma_compiled<T>().
-template <GgmlType T>
-int tma_whole_slices(int64_t cols, int nx, int64_t rows) {
-    static const int n = int(env_int("NT_SPLIT_WHOLE", 1));
-    using Q = Quant<T>;
-    constexpr int kBPU = 32 / Q::kLanesPerBlock;
-    const int64_t nb = cols / Q::kBlockElems;
-    if (T != GgmlType::Q6_K || n < 2 || n > kTmaMaxSlices || rows >= 32768 || nx != 1 ||
-        nb % kBPU != 0 || !tma_split_enabled() || !tma_usable())
-        return 0;
-    const int64_t upr = nb / kBPU;
-    if (!tma_x_units<T>(int(upr)) || upr % n != 0 || !tma_x_units<T>(int(upr / n))) return 0;
-    return nb * Q::kBlockBytes % (16 * n) == 0 ? n : 0;
-}
-
 // A single matrix whose rows the TMA form takes in column slices (tma_split_slices), with the
 // scratch for them: launched, true; otherwise false, nothing launched.
 template <GgmlType T>
@@ -599,9 +582,8 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         return false;
     } else {
         if (pr.count != 1) return false;
+        const int slices = tma_split_slices<T>(cols, nx);
         const int64_t rows = pr.rows();
-        int slices = tma_split_slices<T>(cols, nx);
-        if (slices == 0) slices = tma_whole_slices<T>(cols, nx, rows);
         if (slices == 0 || reinterpret_cast<uintptr_t>(pr.m0) % 16 != 0) return false;
         using Q = Quant<T>;
         const int64_t nb = cols / Q::kBlockElems;
