@@ -101,8 +101,7 @@ bool same(const GemvConfig& a, const GemvConfig& b) {
     return a.kernel == b.kernel && a.nx == b.nx && a.rows_per_warp == b.rows_per_warp &&
            a.ksplit == b.ksplit &&
            (a.kernel != GemvKernel::Staged || a.persistent == b.persistent) &&
-           (a.kernel != GemvKernel::Pipe ||
-            (a.tma == b.tma && a.split == b.split));
+           (a.kernel != GemvKernel::Pipe || (a.tma == b.tma && a.split == b.split));
 }
 
 }  // namespace

@@ -64,8 +64,9 @@ struct TmaRing {
 // The slices of a row meet inside one CTA because a handoff between CTAs costs a fence, and a
 // fence takes 2.5-7 us while HBM streams (bench_sync_latency). The first form spread a slice's
 // warps over the grid, the last of a row's warps (counted by an atomic after a fence) adding
-// the slices: 8B tg128 on the H200, this form / that one, Q6_K 397.7, 393.1 / 380.4, 381.1
-// (+4.2%), Q4_K_M 507.1, 505.5 / 493.0, 493.0 (+2.7%), the same bits.
+// the slices: tg128 on the H200, this form / that one, 8B Q6_K 397.7, 393.1 / 380.4, 381.1
+// (+4.2%), Q4_K_M 507.1, 505.5 / 493.0, 493.0 (+2.7%), Q8_0 363.3 / 336.1, 336.3 (+8.4%);
+// 70B Q4_K_M tg64 80.4 / 72.7, 72.7 (+10.5%); the same bits.
 constexpr int kTmaMaxSlices = 8;
 // A split CTA holds up to kTmaCtaWarps warps, a whole number a slice (7 for 8B's 14336 columns,
 // which are 7 slices).
@@ -200,8 +201,8 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     const int S = ring.stages;
     const int stage_bytes = kV * ring.row_bytes;
     uint8_t* buf = smem + size_t(warp) * S * stage_bytes;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + size_t(W) * S * stage_bytes) +
-                     warp * kTmaMaxStages;
+    uint64_t* bars =
+        reinterpret_cast<uint64_t*>(smem + size_t(W) * S * stage_bytes) + warp * kTmaMaxStages;
     // With kSplit: the slices' sums of the CTA's rows, [slices][sp.cta_rows], after the barriers.
     float* cta_part = reinterpret_cast<float*>(smem + size_t(W) * S * stage_bytes +
                                                size_t(W) * kTmaMaxStages * 8);
@@ -311,7 +312,8 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         if (lane == 0) {
             if constexpr (kSplit) {
 #pragma unroll
-                for (int h = 0; h < kV; ++h) cta_part[slice * sp.cta_rows + (g - c0) * kV + h] = v[h];
+                for (int h = 0; h < kV; ++h)
+                    cta_part[slice * sp.cta_rows + (g - c0) * kV + h] = v[h];
             } else if constexpr (kPair) {
                 pr.y0[g] = pipe_silu_mul(v[0], v[1]);
             } else {
@@ -455,8 +457,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
         sums_fit();
         const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
                                     int(d.smem_per_sm / (smem + d.reserved)));
-        if (per_sm < 1)
-            nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
+        if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
         grid = std::min<int64_t>(grid, int64_t(per_sm) * d.sms);
     }
     sums_fit();
@@ -573,8 +574,8 @@ int tma_split_slices(int64_t cols, int nx) {
     }
 }
 
-// A single matrix whose rows the TMA form takes in column slices (tma_split_slices), with the
-// scratch for them: launched, true; otherwise false, nothing launched.
+// A single matrix whose rows the TMA form takes in column slices (tma_split_slices): launched,
+// true; otherwise false, nothing launched.
 template <GgmlType T>
 bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const float2* xd, int nx,
                       bool pdl, cudaStream_t stream) {
