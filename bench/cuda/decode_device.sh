@@ -3,6 +3,8 @@
 #   bench/cuda/decode_device.sh build    # configure + build ntransformer, nt_gpu_tests and the harnesses
 #   bench/cuda/decode_device.sh models   # synthetic Llama-3 8B in Q4_K_M, Q8_0 and Q6_K (written in the background)
 #   bench/cuda/decode_device.sh ab       # 8B tg128 (AB_MODELS, default q4_k_m) as shipped, then with each setting of AB
+#                                        # ("base" in AB: the tree of AB_BASE as shipped, built first:
+#                                        # AB_BASE a tarball of another commit, `git archive REV > F`)
 #   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (GEMV_TYPES, n = 1), as shipped and with each setting of GEMV_AB
 #   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions (and one row with the rope inside), prefill
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
@@ -30,10 +32,29 @@ wait_model() {  # the models stage writes in the background
 }
 
 # tg128 of the 8B model of type $1 with the settings after it (VAR=VALUE ...): "t/s ± sd".
+# NT_BIN: another ntransformer binary (the base tree's).
 tg128() {
     local t=$1
     shift
-    env "$@" "$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}'
+    env "$@" "${NT_BIN:-$nt}" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}'
+}
+
+# The tree of AB_BASE (a tarball of another commit) built beside this one in BASE_SRC, for
+# "base" in AB: prints its ntransformer binary (the build's log in $out/base_build.log).
+base_src=${BASE_SRC:-/tmp/nt-base}
+build_base() {
+    local bin="$base_src/build-gpu/ntransformer"
+    [ -n "${AB_BASE:-}" ] && [ -f "$AB_BASE" ] || { echo "AB_BASE names no tarball" >&2; return 1; }
+    if [ ! -x "$bin" ]; then
+        mkdir -p "$base_src" && tar -xf "$AB_BASE" -C "$base_src" || return 1
+        [ -d .deps ] && ln -sfn "$PWD/.deps" "$base_src/.deps"
+        (cd "$base_src" &&
+            cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DNT_CUDA=ON \
+                -DCMAKE_CUDA_ARCHITECTURES=${NT_CUDA_ARCH:-90} &&
+            cmake --build build-gpu -j "$(nproc)" --target ntransformer) >"$out/base_build.log" 2>&1
+        [ -x "$bin" ] || { echo "the base tree did not build: $out/base_build.log" >&2; return 1; }
+    fi
+    echo "$bin"
 }
 
 # Applies (or with -R takes out) the ablation patch: git where the tree is a checkout, else patch.
@@ -60,10 +81,18 @@ stage() {
         ;;
     ab)
         # One line per setting (AB: space-separated settings, each VAR=VALUE[,VAR=VALUE...],
-        # "-" for as shipped).
+        # "-" for as shipped, "base" for AB_BASE's tree as shipped).
+        local settings=${AB:-- NT_PIPE_TWO_ROWS=0 NT_PDL_PREFETCH=0 NT_PDL=0} base_nt=""
+        if [[ " $settings " == *" base "* ]]; then
+            base_nt=$(build_base) || return 1
+        fi
         for t in ${AB_MODELS:-q4_k_m}; do
             wait_model $t
-            for env in ${AB:-- NT_PIPE_TWO_ROWS=0 NT_PDL_PREFETCH=0 NT_PDL=0}; do
+            for env in $settings; do
+                if [ "$env" = base ]; then
+                    echo "ab: $t base tg128 $(NT_BIN=$base_nt tg128 $t NT_AS_SHIPPED=1)"
+                    continue
+                fi
                 [ "$env" = - ] && env=NT_AS_SHIPPED=1
                 echo "ab: $t $env tg128 $(tg128 $t ${env//,/ })"
             done
