@@ -71,6 +71,9 @@ constexpr int kTmaMaxSlices = 8;
 // A split CTA holds up to kTmaCtaWarps warps, a whole number a slice (7 for 8B's 14336 columns,
 // which are 7 slices).
 constexpr int kTmaCtaWarps = kTmaMaxSlices;
+constexpr int tma_split_warps(int slices) {
+    return kTmaCtaWarps / slices * slices;
+}
 struct TmaSplit {
     int slices = 1;
     int64_t stride = 0;  // bytes from one row to the next (slices * ring.row_bytes)
@@ -210,16 +213,16 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     const int64_t rows = pr.rows();
     const int64_t groups = kPair ? rows : rows / kV;
     int slice = 0;
-    int64_t g0, g1, c0 = 0;  // c0: with kSplit, the CTA's first group
+    int64_t g0, g1, c0 = 0, c1 = 0;  // [c0, c1): with kSplit, the CTA's groups
     if constexpr (kSplit) {
         // The CTA takes a balanced range of groups in every slice; W / slices warps a slice
         // share it.
         const int m = W / sp.slices, r = warp % m;
         slice = warp / m;
         c0 = groups * blockIdx.x / gridDim.x;
-        const int64_t n = groups * (blockIdx.x + 1) / gridDim.x - c0;
-        g0 = c0 + n * r / m;
-        g1 = c0 + n * (r + 1) / m;
+        c1 = groups * (blockIdx.x + 1) / gridDim.x;
+        g0 = c0 + (c1 - c0) * r / m;
+        g1 = c0 + (c1 - c0) * (r + 1) / m;
     } else {
         const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + warp;
         const int64_t warps = int64_t(gridDim.x) * kPipeWarps;
@@ -329,7 +332,6 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     if constexpr (kSplit) {
         // Every slice of the CTA's rows is in shared memory: added in slice order.
         __syncthreads();
-        const int64_t c1 = groups * (blockIdx.x + 1) / gridDim.x;
         auto sum = [&](int64_t r) {
             float s = cta_part[r];
             for (int q = 1; q < sp.slices; ++q) s += cta_part[q * sp.cta_rows + r];
@@ -438,7 +440,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     using Q = Quant<T>;
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
-    const int W = kSplit ? kTmaCtaWarps / sp.slices * sp.slices : kPipeWarps;
+    const int W = kSplit ? tma_split_warps(sp.slices) : kPipeWarps;
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
     const size_t ring_smem =
         size_t(W) * ring.stages * kV * ring.row_bytes + size_t(W) * kTmaMaxStages * 8;
@@ -593,7 +595,7 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         auto go = [&](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
             // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
-            const int W = kTmaCtaWarps / slices * slices;
+            const int W = tma_split_warps(slices);
             const int64_t warps =
                 int64_t(tma_ctas_by_registers<T, false, XU, 2, true>(W)) * tma_device().sms * W;
             if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
