@@ -789,9 +789,12 @@ TEST(CudaBackend, FfnGateUp) {
 }
 
 // qkv: one activation quantization for all three where the types allow, three matmuls
-// otherwise; the matrices of one type with the pipe kernel as one stacked launch, else k and v
-// on side streams beside q. Against the CPU, and bit for bit against three matmuls on the GPU
-// (each row summed in the same order), eager and as a graph (capture, replays).
+// otherwise; the matrices of one type with the pipe kernel as one stacked launch (and Q6_K's k
+// and v with q where the stack takes the TMA form, sm_90), else k and v on side streams beside
+// q. Against the CPU, and bit for bit against three matmuls on the GPU (each row summed in the
+// same order) where each matrix's own GEMV is the one stacked, eager and as a graph (capture,
+// replays); Q6_K's k and v, whose own GEMV (staged) sums in another order, bit for bit against
+// the eager qkv.
 TEST(CudaBackend, QkvStackedOrForked) {
     NT_REQUIRE_GPU();
     ModelShape s = make_shape(128, 32, 8);  // n_embd 4096: q 4096 rows, k and v 1024
@@ -801,10 +804,12 @@ TEST(CudaBackend, QkvStackedOrForked) {
         GgmlType q, k, v;
     };
     // Q4_K_M's two mixes (one row: all three stacked; q and k stacked, v after them; more
-    // rows: forked); Q8_0 everywhere (forked); activation quantizations that differ.
+    // rows: forked); Q8_0 everywhere (forked); Q6_K everywhere (one row: stacked in the TMA
+    // form on sm_90, else forked); activation quantizations that differ.
     for (Types t : {Types{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K},
                     Types{GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K},
                     Types{GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0},
+                    Types{GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q6_K},
                     Types{GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q4_1}}) {
         const HostWeight wq = random_weight(t.q, nq, dim, 111),
                          wk = random_weight(t.k, nkv, dim, 112),
@@ -827,9 +832,10 @@ TEST(CudaBackend, QkvStackedOrForked) {
             p.gpu.matmul(gv, g.xn, n, g.v);
             p.gpu.end_step();
             const size_t mq = size_t(n) * nq, mk = size_t(n) * nkv;
-            const auto seq_q = p.get_gpu(&Activations::q, mq),
-                       seq_k = p.get_gpu(&Activations::k, mk),
-                       seq_v = p.get_gpu(&Activations::v, mk);
+            const auto seq_q = p.get_gpu(&Activations::q, mq);
+            auto seq_k = p.get_gpu(&Activations::k, mk), seq_v = p.get_gpu(&Activations::v, mk);
+            // Q6_K's k and v may join a TMA-form stack: their reference is the first qkv.
+            const bool k_v_join = t.k == GgmlType::Q6_K && t.q == GgmlType::Q6_K && n == 1;
             const auto cpu_q = p.get_cpu(&Activations::q, mq),
                        cpu_k = p.get_cpu(&Activations::k, mk),
                        cpu_v = p.get_cpu(&Activations::v, mk);
@@ -845,6 +851,10 @@ TEST(CudaBackend, QkvStackedOrForked) {
                     const std::string what = std::string(type_name(t.q)) + "/" + type_name(t.v) +
                                              " n " + std::to_string(n) +
                                              (graphs ? " graph " : " eager ") + std::to_string(rep);
+                    if (k_v_join && !graphs) {
+                        seq_k = p.get_gpu(&Activations::k, mk);
+                        seq_v = p.get_gpu(&Activations::v, mk);
+                    }
                     expect_equal(p.get_gpu(&Activations::q, mq), seq_q, what + " q");
                     expect_equal(p.get_gpu(&Activations::k, mk), seq_k, what + " k");
                     expect_equal(p.get_gpu(&Activations::v, mk), seq_v, what + " v");

@@ -252,25 +252,35 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
 
 namespace {
 
-// Whether q/k/v of one type go as one stacked launch (on unless NT_QKV_STACK=0, for A/B runs).
-bool qkv_stack_enabled() {
-    static const bool on = env_switch("NT_QKV_STACK");
-    return on;
+// Which q/k/v go as one stacked launch (NT_QKV_STACK, for A/B runs): 0 none; 1 those of one
+// type whose own GEMV is the pipe kernel; 2 (default) also those whose stack takes the TMA form.
+int qkv_stack_mode() {
+    static const int mode = int(env_int("NT_QKV_STACK", 2));
+    return mode;
 }
 
 // The stacked path of matmul_qkv: false (nothing launched) where no two matrices stack.
 bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float* const (&y)[3],
                  MatmulWorkspace& ws, cudaStream_t stream) {
-    if (!qkv_stack_enabled()) return false;
+    const int mode = qkv_stack_mode();
+    if (mode == 0) return false;
     const int64_t cols = w[0].cols;
-    // Only matrices whose own GEMV is the pipe kernel: each row is then summed as it would be
-    // alone (bit for bit), and a small one the staged kernel does better (Q8_0's k and v) is
-    // not pulled in (8B Q8_0 tg128: 289.1 stacked vs 295.6 forked; again with the TMA form,
-    // 309.1 vs 319.5, and Q6_K 353.2 vs 365.3).
+    // Matrices whose own GEMV is the pipe kernel: each row is then summed as it would be alone
+    // (bit for bit). A small one the staged kernel does better alone (Q8_0's and Q6_K's k and
+    // v) joins only a stack that takes the TMA form, where one launch of q, k and v beats q
+    // with k and v forked beside it (8B Q6_K tg128: 418.5, 418.5, 416.4 stacked vs 399.8,
+    // 398.6, 401.7 forked); stacked with the register ring it lost (Q8_0 289.1 vs 295.6; with
+    // the TMA form for q alone, Q8_0 309.1 vs 319.5 and Q6_K 353.2 vs 365.3; Q8_0's 6144
+    // stacked rows are too few for its TMA form: 347.2 vs 358.4).
     bool pipe[3], stacked[3] = {false, false, false};
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 3; ++i) {
+        int64_t rows = 0;  // of the matrices of its type
+        for (int j = 0; j < 3; ++j)
+            if (w[j].type == w[i].type) rows += w[j].rows;
         pipe[i] = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count).kernel ==
-                  GemvKernel::Pipe;
+                      GemvKernel::Pipe ||
+                  (mode == 2 && detail::gemv_stack_tma(w[i].type, rows, cols, n));
+    }
     // The stacks first (one per type), then the matrices left over.
     bool any = false;
     for (int i = 0; i < 3; ++i) {
@@ -565,6 +575,15 @@ void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t 
         launch_gemv_pair<decltype(type)::value>(w, w2, rows, cols, xq, xd, n, y, gemv_nx(n), pdl, s,
                                                 q);
     });
+}
+
+bool gemv_stack_tma(GgmlType t, int64_t rows, int64_t cols, int n) {
+    if (!gemv_pair_available(t)) return false;
+    bool tma = false;
+    with_pipe_type(t, "gemv stack", [&](auto type) {
+        tma = tma_whole_rows<decltype(type)::value>(rows, cols, gemv_nx(n));
+    });
+    return tma;
 }
 
 void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,

@@ -476,23 +476,31 @@ inline int64_t q8_tma_min_rows() {
     return rows;
 }
 
-// Whether a launch takes the TMA form with whole rows: one activation row, sm_90+, rows whose
-// activations it holds in registers (tma_x_units), and rows whose bytes (and the matrices'
-// starts) are 16-byte aligned, as the bulk copies need.
+// Whether the TMA form takes a launch of `rows` rows of `cols` columns whole, its weights
+// aligned: one activation row, sm_90+, rows whose activations it holds in registers
+// (tma_x_units) and whose bytes are a multiple of 16, as the bulk copies need.
 template <GgmlType T>
-bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
+bool tma_whole_rows(int64_t rows, int64_t cols, int nx) {
     if constexpr (!tma_compiled<T>()) {
         return false;
     } else {
         const int64_t row_bytes = cols / Quant<T>::kBlockElems * Quant<T>::kBlockBytes;
-        auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
         // Q8_0's whole rows only in large launches: H200, bench_gemv --pdl, TMA form / register
         // ring, us: 14336x4096 17.7 / 20.1, 128256x4096 132.7 / 168.4, but 4096x4096 7.30 / 6.66
         // (with two rows a warp its stages are 8.7 KB, so only 3 CTAs fit a multiprocessor).
-        if (T == GgmlType::Q8_0 && pr.rows() < q8_tma_min_rows()) return false;
+        if (T == GgmlType::Q8_0 && rows < q8_tma_min_rows()) return false;
         return nx == 1 && tma_x_units<T>(int(pipe_units<T>(cols))) && row_bytes % 16 == 0 &&
-               aligned(pr.m0) && aligned(pr.m1) && aligned(pr.m2) && aligned(w2) && tma_usable();
+               tma_usable();
     }
+}
+
+// Whether a launch takes the TMA form with whole rows: tma_whole_rows, and the matrices'
+// starts 16-byte aligned.
+template <GgmlType T>
+bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return tma_whole_rows<T>(pr.rows(), cols, nx) && aligned(pr.m0) && aligned(pr.m1) &&
+           aligned(pr.m2) && aligned(w2);
 }
 
 // The column slices a SwiGLU pair's rows are cut into, sharing a CTA (1: whole rows;
