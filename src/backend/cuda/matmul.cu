@@ -272,22 +272,22 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     // 398.6, 401.7 forked); stacked with the register ring it lost (Q8_0 289.1 vs 295.6; with
     // the TMA form for q alone, Q8_0 309.1 vs 319.5 and Q6_K 353.2 vs 365.3; Q8_0's 6144
     // stacked rows are too few for its TMA form: 347.2 vs 358.4).
-    bool pipe[3], stacked[3] = {false, false, false};
+    bool joins[3], stacked[3] = {false, false, false};
     for (int i = 0; i < 3; ++i) {
         int64_t rows = 0;  // of the matrices of its type
         for (int j = 0; j < 3; ++j)
             if (w[j].type == w[i].type) rows += w[j].rows;
-        pipe[i] = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count).kernel ==
-                      GemvKernel::Pipe ||
-                  (mode == 2 && detail::gemv_stack_tma(w[i].type, rows, cols, n));
+        joins[i] = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count).kernel ==
+                       GemvKernel::Pipe ||
+                   (mode == 2 && detail::gemv_stack_tma(w[i].type, rows, cols, n));
     }
     // The stacks first (one per type), then the matrices left over.
     bool any = false;
     for (int i = 0; i < 3; ++i) {
-        if (!pipe[i] || stacked[i]) continue;
+        if (!joins[i] || stacked[i]) continue;
         int same[3], count = 0;
         for (int j = i; j < 3; ++j)
-            if (pipe[j] && w[j].type == w[i].type) same[count++] = j;
+            if (joins[j] && w[j].type == w[i].type) same[count++] = j;
         if (count < 2) continue;
         detail::GemvStack st;
         for (int k = 0; k < count; ++k) {
