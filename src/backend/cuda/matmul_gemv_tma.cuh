@@ -476,9 +476,10 @@ inline int64_t q8_tma_min_rows() {
     return rows;
 }
 
-// Whether the TMA form takes a launch of `rows` rows of `cols` columns whole, its weights
-// aligned: one activation row, sm_90+, rows whose activations it holds in registers
-// (tma_x_units) and whose bytes are a multiple of 16, as the bulk copies need.
+// Whether the TMA form takes a launch of `rows` rows of `cols` columns whole, wherever its
+// matrices start (tma_fits adds their alignment): one activation row, sm_90+, rows whose
+// activations it holds in registers (tma_x_units) and whose bytes are a multiple of 16, as the
+// bulk copies need.
 template <GgmlType T>
 bool tma_whole_rows(int64_t rows, int64_t cols, int nx) {
     if constexpr (!tma_compiled<T>()) {

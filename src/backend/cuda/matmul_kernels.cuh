@@ -190,7 +190,8 @@ void prepare_gemv_all();
 // Whether gemv_pair and gemv_stack have a kernel for weights of type t.
 bool gemv_pair_available(GgmlType t);
 // Whether the stack's GEMV of `rows` rows (all matrices together) of type t takes the TMA form
-// (whole rows, one activation row; its weights aligned as the bulk copies need).
+// with whole rows (detail::tma_whole_rows; the launch still checks the matrices' starts are
+// 16-byte aligned, and runs the register ring where they are not).
 bool gemv_stack_tma(GgmlType t, int64_t rows, int64_t cols, int n);
 // The stack's GEMV for n <= 8 activation rows (quantize_q8 output), all matrices of type t.
 void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,
