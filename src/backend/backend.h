@@ -68,6 +68,32 @@ struct Activations {
     float* logits = nullptr;  // [n_logits][n_vocab]
 };
 
+// What a sampler needs of one logit row, so that a device backend copies back a few hundred
+// bytes instead of the row (Backend::select_logits): the k best logits, and the logits of `ids`
+// (the tokens whose logits the sampler changes: penalties, biases).
+struct LogitRequest {
+    int row = 0;  // logit row of the step just run (the order of the flagged batch entries)
+    int k = 0;    // 1 .. kMaxLogitCandidates - ids.size()
+    std::vector<int32_t> ids;
+};
+constexpr int kMaxLogitCandidates = 256;  // k + ids.size()
+
+// The answer: top_id/top_logit are the k best of the row, best first, by the one order the
+// sampler uses (higher logit first, the lower id on ties; min(k, n_vocab) of them); id_logit[i]
+// is the logit of ids[i]; nan says the row holds a NaN (which no candidate is).
+struct LogitCandidates {
+    std::vector<int32_t> top_id;
+    std::vector<float> top_logit;
+    std::vector<float> id_logit;
+    bool nan = false;
+};
+
+// Throws nt::Error unless 1 <= k, k + ids.size() <= kMaxLogitCandidates and every id is a token.
+void check_logit_request(int n_vocab, const LogitRequest& req);
+// The selection on the host, over a row in host memory: the reference every backend matches.
+void select_logits_host(const float* row, int n_vocab, const LogitRequest& req,
+                        LogitCandidates& out);
+
 class Backend {
   public:
     virtual ~Backend() = default;
@@ -140,6 +166,13 @@ class Backend {
     virtual void gather_logit_rows(const float* x, int dim, float* dst) = 0;
     // Copies n floats from backend memory to host memory (waits for pending work).
     virtual void download(const float* src, float* host_dst, size_t n) = 0;
+    // The candidates of each request from the logit rows of the step just run (`logits`, rows
+    // of n_vocab), as select_logits_host computes them; waits for pending work. This default
+    // copies each row to the host; a device backend selects in place and copies back only the
+    // candidates. Throws nt::Error on a request out of range.
+    virtual void select_logits(const float* logits, int n_vocab,
+                               const std::vector<LogitRequest>& req,
+                               std::vector<LogitCandidates>& out);
     // Forgets a sequence's cached positions from `from` on (they will be rewritten).
     virtual void kv_truncate(int seq, int from) = 0;
 
@@ -149,6 +182,8 @@ class Backend {
     virtual void reserve_weights(size_t /*total_bytes*/) {}
     virtual const void* upload_weight(const void* host, size_t nbytes) = 0;
     virtual void end_step() {}
+    // Waits for the work enqueued so far (a device backend runs it asynchronously).
+    virtual void wait() {}
 
     // Measured streaming-read bandwidth of the memory the weights live in, GB/s (the decode
     // roofline's denominator); 0 when the backend cannot measure it.

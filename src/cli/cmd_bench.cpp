@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 
 #include "cli/common.h"
 #include "core/error.h"
@@ -42,22 +43,39 @@ int cmd_bench(int argc, char** argv) {
     opts.push_back({"-n,--n-gen", "N", "generated tokens for the tg test (0: skip)", "128"});
     opts.push_back({"-r,--repetitions", "N", "repetitions of each test", "3"});
     opts.push_back({"--ceiling", "GB/s", "memory bandwidth ceiling (default: measured now)", ""});
+    opts.push_back({"--readback", "WHAT",
+                    "what a tg step copies back: top (the greedy token, sampled where the logits "
+                    "are, as generation "
+                    "does), row (the whole logit row, as llama-bench does) or none (nothing: the "
+                    "steps queue back to "
+                    "back)",
+                    "top"});
     opts.push_back({"--json", "", "print the results as JSON", ""});
     Args a("bench", opts);
-    a.set_summary("Measures prompt processing (pp) and text generation (tg) throughput on random tokens.");
+    a.set_summary(
+        "Measures prompt processing (pp) and text generation (tg) throughput on random tokens.");
     if (!a.parse(argc, argv, 2)) return 0;
     const int n_prompt = a.integer("--n-prompt", 512), n_gen = a.integer("--n-gen", 128);
     const int reps = a.integer("--repetitions", 3);
-    if (n_prompt < 0 || n_gen < 0 || reps < 1) fail("-p and -n must be 0 or more and -r at least 1.");
+    const std::string readback = a.str("--readback", "top");
+    if (readback != "top" && readback != "row" && readback != "none")
+        fail("--readback takes top, row or none, not '%s'.", readback.c_str());
+    if (n_prompt < 0 || n_gen < 0 || reps < 1)
+        fail("-p and -n must be 0 or more and -r at least 1.");
 
     Loaded l = load_model(a);
     Engine& eng = *l.engine;
     if (n_prompt + 1 > eng.n_ctx() || n_gen + 1 > eng.n_ctx())
-        fail("the tests need %d tokens of context but it holds %d; raise -c.", std::max(n_prompt, n_gen) + 1, eng.n_ctx());
-    const double ceiling = a.has("--ceiling") ? a.number("--ceiling", 0) : eng.backend().measure_read_bandwidth();
+        fail("the tests need %d tokens of context but it holds %d; raise -c.",
+             std::max(n_prompt, n_gen) + 1, eng.n_ctx());
+    const double ceiling =
+        a.has("--ceiling") ? a.number("--ceiling", 0) : eng.backend().measure_read_bandwidth();
     std::mt19937 rng(1234);
     std::uniform_int_distribution<int32_t> tok_dist(0, eng.n_vocab() - 1);
     std::vector<float> logits;
+    SamplerParams gp;
+    gp.temperature = 0.f;
+    Sampler greedy(gp, eng.n_vocab());
 
     using clock = std::chrono::steady_clock;
     std::vector<double> pp, tg;
@@ -84,8 +102,14 @@ int cmd_bench(int argc, char** argv) {
             for (int i = 0; i < n_gen; i++) {
                 b.clear();
                 b.add(tok_dist(rng), i, 0, true);
-                eng.eval(b, logits);
+                if (readback == "row") {
+                    eng.eval(b, logits);
+                } else {
+                    eng.forward(b);
+                    if (readback == "top") eng.sample(greedy);  // the token itself is not fed back
+                }
             }
+            eng.backend().wait();
             const double s = std::chrono::duration<double>(clock::now() - t0).count();
             if (r >= 0) tg.push_back(n_gen / s);
             if (ws) tg_stream = ws->stats();
@@ -99,33 +123,54 @@ int cmd_bench(int argc, char** argv) {
     Stat sp = pp.empty() ? Stat{} : stats(pp), st = tg.empty() ? Stat{} : stats(tg);
     const double gbs = st.mean * double(bytes) / 1e9;
     if (a.has("--json")) {
-        std::printf("{\"model\": \"%s\", \"size_gib\": %.3f, \"params\": %lld, \"backend\": \"%s\", \"threads\": %d,\n",
-                    hp.name.c_str(), size_gib, (long long)count_params(*l.model->file), backend.c_str(), a.integer("--threads", 0));
-        std::printf(" \"pp\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f},\n", n_prompt, sp.mean, sp.sd);
-        std::printf(" \"tg\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f},\n", n_gen, st.mean, st.sd);
-        std::printf(" \"decode_bytes_per_token\": %zu, \"decode_gb_s\": %.3f, \"ceiling_gb_s\": %.3f, \"roofline_tok_s\": %.3f, "
-                    "\"fraction_of_ceiling\": %.4f}\n",
-                    bytes, gbs, ceiling, ceiling > 0 ? ceiling * 1e9 / double(bytes) : 0.0, ceiling > 0 ? gbs / ceiling : 0.0);
+        std::printf(
+            "{\"model\": \"%s\", \"size_gib\": %.3f, \"params\": %lld, \"backend\": \"%s\", "
+            "\"threads\": %d,\n",
+            hp.name.c_str(), size_gib, (long long)count_params(*l.model->file), backend.c_str(),
+            a.integer("--threads", 0));
+        std::printf(" \"pp\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f},\n", n_prompt, sp.mean,
+                    sp.sd);
+        std::printf(" \"tg\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f, \"readback\": \"%s\"},\n",
+                    n_gen, st.mean, st.sd, readback.c_str());
+        std::printf(
+            " \"decode_bytes_per_token\": %zu, \"decode_gb_s\": %.3f, \"ceiling_gb_s\": %.3f, "
+            "\"roofline_tok_s\": %.3f, "
+            "\"fraction_of_ceiling\": %.4f}\n",
+            bytes, gbs, ceiling, ceiling > 0 ? ceiling * 1e9 / double(bytes) : 0.0,
+            ceiling > 0 ? gbs / ceiling : 0.0);
         return 0;
     }
-    std::printf("| model | size | params | backend | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: |\n");
+    std::printf(
+        "| model | size | params | backend | test | t/s |\n| --- | ---: | ---: | --- | ---: | ---: "
+        "|\n");
     if (!pp.empty())
-        std::printf("| %s | %.2f GiB | %.2f B | %s | pp%d | %.2f ± %.2f |\n", hp.name.c_str(), size_gib,
-                    double(count_params(*l.model->file)) / 1e9, backend.c_str(), n_prompt, sp.mean, sp.sd);
+        std::printf("| %s | %.2f GiB | %.2f B | %s | pp%d | %.2f ± %.2f |\n", hp.name.c_str(),
+                    size_gib, double(count_params(*l.model->file)) / 1e9, backend.c_str(), n_prompt,
+                    sp.mean, sp.sd);
     if (!tg.empty())
-        std::printf("| %s | %.2f GiB | %.2f B | %s | tg%d | %.2f ± %.2f |\n", hp.name.c_str(), size_gib,
-                    double(count_params(*l.model->file)) / 1e9, backend.c_str(), n_gen, st.mean, st.sd);
+        std::printf("| %s | %.2f GiB | %.2f B | %s | tg%d | %.2f ± %.2f |\n", hp.name.c_str(),
+                    size_gib, double(count_params(*l.model->file)) / 1e9, backend.c_str(), n_gen,
+                    st.mean, st.sd);
     if (!tg.empty()) {
-        std::printf("\ndecode: %.1f MiB of weights per token, %.1f GB/s", double(bytes) / (1 << 20), gbs);
+        std::printf("\ndecode: %.1f MiB of weights per token, %.1f GB/s", double(bytes) / (1 << 20),
+                    gbs);
         if (ceiling > 0)
-            std::printf(" = %.1f%% of the %.0f GB/s ceiling (roofline %.1f tok/s)", 100.0 * gbs / ceiling, ceiling,
-                        ceiling * 1e9 / double(bytes));
-        std::printf("\n");
+            std::printf(" = %.1f%% of the %.0f GB/s ceiling (roofline %.1f tok/s)",
+                        100.0 * gbs / ceiling, ceiling, ceiling * 1e9 / double(bytes));
+        std::printf("; tg steps copy back: %s\n", readback == "top"   ? "the greedy token"
+                                                  : readback == "row" ? "the whole logit row"
+                                                                      : "nothing");
     }
     if (ws) {
         std::printf("\n%s", eng.memory().text.c_str());
-        if (!pp.empty()) std::printf("%s", stream_report(eng, pp_stream, strfmt("pp%d, last run", n_prompt).c_str()).c_str());
-        if (!tg.empty()) std::printf("%s", stream_report(eng, tg_stream, strfmt("tg%d, last run", n_gen).c_str()).c_str());
+        if (!pp.empty())
+            std::printf(
+                "%s",
+                stream_report(eng, pp_stream, strfmt("pp%d, last run", n_prompt).c_str()).c_str());
+        if (!tg.empty())
+            std::printf(
+                "%s",
+                stream_report(eng, tg_stream, strfmt("tg%d, last run", n_gen).c_str()).c_str());
     }
     return 0;
 }

@@ -18,8 +18,8 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     m->weights = map_llama_weights(*m->file, m->hp);
     m->tokenizer = Tokenizer::from_gguf(*m->file);
     if (m->tokenizer->n_vocab() != m->hp.shape.n_vocab)
-        fail("%s: the tokenizer has %d tokens but the model has %d.", path.c_str(), m->tokenizer->n_vocab(),
-             m->hp.shape.n_vocab);
+        fail("%s: the tokenizer has %d tokens but the model has %d.", path.c_str(),
+             m->tokenizer->n_vocab(), m->hp.shape.n_vocab);
     return m;
 }
 
@@ -27,12 +27,14 @@ Engine::Engine(Model& model, std::unique_ptr<Backend> backend, const EngineOptio
     : model_(model), backend_(std::move(backend)) {
     const LlamaHParams& hp = model.hp;
     n_ctx_ = opt.n_ctx > 0 ? opt.n_ctx : std::min(hp.n_ctx_train, 4096);
-    if (opt.n_ctx > hp.n_ctx_train) n_ctx_ = opt.n_ctx;  // allowed: the user asked for it explicitly
+    if (opt.n_ctx > hp.n_ctx_train)
+        n_ctx_ = opt.n_ctx;  // allowed: the user asked for it explicitly
     if (n_ctx_ < 1) fail("the context size must be at least 1 token.");
     n_seq_ = std::max(1, opt.n_seq);
     max_batch_ = std::max(1, std::min(opt.max_batch, n_ctx_ * n_seq_));
     // Made before init() so it can tell what the backend's own allocations take.
-    std::unique_ptr<mem::StreamDevice> dev = opt.stream_device ? opt.stream_device(*backend_) : nullptr;
+    std::unique_ptr<mem::StreamDevice> dev =
+        opt.stream_device ? opt.stream_device(*backend_) : nullptr;
     backend_->init(hp.shape, max_batch_, n_seq_, n_ctx_);
     place_weights(opt, std::move(dev));
 }
@@ -50,7 +52,8 @@ void Engine::place_weights(const EngineOptions& opt, std::unique_ptr<mem::Stream
         const uint8_t* base = model_.file->base();
         for (const LayerWeights& l : weights_.layers) {
             uint64_t res = 0;
-            for (const WeightView* v : mem::layer_views(l)) res += dev->resident_footprint(v->nbytes);
+            for (const WeightView* v : mem::layer_views(l))
+                res += dev->resident_footprint(v->nbytes);
             in.resident_bytes.push_back(res);
             in.blob_bytes.push_back(mem::layout_layer(mem::layer_ranges(l, base)).bytes);
         }
@@ -66,14 +69,18 @@ void Engine::place_weights(const EngineOptions& opt, std::unique_ptr<mem::Stream
         in.slots = mo.slots;
         in.staging = mo.prefetch;
         in.force_stream = mo.force_stream;
-        auto plan = [&] { return mo.forced_tiers.empty() ? mem::plan_tiers(in) : mem::plan_fixed(in, mo.forced_tiers); };
+        auto plan = [&] {
+            return mo.forced_tiers.empty() ? mem::plan_tiers(in)
+                                           : mem::plan_fixed(in, mo.forced_tiers);
+        };
         memory_.plan = plan();
         memory_.planned = true;
         if (memory_.plan.streams()) {
             in.h2d_gbs = dev->measure_h2d_gbs();
             in.hbm_gbs = dev->measure_hbm_gbs();
             memory_.plan = plan();
-            for (int i = 0; i < L; i++) resident[size_t(i)] = memory_.plan.tier[size_t(i)] == mem::Tier::Vram;
+            for (int i = 0; i < L; i++)
+                resident[size_t(i)] = memory_.plan.tier[size_t(i)] == mem::Tier::Vram;
         }
     }
 
@@ -106,8 +113,8 @@ void Engine::place_weights(const EngineOptions& opt, std::unique_ptr<mem::Stream
     so.gds_api = opt.memory.gds_api_for_testing;
     so.notify = opt.memory.notify;
     so.trace = opt.memory.trace;
-    auto streamer = std::make_unique<mem::WeightStreamer>(*dev, model_.file->path(), model_.file->base(),
-                                                          weights_.layers, memory_.plan, so);
+    auto streamer = std::make_unique<mem::WeightStreamer>(
+        *dev, model_.file->path(), model_.file->base(), weights_.layers, memory_.plan, so);
     memory_.plan = streamer->plan();
     if (memory_.plan.disk_per_step) {
         memory_.input.disk_gbs = streamer->measure_disk_gbs();
@@ -129,38 +136,76 @@ void Engine::place_weights(const EngineOptions& opt, std::unique_ptr<mem::Stream
 
 Engine::~Engine() = default;
 
+void Engine::forward(const Batch& batch) {
+    if (batch.size() > max_batch_)
+        fail("a step of %d tokens exceeds the batch limit of %d.", batch.size(), max_batch_);
+    llama_forward(model_.hp, weights_, *source_, *backend_, batch);
+}
+
 void Engine::eval(const Batch& batch, std::vector<float>& logits) {
     if (batch.size() == 0) return;
-    if (batch.size() > max_batch_) fail("a step of %d tokens exceeds the batch limit of %d.", batch.size(), max_batch_);
-    llama_forward(model_.hp, weights_, *source_, *backend_, batch);
+    forward(batch);
     const size_t n = size_t(batch.n_logits()) * size_t(n_vocab());
     logits.resize(n);
     if (n) backend_->download(backend_->acts().logits, logits.data(), n);
 }
 
-std::vector<float> Engine::prefill(int seq, int pos, const std::vector<int32_t>& tokens) {
+int32_t Engine::sample(Sampler& sampler, int row,
+                       const std::vector<std::pair<int32_t, float>>& bias) {
+    std::vector<int32_t> changed;
+    changed.reserve(bias.size());
+    for (const auto& [id, b] : bias) changed.push_back(id);
+    LogitRequest req = sampler.request(changed);
+    if (req.k == 0) {  // the draw needs the whole row
+        logits_row(row, row_);
+        for (const auto& [id, b] : bias)
+            if (id >= 0 && id < n_vocab()) row_[size_t(id)] += b;
+        return sampler.sample(row_.data());
+    }
+    req.row = row;
+    backend_->select_logits(backend_->acts().logits, n_vocab(), {req}, selected_);
+    return sampler.sample(req, selected_[0], bias);
+}
+
+void Engine::logits_row(int row, std::vector<float>& out) {
+    if (row < 0 || row >= std::max(max_batch_, 1)) fail("logit row %d does not exist.", row);
+    out.resize(size_t(n_vocab()));
+    backend_->download(backend_->acts().logits + size_t(row) * size_t(n_vocab()), out.data(),
+                       out.size());
+}
+
+void Engine::feed(int seq, int pos, const std::vector<int32_t>& tokens) {
     if (pos + int(tokens.size()) > n_ctx_)
         fail("the prompt needs %d tokens but the context holds %d; shorten the prompt or raise -c.",
              pos + int(tokens.size()), n_ctx_);
-    std::vector<float> logits;
     Batch b;
     for (size_t i = 0; i < tokens.size(); i += size_t(max_batch_)) {
         b.clear();
         const size_t end = std::min(tokens.size(), i + size_t(max_batch_));
-        for (size_t j = i; j < end; j++) b.add(tokens[j], pos + int(j), seq, j + 1 == tokens.size());
-        eval(b, logits);
+        for (size_t j = i; j < end; j++)
+            b.add(tokens[j], pos + int(j), seq, j + 1 == tokens.size());
+        forward(b);
     }
+}
+
+std::vector<float> Engine::prefill(int seq, int pos, const std::vector<int32_t>& tokens) {
+    feed(seq, pos, tokens);
+    std::vector<float> logits;
+    if (!tokens.empty()) logits_row(0, logits);
     return logits;
 }
 
-GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos, const std::vector<int32_t>& prompt,
-                       int n_predict, const std::function<bool(int32_t, const std::string&)>& on_token) {
+GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
+                       const std::vector<int32_t>& prompt, int n_predict,
+                       const std::function<bool(int32_t, const std::string&)>& on_token) {
     using clock = std::chrono::steady_clock;
     GenerateStats st;
     const Tokenizer& tok = *eng.model().tokenizer;
     st.n_prompt = int(prompt.size());
+    if (prompt.empty()) fail("generation needs at least one prompt token.");
     auto t0 = clock::now();
-    std::vector<float> logits = eng.prefill(seq, pos, prompt);
+    eng.feed(seq, pos, prompt);
+    eng.backend().wait();  // the prompt's time is its own
     pos += int(prompt.size());
     for (int32_t t : prompt) sampler.accept(t);
     auto t1 = clock::now();
@@ -169,7 +214,7 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos, const s
     StreamDecoder dec(tok);
     Batch b;
     for (int i = 0; n_predict < 0 || i < n_predict; i++) {
-        const int32_t id = sampler.sample(logits.data());
+        const int32_t id = eng.sample(sampler);
         sampler.accept(id);
         st.n_generated++;
         if (tok.is_eog(id)) break;
@@ -178,7 +223,7 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos, const s
         if (n_predict >= 0 && i + 1 >= n_predict) break;
         b.clear();
         b.add(id, pos, seq, true);
-        eng.eval(b, logits);
+        eng.forward(b);
         pos++;
     }
     const std::string rest = dec.flush();
@@ -190,11 +235,12 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos, const s
 PerplexityResult perplexity(Engine& eng, const std::vector<int32_t>& tokens, int n_ctx,
                             const std::function<void(int, double)>& on_chunk) {
     const Tokenizer& tok = *eng.model().tokenizer;
-    if (n_ctx > eng.n_ctx()) fail("perplexity context %d exceeds the engine context %d.", n_ctx, eng.n_ctx());
+    if (n_ctx > eng.n_ctx())
+        fail("perplexity context %d exceeds the engine context %d.", n_ctx, eng.n_ctx());
     const int n_chunks = int(tokens.size()) / n_ctx;
     if (n_chunks < 1)
-        fail("the text has %zu tokens; perplexity needs at least %d (one chunk of -c tokens).", tokens.size(),
-             n_ctx);
+        fail("the text has %zu tokens; perplexity needs at least %d (one chunk of -c tokens).",
+             tokens.size(), n_ctx);
     const int n_vocab = eng.n_vocab();
     const int first = n_ctx / 2;
     double nll = 0, nll2 = 0;

@@ -20,7 +20,7 @@ namespace nt {
 namespace mem {
 class WeightStreamer;
 struct CuFileApi;
-}
+}  // namespace mem
 
 // A validated model file: everything but the backend.
 struct Model {
@@ -41,9 +41,9 @@ struct MemoryOptions {
     int prefetch = 0;                   // disk read-ahead in layers = staging buffers (0: default)
     int io_threads = 8;                 // disk reads in flight
     bool direct_io = true;              // O_DIRECT for the disk tier
-    bool gds = false;                   // GPUDirect Storage (cuFile) for the disk tier, where it works
-    bool force_stream = false;          // stream even when everything fits (tests)
-    bool trace = false;                 // keep a Chrome trace of the pipeline
+    bool gds = false;           // GPUDirect Storage (cuFile) for the disk tier, where it works
+    bool force_stream = false;  // stream even when everything fits (tests)
+    bool trace = false;         // keep a Chrome trace of the pipeline
     std::vector<mem::Tier> forced_tiers;  // tests: this placement instead of the planner's
     const mem::CuFileApi* gds_api_for_testing = nullptr;  // tests: instead of libcufile
     // Fallbacks decided while running (one sentence each); front ends print them.
@@ -51,9 +51,9 @@ struct MemoryOptions {
 };
 
 struct EngineOptions {
-    int n_ctx = 0;          // 0: the model's training context, capped at 4096
-    int n_seq = 1;          // sequences sharing the KV cache
-    int max_batch = 512;    // tokens per forward step (prompt chunk size)
+    int n_ctx = 0;            // 0: the model's training context, capped at 4096
+    int n_seq = 1;            // sequences sharing the KV cache
+    int max_batch = 512;      // tokens per forward step (prompt chunk size)
     bool logits_all = false;  // size the logits buffer for every row of a full batch
     MemoryOptions memory;
     // The device side of weight streaming for the backend (make_cuda_stream_device for CUDA),
@@ -63,14 +63,14 @@ struct EngineOptions {
 
 // What the tier planner decided and what was measured for it (Engine::memory()).
 struct MemoryReport {
-    bool planned = false;   // a stream device was there to plan with
-    mem::PlanInput input;   // sizes, budgets and bandwidths the plan was made from
-    mem::TierPlan plan;     // after any fallback (layers that could not be pinned)
-    std::string text;       // describe_plan() and the fallback notices
+    bool planned = false;  // a stream device was there to plan with
+    mem::PlanInput input;  // sizes, budgets and bandwidths the plan was made from
+    mem::TierPlan plan;    // after any fallback (layers that could not be pinned)
+    std::string text;      // describe_plan() and the fallback notices
 };
 
 class Engine {
-public:
+  public:
     Engine(Model& model, std::unique_ptr<Backend> backend, const EngineOptions& opt);
     ~Engine();
 
@@ -82,27 +82,42 @@ public:
 
     // One forward step; logits of the flagged rows are copied to `logits` ([n][n_vocab]).
     void eval(const Batch& batch, std::vector<float>& logits);
+    // One forward step whose logits stay in the backend (acts().logits); nothing is waited for.
+    void forward(const Batch& batch);
+    // The next token of `sampler` from logit row `row` of the step just run: the backend copies
+    // back only the candidates the sampler asks for (Sampler::request), or the row where it
+    // needs the row. `bias` (token, value) is added to those logits first (tokens outside the
+    // vocabulary are ignored).
+    int32_t sample(Sampler& sampler, int row = 0,
+                   const std::vector<std::pair<int32_t, float>>& bias = {});
+    // Logit row `row` of the step just run, copied to the host.
+    void logits_row(int row, std::vector<float>& out);
 
     const MemoryReport& memory() const { return memory_; }
     // The streaming pipeline (stats, trace); null when every layer is resident.
     mem::WeightStreamer* streamer() { return streamer_; }
 
-    // Feeds `tokens` of sequence `seq` starting at position `pos` in chunks of max_batch;
-    // returns the logits after the last token. Throws nt::Error past the context.
+    // Feeds `tokens` of sequence `seq` starting at position `pos` in chunks of max_batch; the
+    // logits after the last token stay in the backend (logit row 0). Throws nt::Error past the
+    // context.
+    void feed(int seq, int pos, const std::vector<int32_t>& tokens);
+    // feed(), then returns the logits after the last token.
     std::vector<float> prefill(int seq, int pos, const std::vector<int32_t>& tokens);
 
-private:
+  private:
     // Uploads every weight (the resident path) or plans tiers and builds the streamer.
     void place_weights(const EngineOptions& opt, std::unique_ptr<mem::StreamDevice> dev);
 
     Model& model_;
     std::unique_ptr<Backend> backend_;
     std::unique_ptr<mem::StreamDevice> stream_dev_;  // outlives the streamer in source_
-    ModelWeights weights_;  // views in the backend's memory
+    ModelWeights weights_;                           // views in the backend's memory
     std::unique_ptr<WeightSource> source_;
     mem::WeightStreamer* streamer_ = nullptr;  // source_, when it streams
     MemoryReport memory_;
     int n_ctx_ = 0, max_batch_ = 0, n_seq_ = 0;
+    std::vector<float> row_;                 // sample(): a row the sampler needs whole
+    std::vector<LogitCandidates> selected_;  // sample(): the backend's answer
 };
 
 // Greedy or sampled generation for a single sequence: the loop the CLI's generate and chat
@@ -113,8 +128,9 @@ struct GenerateStats {
 };
 // Calls on_token(id, text) for each generated token (text is complete UTF-8, may be empty);
 // stops at end-of-generation, after n_predict tokens, or when on_token returns false.
-GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos, const std::vector<int32_t>& prompt,
-                       int n_predict, const std::function<bool(int32_t, const std::string&)>& on_token);
+GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
+                       const std::vector<int32_t>& prompt, int n_predict,
+                       const std::function<bool(int32_t, const std::string&)>& on_token);
 
 // llama.cpp's perplexity method: non-overlapping chunks of n_ctx tokens, the second half of
 // each scored. Calls on_chunk(i, running_ppl) after each chunk.

@@ -96,6 +96,7 @@ Sampler::Sampler(const SamplerParams& params, int n_vocab) : params_(params), n_
 
     work_.resize(size_t(n_vocab));
     cand_.resize(size_t(n_vocab));
+    cand_at_.assign(size_t(n_vocab), -1);
     count_.assign(size_t(n_vocab), 0);
     slot_.assign(size_t(n_vocab), -1);
     if (p.repeat_last_n > 0) {
@@ -166,17 +167,82 @@ void Sampler::accept(int32_t token) {
     }
 }
 
+float Sampler::penalized(float l, int count) const {
+    const float rp = params_.repeat_penalty;
+    // Dividing a negative logit would make the token more likely; llama.cpp multiplies it.
+    l = l <= 0.f ? l * rp : l / rp;
+    return l -
+           (float(count) * params_.frequency_penalty + float(count > 0) * params_.presence_penalty);
+}
+
 void Sampler::apply_penalties(float* logits) const {
     if (!penalties_active()) return;
-    const float rp = params_.repeat_penalty;
-    for (int32_t t : distinct_) {
-        const int count = count_[size_t(t)];
-        float l = logits[t];
-        // Dividing a negative logit would make the token more likely; llama.cpp multiplies it.
-        l = l <= 0.f ? l * rp : l / rp;
-        l -= float(count) * params_.frequency_penalty + float(count > 0) * params_.presence_penalty;
-        logits[t] = l;
+    for (int32_t t : distinct_) logits[t] = penalized(logits[t], count_[size_t(t)]);
+}
+
+LogitRequest Sampler::request(const std::vector<int32_t>& changed) const {
+    LogitRequest r;
+    const bool greedy = params_.temperature <= 0.f;
+    if (!greedy && !(params_.top_k > 0 && params_.top_k < n_vocab_)) return r;  // the whole row
+    if (penalties_active()) r.ids = distinct_;
+    for (int32_t t : changed)
+        if (t >= 0 && t < n_vocab_) r.ids.push_back(t);
+    std::sort(r.ids.begin(), r.ids.end());
+    r.ids.erase(std::unique(r.ids.begin(), r.ids.end()), r.ids.end());
+    const size_t k = greedy ? 1 : size_t(params_.top_k);
+    if (k + r.ids.size() > size_t(kMaxLogitCandidates)) return LogitRequest{};
+    r.k = int(k + r.ids.size());
+    return r;
+}
+
+int32_t Sampler::sample(const LogitRequest& req, const LogitCandidates& c,
+                        const std::vector<std::pair<int32_t, float>>& bias) {
+    if (req.k <= 0 || c.top_id.size() != c.top_logit.size() || c.id_logit.size() != req.ids.size())
+        fail("sampler: the selection does not answer its request.");
+    if (c.nan) fail_nan();
+    // The candidates: the selection's best, then the asked tokens not among them. A token
+    // outside both has at least req.k - ids.size() unchanged tokens above it (at most ids.size()
+    // of the req.k best were changed), so it cannot enter the top k after the changes.
+    size_t n = 0;
+    auto add = [&](int32_t id, float logit) {
+        if (cand_at_[size_t(id)] >= 0) return;
+        cand_at_[size_t(id)] = int32_t(n);
+        cand_[n++] = {logit, 0.f, id};
+    };
+    for (size_t i = 0; i < c.top_id.size(); ++i) add(c.top_id[i], c.top_logit[i]);
+    for (size_t i = 0; i < req.ids.size(); ++i) add(req.ids[i], c.id_logit[i]);
+    bool unasked = false;
+    for (const auto& [id, b] : bias)
+        if (id >= 0 && id < n_vocab_) {
+            if (cand_at_[size_t(id)] < 0)
+                unasked = true;
+            else
+                cand_[size_t(cand_at_[size_t(id)])].logit += b;
+        }
+    const bool penalize = penalties_active();
+    for (size_t i = 0; i < n; ++i) {
+        const int32_t id = cand_[i].id;
+        cand_at_[size_t(id)] = -1;
+        if (penalize && count_[size_t(id)] > 0)
+            cand_[i].logit = penalized(cand_[i].logit, count_[size_t(id)]);
     }
+    if (unasked) fail("sampler: a biased token was not asked for in the selection.");
+    if (n == 0)
+        fail("sampler: the logits have no finite maximum; the model produced invalid values.");
+
+    auto cmp = [](const Candidate& a, const Candidate& b) { return better(a, b); };
+    if (params_.temperature <= 0.f) {
+        const Candidate best = *std::min_element(cand_.begin(), cand_.begin() + ptrdiff_t(n), cmp);
+        last_prob_ = 1.f;
+        return best.id;
+    }
+    const size_t k = size_t(params_.top_k);
+    if (n < k) fail("sampler: the selection holds %zu candidates for top-k %zu.", n, k);
+    std::partial_sort(cand_.begin(), cand_.begin() + ptrdiff_t(k), cand_.begin() + ptrdiff_t(n),
+                      cmp);
+    n = finish_top_k(k);
+    n = apply_min_p(n);
+    return draw(n);
 }
 
 int32_t Sampler::sample(const float* logits) {
@@ -238,6 +304,10 @@ size_t Sampler::select_top_k(const float* logits) {
         }
         std::sort_heap(cand_.begin(), cand_.begin() + ptrdiff_t(k), cmp);  // best first
     }
+    return finish_top_k(k);
+}
+
+size_t Sampler::finish_top_k(size_t k) {
     sorted_ = true;
     if (params_.top_p >= 1.f) return k;
     const float max_l = cand_[0].logit;

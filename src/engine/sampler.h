@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
+
 namespace nt {
 
 // Defaults are llama.cpp's common_params_sampling defaults.
@@ -51,6 +53,19 @@ class Sampler {
     // leave no finite candidate.
     int32_t sample(const float* logits);
 
+    // What the next draw needs of the logit row when the row stays where it was computed
+    // (Backend::select_logits): the k best logits and the logits of the tokens this sampler's
+    // penalties change and of `changed` (tokens the caller adds a bias to). k is the k of top-k
+    // (1 when greedy) plus the number of those tokens: together they hold the top-k set after
+    // every change, whichever way the changes go. k == 0 when the draw needs the whole row:
+    // top-k off at a temperature above 0, or more candidates than a selection holds.
+    LogitRequest request(const std::vector<int32_t>& changed = {}) const;
+    // The token sample(row) would return, from the selection `c` that answered request() for
+    // that row; `bias` (token, value) is added to the logits first, as a caller adds it to a row
+    // before sample(row) (its tokens must be among request()'s `changed`).
+    int32_t sample(const LogitRequest& req, const LogitCandidates& c,
+                   const std::vector<std::pair<int32_t, float>>& bias = {});
+
     // Records a token of the sequence for the penalties (prompt or generated).
     void accept(int32_t token);
 
@@ -86,6 +101,8 @@ class Sampler {
     // Each fills cand_ with the candidates and returns their count.
     size_t select_top_k(const float* logits);  // top-k (sorted), then top-p
     size_t select_all(const float* logits);    // no top-k: top-p or min-p over the vocabulary
+    size_t finish_top_k(size_t k);             // cand_[0..k): the top k, sorted; then top-p
+    float penalized(float logit, int count) const;
     size_t apply_top_p(size_t n, float max_l, double z);  // z: sum of exp(logit - max_l)
     size_t apply_min_p(size_t n);
     int32_t draw(size_t n);
@@ -98,9 +115,11 @@ class Sampler {
     std::mt19937_64 rng_;
     float last_prob_ = 0.f;
 
-    std::vector<float> work_;      // penalised copy of the logits
-    std::vector<Candidate> cand_;  // candidate set; its first n entries are live
-    bool sorted_ = false;          // whether cand_[0..n) is in descending order
+    std::vector<float> work_;       // penalised copy of the logits
+    std::vector<Candidate> cand_;   // candidate set; its first n entries are live
+    std::vector<int32_t> cand_at_;  // n_vocab: a token's index in cand_ while a selection is
+                                    // sampled, else -1
+    bool sorted_ = false;           // whether cand_[0..n) is in descending order
 
     // Penalty window: a ring of the last repeat_last_n accepted tokens (unused when the window
     // is unbounded: nothing is ever evicted), per-token counts, and the distinct tokens with

@@ -139,7 +139,8 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, const Genera
     return job;
 }
 
-std::shared_ptr<Job> Scheduler::new_job(std::vector<int32_t> prompt, const GenerationParams& params) {
+std::shared_ptr<Job> Scheduler::new_job(std::vector<int32_t> prompt,
+                                        const GenerationParams& params) {
     auto job = std::make_shared<Job>();
     job->prompt_ = std::move(prompt);
     job->params_ = params;
@@ -406,7 +407,7 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active,
                      const std::vector<std::pair<Job*, int>>& chunks) {
     const auto t0 = clock::now();
     try {
-        eng_.eval(batch_, logits_);
+        eng_.forward(batch_);  // the logits stay on the device: each row's sampler asks below
     } catch (const std::exception& e) {
         // The step failed as a whole: every job in it ends with the reason; the others go on.
         const std::string msg = std::string("the forward step failed: ") + e.what();
@@ -441,12 +442,21 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active,
     int n_generated = 0;
     for (size_t r = 0; r < row_jobs_.size(); r++) {
         const std::shared_ptr<Job>& j = row_jobs_[r];
-        float* lg = logits_.data() + r * size_t(n_vocab);
-        for (const auto& [id, bias] : j->params_.logit_bias)
-            if (id >= 0 && id < n_vocab) lg[id] += bias;
+        // Log-probabilities need the whole row; otherwise only the sampler's candidates come
+        // back from the device.
+        const bool whole_row = j->params_.n_logprobs >= 0;
+        const float* lg = nullptr;
         int32_t id = -1;
         try {
-            id = j->sampler_->sample(lg);
+            if (whole_row) {
+                eng_.logits_row(int(r), logits_);
+                for (const auto& [tid, bias] : j->params_.logit_bias)
+                    if (tid >= 0 && tid < n_vocab) logits_[size_t(tid)] += bias;
+                lg = logits_.data();
+                id = j->sampler_->sample(lg);
+            } else {
+                id = eng_.sample(*j->sampler_, int(r), j->params_.logit_bias);
+            }
         } catch (const std::exception& e) {
             finish(j, FinishReason::Error, std::string("sampling failed: ") + e.what());
             continue;
@@ -466,7 +476,7 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active,
         }
         GeneratedToken g;
         g.id = id;
-        if (j->params_.n_logprobs >= 0) {
+        if (whole_row) {
             const auto [mx, lse] = log_norm(lg, n_vocab);
             g.logprob = float(double(lg[id] - mx) - lse);
             if (j->params_.n_logprobs > 0)

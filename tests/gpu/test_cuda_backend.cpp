@@ -1341,6 +1341,74 @@ TEST(CudaBackend, GraphFallbackOnDifferentOps) {
     EXPECT_EQ(p.gpu.graph_stats().replays, 3);
 }
 
+// ---- the sampler's candidates ----------------------------------------------------------------
+
+// select_logits on the GPU against select_logits_host, bit for bit: vocabularies from one block
+// to several hundred thousand (the last past what the kernels take: the row copied back
+// instead), rows with ties, both zeros, infinities, subnormals and NaN, every k up to the
+// limit, several rows in one call (more than the backend's answers at a time).
+TEST(CudaBackend, LogitSelectionMatchesHost) {
+    NT_REQUIRE_GPU();
+    std::mt19937 rng(2024);
+    for (int V : {96, 1000, 49152, 128256, 200000, 600000}) {
+        ModelShape s = make_shape(64, 4, 1);
+        s.n_vocab = V;
+        CudaBackend gpu;
+        constexpr int kRows = 4;
+        gpu.init(s, kRows, 1, 16);
+        std::vector<std::vector<float>> rows(kRows);
+        for (int r = 0; r < kRows; r++) {
+            std::vector<float>& row = rows[size_t(r)];
+            row = random_floats(size_t(V), rng(), -4.f, 4.f);
+            const float special[] = {2.5f,      2.5f,   -0.f,    0.f,  INFINITY,
+                                     -INFINITY, 1e-40f, -1e-40f, 3.75f};
+            for (int i = 0; i < V / 10; i++) row[rng() % uint32_t(V)] = special[rng() % 9];
+            if (r == 1) std::fill(row.begin(), row.end(), 0.5f);  // all tied: the lowest ids win
+            if (r == 2) row[rng() % uint32_t(V)] = NAN;
+            gpu.upload(gpu.acts().logits + size_t(r) * size_t(V), row.data(),
+                       row.size() * sizeof(float));
+        }
+        for (int k : {1, 2, 40, 41, 100, 256}) {
+            std::vector<LogitRequest> req(kRows);
+            for (int r = 0; r < kRows; r++) {
+                req[size_t(r)].row = (r + k) % kRows;
+                req[size_t(r)].k = k;
+                const int n_ids = std::min(kMaxLogitCandidates - k, r * 7);
+                for (int i = 0; i < n_ids; i++)
+                    req[size_t(r)].ids.push_back(int32_t(rng() % uint32_t(V)));
+            }
+            std::vector<LogitCandidates> got;
+            gpu.select_logits(gpu.acts().logits, V, req, got);
+            ASSERT_EQ(got.size(), req.size());
+            for (int r = 0; r < kRows; r++) {
+                const LogitRequest& q = req[size_t(r)];
+                LogitCandidates want;
+                select_logits_host(rows[size_t(q.row)].data(), V, q, want);
+                const std::string what = "V " + std::to_string(V) + " k " + std::to_string(k) +
+                                         " row " + std::to_string(q.row);
+                EXPECT_EQ(got[size_t(r)].nan, want.nan) << what;
+                ASSERT_EQ(got[size_t(r)].top_id, want.top_id) << what;
+                for (size_t i = 0; i < want.top_logit.size(); i++)
+                    ASSERT_EQ(got[size_t(r)].top_logit[i], want.top_logit[i])
+                        << what << " at " << i;
+                ASSERT_EQ(got[size_t(r)].id_logit.size(), q.ids.size()) << what;
+                for (size_t i = 0; i < q.ids.size(); i++)
+                    ASSERT_EQ(
+                        std::memcmp(&got[size_t(r)].id_logit[i], &want.id_logit[i], sizeof(float)),
+                        0)
+                        << what << " id " << q.ids[i];
+            }
+        }
+        LogitRequest bad;
+        bad.k = 0;
+        std::vector<LogitCandidates> out;
+        EXPECT_THROW(gpu.select_logits(gpu.acts().logits, V, {bad}, out), Error);
+        bad.k = 1;
+        bad.row = kRows;
+        EXPECT_THROW(gpu.select_logits(gpu.acts().logits, V, {bad}, out), Error);
+    }
+}
+
 // ---- memory planning and weights -----------------------------------------------------------
 
 TEST(CudaBackend, ClearErrorWhenTheCacheDoesNotFit) {

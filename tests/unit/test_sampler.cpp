@@ -639,3 +639,149 @@ TEST(Sampler, RejectsBadParametersTokensAndLogits) {
 
 }  // namespace
 }  // namespace nt
+
+// ---- sampling from a selection (the logits stay on the device) ----------------------------------
+
+namespace nt {
+namespace {
+
+// A logit row with the cases a selection must get right: ties (a few values repeated), both
+// zeros, infinities, and a wide spread.
+std::vector<float> awkward_logits(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.f, 3.f);
+    std::vector<float> l(static_cast<size_t>(n));
+    const float common[] = {1.5f, 2.25f, -0.f, 0.f, 4.f};
+    for (float& x : l) {
+        const uint32_t r = rng() % 100;
+        x = r < 10 ? common[r % 5] : r < 11 ? -INFINITY : d(rng);
+    }
+    l[size_t(rng() % uint32_t(n))] = 9.f;  // a clear leader sometimes, ties at 9 sometimes
+    l[size_t(rng() % uint32_t(n))] = 9.f;
+    return l;
+}
+
+// Samples the same stream of draws twice, from the whole row and from the selection a backend
+// would return for each request, with the same accepted tokens: every token must agree.
+void expect_selection_matches_row(const SamplerParams& p, int n_vocab,
+                                  const std::vector<std::pair<int32_t, float>>& bias,
+                                  uint32_t seed) {
+    Sampler whole(p, n_vocab), sel(p, n_vocab);
+    std::mt19937 rng(seed);
+    for (int step = 0; step < 40; step++) {
+        std::vector<float> row = awkward_logits(n_vocab, rng());
+        std::vector<int32_t> changed;
+        for (const auto& [id, b] : bias) changed.push_back(id);
+        LogitRequest req = sel.request(changed);
+        ASSERT_GT(req.k, 0) << "this configuration should not need the whole row";
+        LogitCandidates c;
+        select_logits_host(row.data(), n_vocab, req, c);
+        std::vector<float> biased = row;
+        for (const auto& [id, b] : bias)
+            if (id >= 0 && id < n_vocab) biased[size_t(id)] += b;
+        const int32_t a = whole.sample(biased.data()), s = sel.sample(req, c, bias);
+        ASSERT_EQ(a, s) << "step " << step << ", k " << req.k << ", ids " << req.ids.size();
+        ASSERT_FLOAT_EQ(whole.last_prob(), sel.last_prob());
+        // Accept a token of the leading pack, so the penalties keep hitting tokens near the top.
+        const int32_t acc = step % 3 == 0 ? a : int32_t(rng() % uint32_t(n_vocab));
+        whole.accept(acc);
+        sel.accept(acc);
+    }
+}
+
+TEST(SamplerSelection, HostSelectionIsTheBestFirstWithLowerIdsOnTies) {
+    const std::vector<float> row = awkward_logits(3000, 7);
+    LogitRequest req;
+    req.k = 50;
+    req.ids = {0, 17, 2999};
+    LogitCandidates c;
+    select_logits_host(row.data(), 3000, req, c);
+    std::vector<int> order = ranked(row);
+    order.erase(std::remove_if(order.begin(), order.end(),
+                               [&](int i) { return std::isnan(row[size_t(i)]); }),
+                order.end());
+    ASSERT_EQ(c.top_id.size(), 50u);
+    for (int i = 0; i < 50; i++) {
+        EXPECT_EQ(c.top_id[size_t(i)], order[size_t(i)]) << i;
+        EXPECT_EQ(c.top_logit[size_t(i)], row[size_t(order[size_t(i)])]);
+    }
+    ASSERT_EQ(c.id_logit.size(), 3u);
+    EXPECT_EQ(c.id_logit[1], row[17]);
+    EXPECT_FALSE(c.nan);
+    std::vector<float> bad = row;
+    bad[5] = NAN;
+    select_logits_host(bad.data(), 3000, req, c);
+    EXPECT_TRUE(c.nan);
+    req.k = 300;  // with 3 ids: past kMaxLogitCandidates
+    EXPECT_THROW(select_logits_host(row.data(), 3000, req, c), Error);
+    req.k = 5;
+    req.ids = {3000};
+    EXPECT_THROW(select_logits_host(row.data(), 3000, req, c), Error);
+}
+
+TEST(SamplerSelection, GreedyFromASelectionIsGreedyFromTheRow) {
+    SamplerParams p = plain(0.f);
+    expect_selection_matches_row(p, 5000, {}, 1);
+    p.repeat_penalty = 1.3f;
+    p.frequency_penalty = 0.2f;
+    p.presence_penalty = 0.5f;
+    p.repeat_last_n = 16;
+    expect_selection_matches_row(p, 5000, {}, 2);
+    // Penalties that raise logits (a penalty below 1, negative frequency and presence): a
+    // penalised token from far down the row can win.
+    p.repeat_penalty = 0.5f;
+    p.frequency_penalty = -1.f;
+    p.presence_penalty = -2.f;
+    expect_selection_matches_row(p, 5000, {}, 3);
+}
+
+TEST(SamplerSelection, TopKChainFromASelectionDrawsWhatTheRowDraws) {
+    SamplerParams p;  // llama.cpp's defaults: top-k 40, top-p 0.95, min-p 0.05, temperature 0.8
+    p.seed = 99;
+    expect_selection_matches_row(p, 20000, {}, 4);
+    p.top_p = 0.5f;
+    p.min_p = 0.f;
+    p.temperature = 1.7f;
+    p.repeat_penalty = 1.1f;
+    p.repeat_last_n = 64;
+    p.presence_penalty = -0.7f;
+    expect_selection_matches_row(p, 20000, {}, 5);
+    p.top_k = 1;
+    expect_selection_matches_row(p, 20000, {}, 6);
+}
+
+TEST(SamplerSelection, BiasesTravelWithTheRequest) {
+    SamplerParams p;
+    p.seed = 5;
+    // A bias that lifts a token from nowhere to the top, one that buries the leader, one out of
+    // the vocabulary (ignored, as on a row) and one token twice (both added).
+    const std::vector<std::pair<int32_t, float>> bias = {
+        {123, 30.f}, {7, -100.f}, {-4, 1.f}, {4321, 2.f}, {4321, 3.f}};
+    expect_selection_matches_row(p, 8000, bias, 7);
+    expect_selection_matches_row(plain(0.f), 8000, bias, 8);
+}
+
+TEST(SamplerSelection, WholeRowWhenTheDrawNeedsIt) {
+    SamplerParams p;
+    p.top_k = 0;  // top-p over the whole vocabulary
+    EXPECT_EQ(Sampler(p, 1000).request().k, 0);
+    p.top_k = 1000;  // top-k as large as the vocabulary: off
+    EXPECT_EQ(Sampler(p, 1000).request().k, 0);
+    p.top_k = 250;
+    Sampler s(p, 1000);
+    EXPECT_EQ(s.request().k, 250);
+    EXPECT_EQ(s.request({1, 2, 3, 3, 5000}).k, 253);  // deduplicated, out of range dropped
+    EXPECT_EQ(s.request({1, 2, 3, 4, 5, 6, 7}).k,
+              0);  // 257 candidates: more than a selection holds
+    // A selection that does not answer its request, and one with a NaN, are errors.
+    LogitRequest req = s.request();
+    LogitCandidates c;
+    EXPECT_THROW(s.sample(req, c), Error);
+    std::vector<float> row = random_logits(1000, 1.f, 3);
+    row[10] = NAN;
+    select_logits_host(row.data(), 1000, req, c);
+    EXPECT_THROW(s.sample(req, c), Error);
+}
+
+}  // namespace
+}  // namespace nt

@@ -101,9 +101,11 @@ void CudaBackend::release() {
     if (kv_) cudaFree(kv_);
     if (h_step_) cudaFreeHost(h_step_);
     if (h_download_) cudaFreeHost(h_download_);
+    if (h_sel_) cudaFreeHost(h_sel_);
     scratch_ = kv_ = nullptr;
     h_step_ = nullptr;
     h_download_ = nullptr;
+    h_sel_ = nullptr;
     d_step_ = nullptr;
     acts_ = Activations{};
     ready_ = false;
@@ -203,8 +205,14 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     const int64_t max_rows =
         std::max({int64_t(shape.n_vocab), int64_t(shape.n_ff), int64_t(shape.n_embd), qdim});
     const size_t mm_bytes = align_up(cuda::matmul_workspace_bytes(max_cols, max_rows, max_batch));
+    // The sampler's candidates (select_logits): the merge's keys, a NaN flag per block, and
+    // one answer per logit row of a step, sel_rows_ at a time.
+    sel_rows_ = std::max(1, std::min(max_batch, n_seq));
+    const size_t sel_bytes = align_up(size_t(cuda::kMergeKeys) * sizeof(unsigned long long)) +
+                             align_up((size_t(shape.n_vocab) / 1024 + 1) * sizeof(int)) +
+                             align_up(size_t(sel_rows_) * sizeof(cuda::LogitSelection));
     const size_t scratch_bytes =
-        act_bytes + step_bytes_ + rope_bytes + attn_bytes + done_bytes + mm_bytes;
+        act_bytes + step_bytes_ + rope_bytes + attn_bytes + done_bytes + mm_bytes + sel_bytes;
 
     size_t free_b = 0, total_b = 0;
     NT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
@@ -240,11 +248,17 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     attn_scratch_ = reinterpret_cast<float*>(take(attn_bytes));
     attn_done_ = reinterpret_cast<int*>(take(done_bytes));
     NT_CUDA_CHECK(cudaMemsetAsync(attn_done_, 0, done_bytes, stream_), "cudaMemsetAsync");
+    sel_keys_ = reinterpret_cast<unsigned long long*>(
+        take(size_t(cuda::kMergeKeys) * sizeof(unsigned long long)));
+    sel_nan_ = reinterpret_cast<int*>(take((size_t(shape.n_vocab) / 1024 + 1) * sizeof(int)));
+    sel_out_ = reinterpret_cast<cuda::LogitSelection*>(
+        take(size_t(sel_rows_) * sizeof(cuda::LogitSelection)));
     void* mm_buf = take(mm_bytes);
     cuda::matmul_init(*mm_, mm_buf, mm_bytes, stream_);
     pdl_supported_ = mm_->pdl;
     mm_->pdl = pdl_supported_ && pdl_allowed_;
     cuda::attn_init();
+    cuda::logit_select_init();
     // Every kernel prefers the largest shared-memory carveout (NT_CACHE_SHARED=0 leaves the
     // choice to the driver, for A/B runs). Left to the driver, the carveout follows each
     // kernel's own needs, and a multiprocessor whose carveout must change between two kernels
@@ -257,6 +271,8 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     NT_CUDA_CHECK(cudaMallocHost(&h_step_, step_bytes_), "cudaMallocHost");
     std::memset(h_step_, 0, step_bytes_);
     NT_CUDA_CHECK(cudaMallocHost(&h_download_, kDownloadChunk), "cudaMallocHost");
+    NT_CUDA_CHECK(cudaMallocHost(&h_sel_, size_t(sel_rows_) * sizeof(cuda::LogitSelection)),
+                  "cudaMallocHost");
 
     // Rope frequencies exactly as the CPU backend computes them (same float expression), so
     // both turn by the same float angle.
@@ -462,6 +478,11 @@ void CudaBackend::flush() {
 
 void CudaBackend::end_step() {
     flush();
+}
+
+void CudaBackend::wait() {
+    flush();
+    NT_CUDA_CHECK(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
 void CudaBackend::set_graphs(bool on) {
@@ -786,6 +807,46 @@ void CudaBackend::download(const float* src, float* host_dst, size_t n) {
                       "cudaMemcpyAsync download");
         NT_CUDA_CHECK(cudaStreamSynchronize(stream_), "cudaStreamSynchronize download");
         std::memcpy(reinterpret_cast<char*>(host_dst) + off, h_download_, len);
+    }
+}
+
+void CudaBackend::select_logits(const float* logits, int n_vocab,
+                                const std::vector<LogitRequest>& req,
+                                std::vector<LogitCandidates>& out) {
+    require_init("select_logits");
+    flush();
+    int most = 1;
+    for (const LogitRequest& r : req) {
+        check_logit_request(n_vocab, r);
+        if (r.row < 0 || r.row >= max_batch_)
+            fail("logit selection: row %d does not exist (the logits hold %d rows).", r.row,
+                 max_batch_);
+        most = std::max(most, r.k);
+    }
+    if (n_vocab != shape_.n_vocab || !cuda::logit_select_fits(n_vocab, most)) {
+        Backend::select_logits(logits, n_vocab, req, out);  // copies the rows
+        return;
+    }
+    out.resize(req.size());
+    for (size_t first = 0; first < req.size(); first += size_t(sel_rows_)) {
+        const size_t n = std::min(req.size() - first, size_t(sel_rows_));
+        for (size_t i = 0; i < n; i++) {
+            const LogitRequest& r = req[first + i];
+            cuda::LogitIds ids;
+            ids.n = int(r.ids.size());
+            std::copy(r.ids.begin(), r.ids.end(), ids.id);
+            cuda::logit_select(logits + size_t(r.row) * size_t(n_vocab), n_vocab, r.k, ids,
+                               sel_keys_, sel_nan_, sel_out_ + i, stream_);
+        }
+        NT_CUDA_CHECK(cudaMemcpyAsync(h_sel_, sel_out_, n * sizeof(cuda::LogitSelection),
+                                      cudaMemcpyDeviceToHost, stream_),
+                      "cudaMemcpyAsync logit selection");
+        NT_CUDA_CHECK(cudaStreamSynchronize(stream_), "cudaStreamSynchronize logit selection");
+        for (size_t i = 0; i < n; i++) {
+            const LogitRequest& r = req[first + i];
+            cuda::logit_selection_unpack(h_sel_[i], std::min(r.k, n_vocab), int(r.ids.size()),
+                                         out[first + i]);
+        }
     }
 }
 

@@ -25,7 +25,8 @@ namespace nt {
 
 namespace cuda {
 struct MatmulWorkspace;
-}
+struct LogitSelection;
+}  // namespace cuda
 
 class CudaBackend : public Backend {
   public:
@@ -64,9 +65,13 @@ class CudaBackend : public Backend {
     void add(float* x, const float* y, int64_t n) override;
     void gather_logit_rows(const float* x, int dim, float* dst) override;
     void download(const float* src, float* host_dst, size_t n) override;
+    // Selects on the GPU (cuda::logit_select) and copies back only the candidates.
+    void select_logits(const float* logits, int n_vocab, const std::vector<LogitRequest>& req,
+                       std::vector<LogitCandidates>& out) override;
     void kv_truncate(int seq, int from) override;
     const void* upload_weight(const void* host, size_t nbytes) override;
     void end_step() override;
+    void wait() override;
     double measure_read_bandwidth() override;
     // Reserves device memory for all weights at once (the sum of their sizes, plus slack for
     // rounding each tensor up to 256 bytes); throws nt::Error naming both sizes when it does
@@ -181,6 +186,13 @@ class CudaBackend : public Backend {
     int n_rows_ = 0, n_logits_ = 0, n_dec_ = 0, n_tiles_ = 0, splits_ = 1;
 
     float* h_download_ = nullptr;  // pinned bounce buffer for download()
+
+    // select_logits: device scratch and answers (sel_rows_ of them), and their pinned copy.
+    int sel_rows_ = 1;
+    unsigned long long* sel_keys_ = nullptr;
+    int* sel_nan_ = nullptr;
+    cuda::LogitSelection* sel_out_ = nullptr;
+    cuda::LogitSelection* h_sel_ = nullptr;
 
     struct Arena {
         char* base = nullptr;

@@ -61,6 +61,33 @@ void gather_rows(const float* x, int dim, const int32_t* rows, int n, float* dst
 void read_bandwidth_kernel(const void* buf, size_t bytes, uint32_t* sink, int blocks,
                            cudaStream_t stream);
 
+// ---- logit_select.cu ---------------------------------------------------------------------------
+
+// What Backend::select_logits asks of one row and gets back, in device memory: `ids` travels
+// as a kernel parameter; a selection's keys encode (logit, id) as logit_select.cu describes.
+constexpr int kMergeKeys = 8192;  // the blocks' candidates the merge sorts at most
+struct LogitIds {
+    int n = 0;
+    int32_t id[kMaxLogitCandidates];
+};
+struct LogitSelection {
+    unsigned long long key[kMaxLogitCandidates];  // the m best, best first; 0: none
+    float id_logit[kMaxLogitCandidates];
+    int nan;
+    int pad[3];
+};
+// Whether logit_select takes the m best of a row of n_vocab.
+bool logit_select_fits(int n_vocab, int m);
+// Called once per process and device before the first launch (raises shared-memory limits).
+void logit_select_init();
+// The m best of row[0..n_vocab), the logits of ids and the NaN flag into *out (device memory).
+// scratch_keys: kMergeKeys keys; scratch_nan: n_vocab / 1024 + 1 ints.
+void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
+                  unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
+                  cudaStream_t stream);
+// A selection copied to the host, as Backend::select_logits answers.
+void logit_selection_unpack(const LogitSelection& sel, int m, int n_ids, LogitCandidates& out);
+
 // ---- attention.cu ------------------------------------------------------------------------------
 
 // Layout of one layer's F16 KV cache (K and V separately): cell (seq * n_ctx + pos) holds the
