@@ -154,7 +154,7 @@ void bench(const Opts& o) {
             const std::vector<uint8_t> table = random_blocks(t, vocab, o.embd, 2);
             uint8_t* dtab = dev_copy(table);
             const WeightView w{t, o.embd, vocab, dtab, table.size()};
-            embed(w, dtok, rows, dx, nullptr);
+            embed(w, dtok, nullptr, rows, dx, nullptr);
             const std::vector<float> got = host_copy(dx, size_t(rows) * o.embd);
             std::vector<float> want(got.size());
             for (int i = 0; i < rows; i++)
@@ -162,7 +162,7 @@ void bench(const Opts& o) {
                                &want[size_t(i) * o.embd], o.embd);
             const double bytes = double(rows) * (double(row_bytes(t, o.embd)) + 4.0 * o.embd);
             report(std::string("embed ") + type_name(t), rows, bytes, max_rel_error(got, want), 0,
-                   [&] { embed(w, dtok, rows, dx, nullptr); });
+                   [&] { embed(w, dtok, nullptr, rows, dx, nullptr); });
             cudaFree(dtab);
         }
 

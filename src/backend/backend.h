@@ -23,6 +23,10 @@ struct WeightView {
     size_t nbytes = 0;
 };
 
+// A batch token that is the one the backend chose on the device with choose_token() before
+// the step (Backend::feeds_tokens()).
+constexpr int32_t kFedToken = -1;
+
 // One step's batch: entry i is token `tokens[i]` of sequence `seq[i]` at position `pos[i]`.
 // Entries of one sequence appear in increasing position order. Logits are produced for the
 // entries whose `want_logits` flag is set, in batch order.
@@ -184,6 +188,17 @@ class Backend {
     virtual void end_step() {}
     // Waits for the work enqueued so far (a device backend runs it asynchronously).
     virtual void wait() {}
+
+    // Greedy decoding with no round trip between steps, where feeds_tokens(): choose_token()
+    // enqueues the choice of logit row 0's best token (select_logits' best of k = 1: greedy,
+    // nothing changed) and returns at once; the next step may name that token kFedToken, so it
+    // is enqueued before the choice is known on the host; take_token() returns the oldest
+    // choice not yet taken, waiting for it (throws nt::Error when its row held a NaN). At most
+    // kMaxChosen choices are outstanding.
+    static constexpr int kMaxChosen = 4;
+    virtual bool feeds_tokens() const { return false; }
+    virtual void choose_token();
+    virtual int32_t take_token();
 
     // Measured streaming-read bandwidth of the memory the weights live in, GB/s (the decode
     // roofline's denominator); 0 when the backend cannot measure it.

@@ -43,13 +43,13 @@ int cmd_bench(int argc, char** argv) {
     opts.push_back({"-n,--n-gen", "N", "generated tokens for the tg test (0: skip)", "128"});
     opts.push_back({"-r,--repetitions", "N", "repetitions of each test", "3"});
     opts.push_back({"--ceiling", "GB/s", "memory bandwidth ceiling (default: measured now)", ""});
-    opts.push_back({"--readback", "WHAT",
-                    "what a tg step copies back: top (the greedy token, sampled where the logits "
-                    "are, as generation "
-                    "does), row (the whole logit row, as llama-bench does) or none (nothing: the "
-                    "steps queue back to "
-                    "back)",
-                    "top"});
+    opts.push_back(
+        {"--readback", "WHAT",
+         "what a tg step copies back: fed (greedy generation as generate runs it: the token "
+         "chosen on the device feeds the next step, queued before the host has it), top "
+         "(the greedy token, after each step), row (the whole logit row, as llama-bench "
+         "does) or none (nothing: the steps queue back to back)",
+         "fed"});
     opts.push_back({"--json", "", "print the results as JSON", ""});
     Args a("bench", opts);
     a.set_summary(
@@ -57,9 +57,9 @@ int cmd_bench(int argc, char** argv) {
     if (!a.parse(argc, argv, 2)) return 0;
     const int n_prompt = a.integer("--n-prompt", 512), n_gen = a.integer("--n-gen", 128);
     const int reps = a.integer("--repetitions", 3);
-    const std::string readback = a.str("--readback", "top");
-    if (readback != "top" && readback != "row" && readback != "none")
-        fail("--readback takes top, row or none, not '%s'.", readback.c_str());
+    std::string readback = a.str("--readback", "fed");
+    if (readback != "fed" && readback != "top" && readback != "row" && readback != "none")
+        fail("--readback takes fed, top, row or none, not '%s'.", readback.c_str());
     if (n_prompt < 0 || n_gen < 0 || reps < 1)
         fail("-p and -n must be 0 or more and -r at least 1.");
 
@@ -76,6 +76,7 @@ int cmd_bench(int argc, char** argv) {
     SamplerParams gp;
     gp.temperature = 0.f;
     Sampler greedy(gp, eng.n_vocab());
+    if (readback == "fed" && !eng.pipelines()) readback = "top";  // this backend cannot feed
 
     using clock = std::chrono::steady_clock;
     std::vector<double> pp, tg;
@@ -99,7 +100,20 @@ int cmd_bench(int argc, char** argv) {
             if (ws) ws->reset_stats();
             Batch b;
             auto t0 = clock::now();
-            for (int i = 0; i < n_gen; i++) {
+            if (readback == "fed") {
+                // Greedy generation as generate() runs it: each step is enqueued before the
+                // host has the token it feeds, which the step before chose on the device.
+                Backend& be = eng.backend();
+                for (int i = 0; i < n_gen; i++) {
+                    b.clear();
+                    b.add(i == 0 ? tok_dist(rng) : kFedToken, i, 0, true);
+                    eng.forward(b);
+                    be.choose_token();
+                    if (i > 0) be.take_token();
+                }
+                be.take_token();
+            }
+            for (int i = 0; i < n_gen && readback != "fed"; i++) {
                 b.clear();
                 b.add(tok_dist(rng), i, 0, true);
                 if (readback == "row") {
@@ -157,9 +171,11 @@ int cmd_bench(int argc, char** argv) {
         if (ceiling > 0)
             std::printf(" = %.1f%% of the %.0f GB/s ceiling (roofline %.1f tok/s)",
                         100.0 * gbs / ceiling, ceiling, ceiling * 1e9 / double(bytes));
-        std::printf("; tg steps copy back: %s\n", readback == "top"   ? "the greedy token"
-                                                  : readback == "row" ? "the whole logit row"
-                                                                      : "nothing");
+        std::printf("; tg steps copy back: %s\n",
+                    readback == "fed"   ? "the greedy token, chosen and fed on the device"
+                    : readback == "top" ? "the greedy token"
+                    : readback == "row" ? "the whole logit row"
+                                        : "nothing");
     }
     if (ws) {
         std::printf("\n%s", eng.memory().text.c_str());

@@ -167,6 +167,10 @@ int32_t Engine::sample(Sampler& sampler, int row,
     return sampler.sample(req, selected_[0], bias);
 }
 
+bool Engine::pipelines() const {
+    return backend_->feeds_tokens() && streamer_ == nullptr;
+}
+
 void Engine::logits_row(int row, std::vector<float>& out) {
     if (row < 0 || row >= std::max(max_batch_, 1)) fail("logit row %d does not exist.", row);
     out.resize(size_t(n_vocab()));
@@ -213,6 +217,44 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
 
     StreamDecoder dec(tok);
     Batch b;
+    if (n_predict != 0 && sampler.plain_greedy() && eng.pipelines()) {
+        // The same loop with each step enqueued before the token it feeds is known here: the
+        // backend chooses it on the device and the step embeds it from there (kFedToken), so
+        // the GPU never waits for the host between steps. A step fed past the end (a stop
+        // token, the callback's no) only wrote a cache cell that the next step there rewrites.
+        Backend& be = eng.backend();
+        struct Drain {  // choices still outstanding when the loop ends, however it ends
+            Backend& be;
+            int n = 0;
+            ~Drain() {
+                for (; n > 0; n--) try {
+                        be.take_token();
+                    } catch (const Error&) {  // a NaN in a step whose token nobody wants
+                    }
+            }
+        } chosen{be};
+        be.choose_token();
+        chosen.n++;
+        for (int i = 0;; i++) {
+            const bool feed = pos < eng.n_ctx() && (n_predict < 0 || i + 1 < n_predict);
+            if (feed) {
+                b.clear();
+                b.add(kFedToken, pos, seq, true);
+                eng.forward(b);
+                be.choose_token();
+                chosen.n++;
+            }
+            chosen.n--;
+            const int32_t id = be.take_token();
+            sampler.accept(id);
+            st.n_generated++;
+            if (tok.is_eog(id)) break;
+            if (!on_token(id, dec.push(id))) break;
+            if (!feed) break;
+            pos++;
+        }
+        n_predict = 0;  // done: the loop below does not run
+    }
     for (int i = 0; n_predict < 0 || i < n_predict; i++) {
         const int32_t id = eng.sample(sampler);
         sampler.accept(id);

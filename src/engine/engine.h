@@ -90,6 +90,9 @@ class Engine {
     // vocabulary are ignored).
     int32_t sample(Sampler& sampler, int row = 0,
                    const std::vector<std::pair<int32_t, float>>& bias = {});
+    // Whether greedy decoding may enqueue each step before the host knows its token
+    // (Backend::feeds_tokens, and every weight resident).
+    bool pipelines() const;
     // Logit row `row` of the step just run, copied to the host.
     void logits_row(int row, std::vector<float>& out);
 

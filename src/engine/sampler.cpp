@@ -138,6 +138,13 @@ bool Sampler::penalties_active() const {
              params_.presence_penalty == 0.f);
 }
 
+bool Sampler::plain_greedy() const {
+    return params_.temperature <= 0.f &&
+           (params_.repeat_last_n == 0 ||
+            (params_.repeat_penalty == 1.f && params_.frequency_penalty == 0.f &&
+             params_.presence_penalty == 0.f));
+}
+
 void Sampler::accept(int32_t token) {
     if (token < 0 || token >= n_vocab_)
         fail("sampler: token id %d is outside the vocabulary (0..%d).", token, n_vocab_ - 1);

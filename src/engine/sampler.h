@@ -66,6 +66,10 @@ class Sampler {
     int32_t sample(const LogitRequest& req, const LogitCandidates& c,
                    const std::vector<std::pair<int32_t, float>>& bias = {});
 
+    // Greedy, with no penalty that could change a logit: the draw is the row's best token, which
+    // a backend can choose by itself (Backend::choose_token).
+    bool plain_greedy() const;
+
     // Records a token of the sequence for the penalties (prompt or generated).
     void accept(int32_t token);
 

@@ -1309,6 +1309,53 @@ TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
     }
 }
 
+// Greedy decoding with the token chosen and fed on the device (choose_token, kFedToken, each
+// step enqueued before the host has its token) picks what the round trip picks: the best of the
+// downloaded logits, fed back from the host. Both backends replay graphs; the fed one's
+// choices queue two deep, as generate() keeps them.
+TEST(CudaBackend, ChosenTokensFeedTheNextStep) {
+    NT_REQUIRE_GPU();
+    const TestModel m = make_model(64, 4, 1, 2, GgmlType::Q4_K);
+    CudaBackend fed, host;
+    fed.init(m.hp.shape, 8, 1, 64);
+    host.init(m.hp.shape, 8, 1, 64);
+    const ModelWeights fw = upload_model(fed, m.cpu_w), hw = upload_model(host, m.cpu_w);
+    ResidentWeights fsrc(fw), hsrc(hw);
+    ASSERT_TRUE(fed.feeds_tokens());
+    EXPECT_THROW(fed.take_token(), Error);  // nothing chosen yet
+    Batch b;
+    b.add(kFedToken, 0, 0, true);
+    EXPECT_THROW(fed.begin_step(b), Error);  // names a choice that was never made
+
+    const int n = 12;
+    std::vector<int32_t> want, got;
+    int32_t t = 17;
+    for (int i = 0; i < n; i++) {  // the round trip: logits to the host, argmax, fed back
+        b.clear();
+        b.add(t, i, 0, true);
+        llama_forward(m.hp, hw, hsrc, host, b);
+        std::vector<float> row(size_t(m.hp.shape.n_vocab));
+        host.download(host.acts().logits, row.data(), row.size());
+        t = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+        want.push_back(t);
+    }
+    for (int i = 0; i < n; i++) {
+        b.clear();
+        b.add(i == 0 ? 17 : kFedToken, i, 0, true);
+        llama_forward(m.hp, fw, fsrc, fed, b);
+        fed.choose_token();
+        if (i > 0) got.push_back(fed.take_token());
+    }
+    got.push_back(fed.take_token());
+    EXPECT_EQ(got, want);
+    if (fed.graphs()) {
+        EXPECT_GE(fed.graph_stats().replays, n - 2);
+    }
+    for (int i = 0; i < CudaBackend::kMaxChosen; i++) fed.choose_token();
+    EXPECT_THROW(fed.choose_token(), Error);  // the ring is full
+    for (int i = 0; i < CudaBackend::kMaxChosen; i++) EXPECT_EQ(fed.take_token(), want.back());
+}
+
 // A step that leaves its recorded op sequence runs eagerly and still computes the right thing.
 TEST(CudaBackend, GraphFallbackOnDifferentOps) {
     NT_REQUIRE_GPU();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 
@@ -57,6 +58,8 @@ CudaBackend::CudaBackend(int device) {
     for (auto& s : side_)
         NT_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
     NT_CUDA_CHECK(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate");
+    for (auto& e : chosen_ready_)
+        NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     for (auto& e : join_)
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     for (auto& e : upload_done_)
@@ -85,6 +88,8 @@ CudaBackend::~CudaBackend() {
         if (e) cudaEventDestroy(e);
     if (step_uploaded_) cudaEventDestroy(step_uploaded_);
     if (fork_) cudaEventDestroy(fork_);
+    for (auto& e : chosen_ready_)
+        if (e) cudaEventDestroy(e);
     for (auto& e : join_)
         if (e) cudaEventDestroy(e);
     for (auto& s : side_)
@@ -102,6 +107,8 @@ void CudaBackend::release() {
     if (h_step_) cudaFreeHost(h_step_);
     if (h_download_) cudaFreeHost(h_download_);
     if (h_sel_) cudaFreeHost(h_sel_);
+    if (h_chosen_) cudaFreeHost(h_chosen_);
+    h_chosen_ = nullptr;
     scratch_ = kv_ = nullptr;
     h_step_ = nullptr;
     h_download_ = nullptr;
@@ -210,7 +217,9 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     sel_rows_ = std::max(1, std::min(max_batch, n_seq));
     const size_t sel_bytes = align_up(size_t(cuda::kMergeKeys) * sizeof(unsigned long long)) +
                              align_up((size_t(shape.n_vocab) / 1024 + 1) * sizeof(int)) +
-                             align_up(size_t(sel_rows_) * sizeof(cuda::LogitSelection));
+                             align_up(size_t(sel_rows_) * sizeof(cuda::LogitSelection)) +
+                             align_up(size_t(kMaxChosen) * sizeof(cuda::LogitSelection)) +
+                             align_up(sizeof(int32_t));
     const size_t scratch_bytes =
         act_bytes + step_bytes_ + rope_bytes + attn_bytes + done_bytes + mm_bytes + sel_bytes;
 
@@ -253,6 +262,12 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     sel_nan_ = reinterpret_cast<int*>(take((size_t(shape.n_vocab) / 1024 + 1) * sizeof(int)));
     sel_out_ = reinterpret_cast<cuda::LogitSelection*>(
         take(size_t(sel_rows_) * sizeof(cuda::LogitSelection)));
+    chosen_out_ = reinterpret_cast<cuda::LogitSelection*>(
+        take(size_t(kMaxChosen) * sizeof(cuda::LogitSelection)));
+    fed_token_ = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
+    NT_CUDA_CHECK(cudaMemsetAsync(fed_token_, 0, sizeof(int32_t), stream_), "cudaMemsetAsync");
+    chosen_first_ = chosen_count_ = 0;
+    fed_ready_ = false;
     void* mm_buf = take(mm_bytes);
     cuda::matmul_init(*mm_, mm_buf, mm_bytes, stream_);
     pdl_supported_ = mm_->pdl;
@@ -272,6 +287,8 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     std::memset(h_step_, 0, step_bytes_);
     NT_CUDA_CHECK(cudaMallocHost(&h_download_, kDownloadChunk), "cudaMallocHost");
     NT_CUDA_CHECK(cudaMallocHost(&h_sel_, size_t(sel_rows_) * sizeof(cuda::LogitSelection)),
+                  "cudaMallocHost");
+    NT_CUDA_CHECK(cudaMallocHost(&h_chosen_, size_t(kMaxChosen) * sizeof(cuda::LogitSelection)),
                   "cudaMallocHost");
 
     // Rope frequencies exactly as the CPU backend computes them (same float expression), so
@@ -307,7 +324,10 @@ void CudaBackend::begin_step(const Batch& batch) {
             fail("sequence id %d is out of range (0..%d).", batch.seq[u], n_seq_ - 1);
         if (batch.pos[u] < 0 || batch.pos[u] >= n_ctx_)
             fail("position %d is outside the context of %d tokens.", batch.pos[u], n_ctx_);
-        if (batch.tokens[u] < 0 || batch.tokens[u] >= shape_.n_vocab)
+        if (batch.tokens[u] == kFedToken && !fed_ready_)
+            fail("a step names the token chosen on the device, but none was chosen.");
+        if ((batch.tokens[u] < 0 && batch.tokens[u] != kFedToken) ||
+            batch.tokens[u] >= shape_.n_vocab)
             fail("token id %d is outside the vocabulary (%d tokens).", batch.tokens[u],
                  shape_.n_vocab);
     }
@@ -518,7 +538,7 @@ void CudaBackend::run(const Op& op) {
     const cuda::AttnTile* d_tiles = reinterpret_cast<const cuda::AttnTile*>(d_step_ + 5 * B);
     switch (op.kind) {
         case OpKind::Embed:
-            cuda::embed(op.w, d_tokens, n_rows_, f(0), stream_);
+            cuda::embed(op.w, d_tokens, fed_token_, n_rows_, f(0), stream_);
             return;
         case OpKind::RmsNorm:
             cuda::rmsnorm(f(0), op.w, op.i0, op.i1, shape_.norm_eps, f(1), stream_);
@@ -848,6 +868,38 @@ void CudaBackend::select_logits(const float* logits, int n_vocab,
                                          out[first + i]);
         }
     }
+}
+
+void CudaBackend::choose_token() {
+    require_init("choose_token");
+    flush();
+    if (chosen_count_ == kMaxChosen)
+        fail("%d tokens chosen on the device were never taken.", kMaxChosen);
+    const int slot = (chosen_first_ + chosen_count_) % kMaxChosen;
+    cuda::logit_select(acts_.logits, shape_.n_vocab, 1, cuda::LogitIds{}, sel_keys_, sel_nan_,
+                       chosen_out_ + slot, stream_, fed_token_);
+    // The NaN flag and the best key, the struct's first 16 bytes, are all take_token() reads.
+    static_assert(offsetof(cuda::LogitSelection, key) == 8, "nan, pad, then the keys");
+    NT_CUDA_CHECK(
+        cudaMemcpyAsync(&h_chosen_[slot], &chosen_out_[slot], 16, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync chosen token");
+    NT_CUDA_CHECK(cudaEventRecord(chosen_ready_[slot], stream_), "cudaEventRecord");
+    chosen_count_++;
+    fed_ready_ = true;
+}
+
+int32_t CudaBackend::take_token() {
+    require_init("take_token");
+    if (chosen_count_ == 0) fail("take_token: no token was chosen.");
+    const int slot = chosen_first_;
+    chosen_first_ = (chosen_first_ + 1) % kMaxChosen;
+    chosen_count_--;
+    NT_CUDA_CHECK(cudaEventSynchronize(chosen_ready_[slot]), "cudaEventSynchronize chosen token");
+    LogitCandidates c;
+    cuda::logit_selection_unpack(h_chosen_[slot], 1, 0, c);
+    if (c.nan || c.top_id.empty())
+        fail("the logits contain NaN; the model produced invalid values.");
+    return c.top_id[0];
 }
 
 void CudaBackend::kv_truncate(int seq, int from) {

@@ -72,6 +72,9 @@ class CudaBackend : public Backend {
     const void* upload_weight(const void* host, size_t nbytes) override;
     void end_step() override;
     void wait() override;
+    bool feeds_tokens() const override { return true; }
+    void choose_token() override;
+    int32_t take_token() override;
     double measure_read_bandwidth() override;
     // Reserves device memory for all weights at once (the sum of their sizes, plus slack for
     // rounding each tensor up to 256 bytes); throws nt::Error naming both sizes when it does
@@ -193,6 +196,14 @@ class CudaBackend : public Backend {
     int* sel_nan_ = nullptr;
     cuda::LogitSelection* sel_out_ = nullptr;
     cuda::LogitSelection* h_sel_ = nullptr;
+    // choose_token / take_token: a ring of kMaxChosen answers on the device and pinned, each
+    // with its event; the chosen token itself, which kFedToken names in the next step.
+    cuda::LogitSelection* chosen_out_ = nullptr;
+    cuda::LogitSelection* h_chosen_ = nullptr;
+    cudaEvent_t chosen_ready_[kMaxChosen] = {};
+    int chosen_first_ = 0, chosen_count_ = 0;
+    int32_t* fed_token_ = nullptr;
+    bool fed_ready_ = false;
 
     struct Arena {
         char* base = nullptr;

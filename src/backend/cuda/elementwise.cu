@@ -229,11 +229,12 @@ constexpr int kThreads = 256;
 
 template <GgmlType T>
 __global__ void embed_kernel(const uint8_t* table, size_t row_bytes, const int32_t* tokens,
-                             int64_t cols, float* x) {
+                             const int32_t* fed, int64_t cols, float* x) {
     const int i = blockIdx.x;
     const int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
     if (j >= cols) return;
-    x[int64_t(i) * cols + j] = elem<T>(table + size_t(tokens[i]) * row_bytes, j);
+    const int32_t t = tokens[i] == kFedToken ? *fed : tokens[i];
+    x[int64_t(i) * cols + j] = elem<T>(table + size_t(t) * row_bytes, j);
 }
 
 // Sum over the block; every thread gets the result. `red` holds one float per warp.
@@ -531,7 +532,7 @@ bool elementwise_supports(GgmlType t) {
     return dispatch_type(t, [](auto) {});
 }
 
-void embed(const WeightView& tok_embd, const int32_t* tokens, int n, float* x,
+void embed(const WeightView& tok_embd, const int32_t* tokens, const int32_t* fed, int n, float* x,
            cudaStream_t stream) {
     if (n <= 0) return;
     const size_t rb = row_bytes(tok_embd.type, tok_embd.cols);
@@ -539,7 +540,7 @@ void embed(const WeightView& tok_embd, const int32_t* tokens, int n, float* x,
     const bool ok = dispatch_type(tok_embd.type, [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         embed_kernel<T><<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t*>(tok_embd.data),
-                                                       rb, tokens, tok_embd.cols, x);
+                                                       rb, tokens, fed, tok_embd.cols, x);
     });
     if (!ok)
         fail("token embeddings of type %s are not supported by the CUDA backend.",

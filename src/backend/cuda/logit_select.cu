@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 // of the asked ids, and the NaN flag of the n_blocks blocks.
 __global__ void __launch_bounds__(kMergeThreads)
     select_merge(const unsigned long long* keys, int n_keys, int n, int m, const int* nan_blk,
-                 int n_blocks, const float* row, LogitIds ids, LogitSelection* out) {
+                 int n_blocks, const float* row, LogitIds ids, LogitSelection* out, int32_t* fed) {
     extern __shared__ unsigned long long s[];
     for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] = i < n_keys ? keys[i] : 0ull;
     bool nan = false;
@@ -121,7 +121,10 @@ __global__ void __launch_bounds__(kMergeThreads)
     for (int i = threadIdx.x; i < ids.n; i += blockDim.x) out->id_logit[i] = row[ids.id[i]];
     bitonic_sort_desc(s, n);
     for (int i = threadIdx.x; i < m; i += blockDim.x) out->key[i] = s[i];
-    if (threadIdx.x == 0) out->nan = nan;
+    if (threadIdx.x == 0) {
+        out->nan = nan;
+        if (fed) *fed = s[0] ? int32_t(0xFFFFFFFFu - uint32_t(s[0] & 0xFFFFFFFFu)) : 0;
+    }
 }
 
 int pow2_at_least(int n) {
@@ -158,7 +161,7 @@ void logit_select_init() {
 
 void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
                   unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, int32_t* fed) {
     const int chunk = select_chunk(n_vocab, m);
     if (m < 1 || m > kMaxLogitCandidates || chunk == 0 || ids.n < 0 || ids.n > kMaxLogitCandidates)
         fail("logit selection: %d best of %d logits do not fit the selection kernels.", m, n_vocab);
@@ -169,7 +172,7 @@ void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (blocks)");
     const int n_keys = blocks * m, n = pow2_at_least(n_keys);
     select_merge<<<1, kMergeThreads, size_t(n) * sizeof(unsigned long long), stream>>>(
-        scratch_keys, n_keys, n, m, scratch_nan, blocks, row, ids, out);
+        scratch_keys, n_keys, n, m, scratch_nan, blocks, row, ids, out, fed);
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (merge)");
 }
 

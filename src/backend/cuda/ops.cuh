@@ -19,8 +19,10 @@ namespace nt::cuda {
 // True when embed/rmsnorm can read weights of this type.
 bool elementwise_supports(GgmlType t);
 
-// x[i] = row tokens[i] of tok_embd, dequantized (bit-identical to nt::dequantize_row).
-void embed(const WeightView& tok_embd, const int32_t* tokens, int n, float* x, cudaStream_t stream);
+// x[i] = row tokens[i] of tok_embd, dequantized (bit-identical to nt::dequantize_row); a token
+// kFedToken is *fed (the token a logit selection chose on the device).
+void embed(const WeightView& tok_embd, const int32_t* tokens, const int32_t* fed, int n, float* x,
+           cudaStream_t stream);
 // out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * w for n rows of `dim`; out may be x.
 void rmsnorm(const float* x, const WeightView& w, int n, int dim, float eps, float* out,
              cudaStream_t stream);
@@ -71,20 +73,21 @@ struct LogitIds {
     int32_t id[kMaxLogitCandidates];
 };
 struct LogitSelection {
+    int nan;
+    int pad;
     unsigned long long key[kMaxLogitCandidates];  // the m best, best first; 0: none
     float id_logit[kMaxLogitCandidates];
-    int nan;
-    int pad[3];
 };
 // Whether logit_select takes the m best of a row of n_vocab.
 bool logit_select_fits(int n_vocab, int m);
 // Called once per process and device before the first launch (raises shared-memory limits).
 void logit_select_init();
-// The m best of row[0..n_vocab), the logits of ids and the NaN flag into *out (device memory).
-// scratch_keys: kMergeKeys keys; scratch_nan: n_vocab / 1024 + 1 ints.
+// The m best of row[0..n_vocab), the logits of ids and the NaN flag into *out (device memory);
+// with `fed`, the best token also into *fed (0 when the row has none), for the next step's
+// embedding. scratch_keys: kMergeKeys keys; scratch_nan: n_vocab / 1024 + 1 ints.
 void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
                   unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
-                  cudaStream_t stream);
+                  cudaStream_t stream, int32_t* fed = nullptr);
 // A selection copied to the host, as Backend::select_logits answers.
 void logit_selection_unpack(const LogitSelection& sel, int m, int n_ids, LogitCandidates& out);
 
