@@ -137,6 +137,7 @@ void Engine::place_weights(const EngineOptions& opt, std::unique_ptr<mem::Stream
 Engine::~Engine() = default;
 
 void Engine::forward(const Batch& batch) {
+    if (batch.size() == 0) return;
     if (batch.size() > max_batch_)
         fail("a step of %d tokens exceeds the batch limit of %d.", batch.size(), max_batch_);
     llama_forward(model_.hp, weights_, *source_, *backend_, batch);
