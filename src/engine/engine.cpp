@@ -153,19 +153,65 @@ void Engine::eval(const Batch& batch, std::vector<float>& logits) {
 
 int32_t Engine::sample(Sampler& sampler, int row,
                        const std::vector<std::pair<int32_t, float>>& bias) {
-    std::vector<int32_t> changed;
-    changed.reserve(bias.size());
-    for (const auto& [id, b] : bias) changed.push_back(id);
-    LogitRequest req = sampler.request(changed);
-    if (req.k == 0) {  // the draw needs the whole row
-        logits_row(row, row_);
-        for (const auto& [id, b] : bias)
-            if (id >= 0 && id < n_vocab()) row_[size_t(id)] += b;
-        return sampler.sample(row_.data());
+    std::vector<Draw> d(1);
+    d[0].sampler = &sampler;
+    d[0].row = row;
+    d[0].bias = &bias;
+    sample_rows(d);
+    if (!d[0].error.empty()) throw Error(d[0].error);
+    return d[0].token;
+}
+
+void Engine::sample_rows(std::vector<Draw>& draws) {
+    static const std::vector<std::pair<int32_t, float>> none;
+    auto bias_of = [&](const Draw& d) -> const std::vector<std::pair<int32_t, float>>& {
+        return d.bias ? *d.bias : none;
+    };
+    // Every draw that needs only candidates asks in one selection: one wait for the device.
+    std::vector<LogitRequest> reqs;
+    std::vector<size_t> asked;  // draws[asked[i]] asked reqs[i]
+    for (size_t i = 0; i < draws.size(); i++) {
+        Draw& d = draws[i];
+        d.token = -1;
+        d.error.clear();
+        std::vector<int32_t> changed;
+        for (const auto& [id, b] : bias_of(d)) changed.push_back(id);
+        LogitRequest req = d.sampler->request(changed);
+        if (req.k == 0) continue;  // the whole row, below
+        req.row = d.row;
+        reqs.push_back(std::move(req));
+        asked.push_back(i);
     }
-    req.row = row;
-    backend_->select_logits(backend_->acts().logits, n_vocab(), {req}, selected_);
-    return sampler.sample(req, selected_[0], bias);
+    if (!reqs.empty()) {
+        try {
+            backend_->select_logits(backend_->acts().logits, n_vocab(), reqs, selected_);
+        } catch (const std::exception& e) {
+            for (size_t i : asked) draws[i].error = e.what();
+            reqs.clear();
+        }
+    }
+    std::vector<bool> done(draws.size(), false);
+    for (size_t i = 0; i < reqs.size(); i++) {
+        Draw& d = draws[asked[i]];
+        done[asked[i]] = true;
+        try {
+            d.token = d.sampler->sample(reqs[i], selected_[i], bias_of(d));
+        } catch (const std::exception& e) {
+            d.error = e.what();
+        }
+    }
+    for (size_t i = 0; i < draws.size(); i++) {
+        Draw& d = draws[i];
+        if (done[i] || !d.error.empty()) continue;
+        try {
+            logits_row(d.row, row_);
+            for (const auto& [id, b] : bias_of(d))
+                if (id >= 0 && id < n_vocab()) row_[size_t(id)] += b;
+            d.token = d.sampler->sample(row_.data());
+        } catch (const std::exception& e) {
+            d.error = e.what();
+        }
+    }
 }
 
 bool Engine::pipelines() const {

@@ -90,6 +90,17 @@ class Engine {
     // vocabulary are ignored).
     int32_t sample(Sampler& sampler, int row = 0,
                    const std::vector<std::pair<int32_t, float>>& bias = {});
+    // sample() for several rows of the step just run: the rows that need only candidates ask
+    // the backend in one selection (one wait for a device). A draw that fails gets token -1 and
+    // its error's sentence; the others go on.
+    struct Draw {
+        Sampler* sampler = nullptr;
+        int row = 0;
+        const std::vector<std::pair<int32_t, float>>* bias = nullptr;  // may be null
+        int32_t token = -1;
+        std::string error;
+    };
+    void sample_rows(std::vector<Draw>& draws);
     // Whether greedy decoding may enqueue each step before the host knows its token
     // (Backend::feeds_tokens, and every weight resident).
     bool pipelines() const;

@@ -440,25 +440,43 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active,
     const int n_vocab = eng_.n_vocab();
     const auto now = clock::now();
     int n_generated = 0;
+    // Log-probabilities need the whole row; every other row's sampler gets only its candidates
+    // from the device, all rows in one selection.
+    draws_.clear();
+    std::vector<int> draw_of(row_jobs_.size(), -1);
     for (size_t r = 0; r < row_jobs_.size(); r++) {
         const std::shared_ptr<Job>& j = row_jobs_[r];
-        // Log-probabilities need the whole row; otherwise only the sampler's candidates come
-        // back from the device.
-        const bool whole_row = j->params_.n_logprobs >= 0;
+        if (j->params_.n_logprobs >= 0) continue;
+        draw_of[r] = int(draws_.size());
+        Engine::Draw d;
+        d.sampler = j->sampler_;
+        d.row = int(r);
+        d.bias = &j->params_.logit_bias;
+        draws_.push_back(std::move(d));
+    }
+    eng_.sample_rows(draws_);
+    for (size_t r = 0; r < row_jobs_.size(); r++) {
+        const std::shared_ptr<Job>& j = row_jobs_[r];
+        const bool whole_row = draw_of[r] < 0;
         const float* lg = nullptr;
         int32_t id = -1;
-        try {
-            if (whole_row) {
+        std::string error;
+        if (whole_row) {
+            try {
                 eng_.logits_row(int(r), logits_);
                 for (const auto& [tid, bias] : j->params_.logit_bias)
                     if (tid >= 0 && tid < n_vocab) logits_[size_t(tid)] += bias;
                 lg = logits_.data();
                 id = j->sampler_->sample(lg);
-            } else {
-                id = eng_.sample(*j->sampler_, int(r), j->params_.logit_bias);
+            } catch (const std::exception& e) {
+                error = e.what();
             }
-        } catch (const std::exception& e) {
-            finish(j, FinishReason::Error, std::string("sampling failed: ") + e.what());
+        } else {
+            id = draws_[size_t(draw_of[r])].token;
+            error = draws_[size_t(draw_of[r])].error;
+        }
+        if (!error.empty()) {
+            finish(j, FinishReason::Error, "sampling failed: " + error);
             continue;
         }
         j->sampler_->accept(id);

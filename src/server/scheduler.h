@@ -183,7 +183,8 @@ class Scheduler {
 
     void validate(const std::vector<int32_t>& prompt, int start_pos) const;
     // A job for `prompt` stamped with its submission time (no sampler, slot or position yet).
-    static std::shared_ptr<Job> new_job(std::vector<int32_t> prompt, const GenerationParams& params);
+    static std::shared_ptr<Job> new_job(std::vector<int32_t> prompt,
+                                        const GenerationParams& params);
     // Counts the job as submitted and queues it; with max_tokens 0 it finishes at once instead
     // (no slot, no evaluation) and false is returned. Caller holds mu_.
     bool enqueue_locked(const std::shared_ptr<Job>& job);
@@ -216,6 +217,7 @@ class Scheduler {
     // Worker-only.
     Batch batch_;
     std::vector<float> logits_;
+    std::vector<Engine::Draw> draws_;             // the step's rows sampled from candidates
     std::vector<std::shared_ptr<Job>> row_jobs_;  // job of each logits row, in batch order
     std::thread worker_;
 };
