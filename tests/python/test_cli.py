@@ -117,3 +117,16 @@ def test_bench_json(cli, smollm2):
     j = json.loads(r.stdout)
     assert j["pp"]["tok_s"] > 0 and j["tg"]["tok_s"] > 0
     assert j["decode_bytes_per_token"] > 90 * 2**20
+
+
+def test_bench_readback_modes(cli, smollm2):
+    # What a tg step copies back; a backend that cannot feed tokens on the device (the CPU) runs
+    # `fed` as `top`.
+    for mode, want in [("fed", ("fed", "top")), ("top", ("top",)), ("row", ("row",)), ("none", ("none",))]:
+        r = run(cli, "bench", *M_ARGS(smollm2), "-p", "0", "-n", "4", "-r", "1", "--ceiling", "10", "--json",
+                "--readback", mode)
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        assert j["tg"]["readback"] in want and j["tg"]["tok_s"] > 0
+    r = run(cli, "bench", *M_ARGS(smollm2), "-p", "0", "-n", "4", "--readback", "bogus")
+    assert r.returncode == 1 and "--readback" in r.stderr and len(r.stderr.strip().splitlines()) == 1
