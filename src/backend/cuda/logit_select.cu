@@ -9,7 +9,9 @@
 // 1. blocks of C positions sort their keys in shared memory (bitonic) and keep their m best;
 //    one best needs no sort, only a block maximum;
 // 2. one block sorts the blocks' m best (at most kMergeKeys) and writes the m best of the row,
-//    the logits of the asked ids and whether any block saw a NaN.
+//    the logits of the asked ids and whether any block saw a NaN; for greedy decoding fed on
+//    the device (CudaBackend::choose_token) also the best token, where the next step's
+//    embedding reads it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
