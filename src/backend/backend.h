@@ -72,6 +72,13 @@ struct Activations {
     float* logits = nullptr;  // [n_logits][n_vocab]
 };
 
+// The one order of candidate tokens everywhere (sampler, logit selection): higher logit first,
+// the lower id on ties. C has .logit and .id.
+template <typename C>
+bool ranks_before(const C& a, const C& b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
 // What a sampler needs of one logit row, so that a device backend copies back a few hundred
 // bytes instead of the row (Backend::select_logits): the k best logits, and the logits of `ids`
 // (the tokens whose logits the sampler changes: penalties, biases).

@@ -24,10 +24,8 @@ void select_logits_host(const float* row, int n_vocab, const LogitRequest& req,
         float logit;
         int32_t id;
     };
-    // Higher logit first, lower id on ties; NaN is no candidate (the flag reports it).
-    auto better = [](const Item& a, const Item& b) {
-        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-    };
+    // NaN is no candidate (the flag reports it).
+    auto better = [](const Item& a, const Item& b) { return ranks_before(a, b); };
     std::vector<Item> heap;  // the k best so far, worst at the front
     const size_t k = size_t(std::min(req.k, n_vocab));
     heap.reserve(k);

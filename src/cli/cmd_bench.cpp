@@ -112,15 +112,16 @@ int cmd_bench(int argc, char** argv) {
                     if (i > 0) be.take_token();
                 }
                 be.take_token();
-            }
-            for (int i = 0; i < n_gen && readback != "fed"; i++) {
-                b.clear();
-                b.add(tok_dist(rng), i, 0, true);
-                if (readback == "row") {
-                    eng.eval(b, logits);
-                } else {
-                    eng.forward(b);
-                    if (readback == "top") eng.sample(greedy);  // the token itself is not fed back
+            } else {
+                for (int i = 0; i < n_gen; i++) {
+                    b.clear();
+                    b.add(tok_dist(rng), i, 0, true);
+                    if (readback == "row") {
+                        eng.eval(b, logits);
+                    } else {
+                        eng.forward(b);
+                        if (readback == "top") eng.sample(greedy);  // the token is not fed back
+                    }
                 }
             }
             eng.backend().wait();

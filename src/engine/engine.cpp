@@ -144,7 +144,7 @@ void Engine::forward(const Batch& batch) {
 }
 
 void Engine::eval(const Batch& batch, std::vector<float>& logits) {
-    if (batch.size() == 0) return;
+    if (batch.size() == 0) return;  // logits left as they were
     forward(batch);
     const size_t n = size_t(batch.n_logits()) * size_t(n_vocab());
     logits.resize(n);
@@ -169,45 +169,40 @@ void Engine::sample_rows(std::vector<Draw>& draws) {
     };
     // Every draw that needs only candidates asks in one selection: one wait for the device.
     std::vector<LogitRequest> reqs;
-    std::vector<size_t> asked;  // draws[asked[i]] asked reqs[i]
+    std::vector<int> asked(draws.size(), -1);  // draw i asked reqs[asked[i]]
     for (size_t i = 0; i < draws.size(); i++) {
         Draw& d = draws[i];
         d.token = -1;
         d.error.clear();
+        if (d.whole_row) continue;
         std::vector<int32_t> changed;
         for (const auto& [id, b] : bias_of(d)) changed.push_back(id);
         LogitRequest req = d.sampler->request(changed);
-        if (req.k == 0) continue;  // the whole row, below
+        if (req.k == 0) continue;  // the draw needs the whole row
         req.row = d.row;
+        asked[i] = int(reqs.size());
         reqs.push_back(std::move(req));
-        asked.push_back(i);
     }
-    if (!reqs.empty()) {
-        try {
+    std::string select_error;
+    if (!reqs.empty()) try {
             backend_->select_logits(backend_->acts().logits, n_vocab(), reqs, selected_);
         } catch (const std::exception& e) {
-            for (size_t i : asked) draws[i].error = e.what();
-            reqs.clear();
+            select_error = e.what();
         }
-    }
-    std::vector<bool> done(draws.size(), false);
-    for (size_t i = 0; i < reqs.size(); i++) {
-        Draw& d = draws[asked[i]];
-        done[asked[i]] = true;
-        try {
-            d.token = d.sampler->sample(reqs[i], selected_[i], bias_of(d));
-        } catch (const std::exception& e) {
-            d.error = e.what();
-        }
-    }
     for (size_t i = 0; i < draws.size(); i++) {
         Draw& d = draws[i];
-        if (done[i] || !d.error.empty()) continue;
         try {
-            logits_row(d.row, row_);
-            for (const auto& [id, b] : bias_of(d))
-                if (id >= 0 && id < n_vocab()) row_[size_t(id)] += b;
-            d.token = d.sampler->sample(row_.data());
+            if (asked[i] >= 0) {
+                if (!select_error.empty()) throw Error(select_error);
+                const size_t q = size_t(asked[i]);
+                d.token = d.sampler->sample(reqs[q], selected_[q], bias_of(d));
+            } else {
+                std::vector<float>& row = d.whole_row ? d.logits : row_;
+                logits_row(d.row, row);
+                for (const auto& [id, b] : bias_of(d))
+                    if (id >= 0 && id < n_vocab()) row[size_t(id)] += b;
+                d.token = d.sampler->sample(row.data());
+            }
         } catch (const std::exception& e) {
             d.error = e.what();
         }
@@ -264,55 +259,53 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
 
     StreamDecoder dec(tok);
     Batch b;
-    if (n_predict != 0 && sampler.plain_greedy() && eng.pipelines()) {
-        // The same loop with each step enqueued before the token it feeds is known here: the
-        // backend chooses it on the device and the step embeds it from there (kFedToken), so
-        // the GPU never waits for the host between steps. A step fed past the end (a stop
-        // token, the callback's no) only wrote a cache cell that the next step there rewrites.
-        Backend& be = eng.backend();
-        struct Drain {  // choices still outstanding when the loop ends, however it ends
-            Backend& be;
-            int n = 0;
-            ~Drain() {
-                for (; n > 0; n--) try {
-                        be.take_token();
-                    } catch (const Error&) {  // a NaN in a step whose token nobody wants
-                    }
-            }
-        } chosen{be};
+    // Fed: each step is enqueued before the token it feeds is known here. The backend chooses
+    // it on the device and the step embeds it from there (kFedToken), so the GPU never waits
+    // for the host between steps. A step fed past the end (a stop token, the callback's no)
+    // only wrote a cache cell that the next step there rewrites.
+    const bool fed = sampler.plain_greedy() && eng.pipelines();
+    Backend& be = eng.backend();
+    struct Drain {  // choices still outstanding when the loop ends, however it ends
+        Backend& be;
+        int n = 0;
+        ~Drain() {
+            for (; n > 0; n--) try {
+                    be.take_token();
+                } catch (const Error&) {  // a NaN in a step whose token nobody wants
+                }
+        }
+    } chosen{be};
+    if (fed && n_predict != 0) {
         be.choose_token();
         chosen.n++;
-        for (int i = 0;; i++) {
-            const bool feed = pos < eng.n_ctx() && (n_predict < 0 || i + 1 < n_predict);
-            if (feed) {
-                b.clear();
-                b.add(kFedToken, pos, seq, true);
-                eng.forward(b);
-                be.choose_token();
-                chosen.n++;
-            }
-            chosen.n--;
-            const int32_t id = be.take_token();
-            sampler.accept(id);
-            st.n_generated++;
-            if (tok.is_eog(id)) break;
-            if (!on_token(id, dec.push(id))) break;
-            if (!feed) break;
-            pos++;
-        }
-        n_predict = 0;  // done: the loop below does not run
     }
     for (int i = 0; n_predict < 0 || i < n_predict; i++) {
-        const int32_t id = eng.sample(sampler);
+        // Whether this token is fed back: room in the context and more tokens wanted.
+        const bool more = pos < eng.n_ctx() && (n_predict < 0 || i + 1 < n_predict);
+        if (fed && more) {
+            b.clear();
+            b.add(kFedToken, pos, seq, true);
+            eng.forward(b);
+            be.choose_token();
+            chosen.n++;
+        }
+        int32_t id;
+        if (fed) {
+            chosen.n--;
+            id = be.take_token();
+        } else {
+            id = eng.sample(sampler);
+        }
         sampler.accept(id);
         st.n_generated++;
         if (tok.is_eog(id)) break;
         if (!on_token(id, dec.push(id))) break;
-        if (pos >= eng.n_ctx()) break;  // context full
-        if (n_predict >= 0 && i + 1 >= n_predict) break;
-        b.clear();
-        b.add(id, pos, seq, true);
-        eng.forward(b);
+        if (!more) break;
+        if (!fed) {
+            b.clear();
+            b.add(id, pos, seq, true);
+            eng.forward(b);
+        }
         pos++;
     }
     const std::string rest = dec.flush();

@@ -97,6 +97,9 @@ class Engine {
         Sampler* sampler = nullptr;
         int row = 0;
         const std::vector<std::pair<int32_t, float>>* bias = nullptr;  // may be null
+        // Draw from the whole row and leave it, biased, in `logits` (log-probabilities).
+        bool whole_row = false;
+        std::vector<float> logits;
         int32_t token = -1;
         std::string error;
     };

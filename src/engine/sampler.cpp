@@ -11,12 +11,6 @@ namespace nt {
 
 namespace {
 
-// The one ordering used everywhere: higher logit first, lower id on ties.
-template <typename C>
-bool better(const C& a, const C& b) {
-    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-}
-
 constexpr size_t kTopPFirstPass = 256;  // top-p sorts this many first; most mass lies there
 // top-k uses a bounded heap up to k = max(256, n_vocab / 64) and nth_element over the whole
 // vocabulary above (measured crossover on a 128k vocabulary: between k = 1000 and k = 8000).
@@ -132,17 +126,18 @@ double Sampler::uniform01() {
     return double(rng_() >> 11) * 0x1.0p-53;
 }
 
-bool Sampler::penalties_active() const {
-    return params_.repeat_last_n != 0 && !distinct_.empty() &&
+bool Sampler::penalties_configured() const {
+    return params_.repeat_last_n != 0 &&
            !(params_.repeat_penalty == 1.f && params_.frequency_penalty == 0.f &&
              params_.presence_penalty == 0.f);
 }
 
+bool Sampler::penalties_active() const {
+    return penalties_configured() && !distinct_.empty();
+}
+
 bool Sampler::plain_greedy() const {
-    return params_.temperature <= 0.f &&
-           (params_.repeat_last_n == 0 ||
-            (params_.repeat_penalty == 1.f && params_.frequency_penalty == 0.f &&
-             params_.presence_penalty == 0.f));
+    return params_.temperature <= 0.f && !penalties_configured();
 }
 
 void Sampler::accept(int32_t token) {
@@ -237,7 +232,7 @@ int32_t Sampler::sample(const LogitRequest& req, const LogitCandidates& c,
     if (n == 0)
         fail("sampler: the logits have no finite maximum; the model produced invalid values.");
 
-    auto cmp = [](const Candidate& a, const Candidate& b) { return better(a, b); };
+    auto cmp = [](const Candidate& a, const Candidate& b) { return ranks_before(a, b); };
     if (params_.temperature <= 0.f) {
         const Candidate best = *std::min_element(cand_.begin(), cand_.begin() + ptrdiff_t(n), cmp);
         last_prob_ = 1.f;
@@ -279,7 +274,7 @@ int32_t Sampler::sample_greedy(const float* logits) {
 size_t Sampler::select_top_k(const float* logits) {
     const size_t V = size_t(n_vocab_);
     const size_t k = size_t(params_.top_k);
-    auto cmp = [](const Candidate& a, const Candidate& b) { return better(a, b); };
+    auto cmp = [](const Candidate& a, const Candidate& b) { return ranks_before(a, b); };
 
     if (k > std::max(kHeapTopKMin, V / kHeapTopKVocabDiv)) {
         if (scan_max(logits, V).nan) fail_nan();
@@ -361,7 +356,7 @@ size_t Sampler::apply_top_p(size_t n, float max_l, double z) {
     // Sort only as far as the walk needs: [0, sorted_prefix) is sorted and everything after
     // ranks below it. The prefix starts at 256 and doubles, each step one nth_element over the
     // unsorted rest, so a nucleus of thousands of tokens does not cost a full sort.
-    auto cmp = [](const Candidate& a, const Candidate& b) { return better(a, b); };
+    auto cmp = [](const Candidate& a, const Candidate& b) { return ranks_before(a, b); };
     size_t sorted_prefix = sorted_ ? n : 0;
     auto extend = [&](size_t want) {
         want = std::min(want, n);
@@ -447,7 +442,7 @@ std::vector<std::pair<int32_t, float>> Sampler::top_logprobs(const float* logits
         float logit;
         int32_t id;
     };
-    auto cmp = [](const Item& a, const Item& b) { return better(a, b); };
+    auto cmp = [](const Item& a, const Item& b) { return ranks_before(a, b); };
     std::vector<Item> heap(kk);
     for (size_t i = 0; i < kk; ++i) heap[i] = {logits[i], int32_t(i)};
     std::make_heap(heap.begin(), heap.end(), cmp);

@@ -100,7 +100,8 @@ class Sampler {
         int32_t id;
     };
 
-    bool penalties_active() const;
+    bool penalties_configured() const;  // the parameters can change a logit
+    bool penalties_active() const;      // ... and the window holds a token
     int32_t sample_greedy(const float* logits);
     // Each fills cand_ with the candidates and returns their count.
     size_t select_top_k(const float* logits);  // top-k (sorted), then top-p

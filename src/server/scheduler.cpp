@@ -442,43 +442,25 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active,
     int n_generated = 0;
     // Log-probabilities need the whole row; every other row's sampler gets only its candidates
     // from the device, all rows in one selection.
-    draws_.clear();
-    std::vector<int> draw_of(row_jobs_.size(), -1);
+    draws_.resize(row_jobs_.size());  // (each draw keeps its row's buffer from step to step)
     for (size_t r = 0; r < row_jobs_.size(); r++) {
         const std::shared_ptr<Job>& j = row_jobs_[r];
-        if (j->params_.n_logprobs >= 0) continue;
-        draw_of[r] = int(draws_.size());
-        Engine::Draw d;
+        Engine::Draw& d = draws_[r];
         d.sampler = j->sampler_;
         d.row = int(r);
         d.bias = &j->params_.logit_bias;
-        draws_.push_back(std::move(d));
+        d.whole_row = j->params_.n_logprobs >= 0;
     }
     eng_.sample_rows(draws_);
     for (size_t r = 0; r < row_jobs_.size(); r++) {
         const std::shared_ptr<Job>& j = row_jobs_[r];
-        const bool whole_row = draw_of[r] < 0;
-        const float* lg = nullptr;
-        int32_t id = -1;
-        std::string error;
-        if (whole_row) {
-            try {
-                eng_.logits_row(int(r), logits_);
-                for (const auto& [tid, bias] : j->params_.logit_bias)
-                    if (tid >= 0 && tid < n_vocab) logits_[size_t(tid)] += bias;
-                lg = logits_.data();
-                id = j->sampler_->sample(lg);
-            } catch (const std::exception& e) {
-                error = e.what();
-            }
-        } else {
-            id = draws_[size_t(draw_of[r])].token;
-            error = draws_[size_t(draw_of[r])].error;
-        }
-        if (!error.empty()) {
-            finish(j, FinishReason::Error, "sampling failed: " + error);
+        const Engine::Draw& d = draws_[r];
+        if (!d.error.empty()) {
+            finish(j, FinishReason::Error, "sampling failed: " + d.error);
             continue;
         }
+        const int32_t id = d.token;
+        const float* lg = d.logits.data();  // whole_row: the biased row
         j->sampler_->accept(id);
         if (!j->decoding_) {
             j->decoding_ = true;
@@ -494,7 +476,7 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active,
         }
         GeneratedToken g;
         g.id = id;
-        if (whole_row) {
+        if (d.whole_row) {
             const auto [mx, lse] = log_norm(lg, n_vocab);
             g.logprob = float(double(lg[id] - mx) - lse);
             if (j->params_.n_logprobs > 0)

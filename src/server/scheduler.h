@@ -216,8 +216,7 @@ class Scheduler {
 
     // Worker-only.
     Batch batch_;
-    std::vector<float> logits_;
-    std::vector<Engine::Draw> draws_;             // the step's rows sampled from candidates
+    std::vector<Engine::Draw> draws_;             // the step's logit rows, sampled
     std::vector<std::shared_ptr<Job>> row_jobs_;  // job of each logits row, in batch order
     std::thread worker_;
 };

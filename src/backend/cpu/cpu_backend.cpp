@@ -266,6 +266,16 @@ void CpuBackend::download(const float* src, float* host_dst, size_t n) {
     if (src != host_dst) std::memcpy(host_dst, src, n * sizeof(float));
 }
 
+void CpuBackend::select_logits(const float* logits, int n_vocab,
+                               const std::vector<LogitRequest>& req,
+                               std::vector<LogitCandidates>& out) {
+    out.resize(req.size());
+    for (size_t i = 0; i < req.size(); i++) {
+        if (req[i].row < 0) fail("logit selection: row %d does not exist.", req[i].row);
+        select_logits_host(logits + size_t(req[i].row) * size_t(n_vocab), n_vocab, req[i], out[i]);
+    }
+}
+
 void CpuBackend::kv_truncate(int, int) {
     // Cells are addressed by (sequence, position) and rewritten before they are read again.
 }

@@ -10,7 +10,7 @@
 namespace nt {
 
 class CpuBackend : public Backend {
-public:
+  public:
     explicit CpuBackend(int n_threads = 0);
     ~CpuBackend() override;
     std::string name() const override { return "cpu"; }
@@ -27,6 +27,9 @@ public:
     void add(float* x, const float* y, int64_t n) override;
     void gather_logit_rows(const float* x, int dim, float* dst) override;
     void download(const float* src, float* host_dst, size_t n) override;
+    // The logits are host memory already: selects straight from them, no copy.
+    void select_logits(const float* logits, int n_vocab, const std::vector<LogitRequest>& req,
+                       std::vector<LogitCandidates>& out) override;
     void kv_truncate(int seq, int from) override;
     const void* upload_weight(const void* host, size_t) override { return host; }
 
@@ -35,7 +38,7 @@ public:
     int threads() const { return pool_.size(); }
     ThreadPool& pool() { return pool_; }
 
-private:
+  private:
     void rope_rows(float* x, int n_heads) const;
 
     ThreadPool pool_;
