@@ -23,8 +23,8 @@ struct WeightView {
     size_t nbytes = 0;
 };
 
-// A batch token that is the one the backend chose on the device with choose_token() before
-// the step (Backend::feeds_tokens()).
+// A batch token that is the one the backend chose on the device at the end of the step before
+// (Batch::choose, Backend::feeds_tokens()).
 constexpr int32_t kFedToken = -1;
 
 // One step's batch: entry i is token `tokens[i]` of sequence `seq[i]` at position `pos[i]`.
@@ -35,6 +35,10 @@ struct Batch {
     std::vector<int32_t> pos;
     std::vector<int32_t> seq;
     std::vector<uint8_t> want_logits;
+    // Greedy decoding with no round trip between steps (Backend::feeds_tokens()): the step ends
+    // by choosing the best token of its first logit row on the device, where the next step may
+    // name it kFedToken; Backend::take_token() returns it on the host.
+    bool choose = false;
     int size() const { return int(tokens.size()); }
     int n_logits() const;
     void clear();
@@ -196,15 +200,14 @@ class Backend {
     // Waits for the work enqueued so far (a device backend runs it asynchronously).
     virtual void wait() {}
 
-    // Greedy decoding with no round trip between steps, where feeds_tokens(): choose_token()
-    // enqueues the choice of logit row 0's best token (select_logits' best of k = 1: greedy,
-    // nothing changed) and returns at once; the next step may name that token kFedToken, so it
-    // is enqueued before the choice is known on the host; take_token() returns the oldest
-    // choice not yet taken, waiting for it (throws nt::Error when its row held a NaN). At most
-    // kMaxChosen choices are outstanding.
+    // Greedy decoding with no round trip between steps, where feeds_tokens(): a step whose
+    // batch says `choose` ends by choosing logit row 0's best token (select_logits' best of
+    // k = 1: greedy, nothing changed) on the device; the next step may name that token
+    // kFedToken, so it is enqueued before the choice is known on the host. take_token()
+    // returns the oldest choice not yet taken, waiting for it (throws nt::Error when its row
+    // held a NaN). At most kMaxChosen choices are outstanding.
     static constexpr int kMaxChosen = 4;
     virtual bool feeds_tokens() const { return false; }
-    virtual void choose_token();
     virtual int32_t take_token();
 
     // Measured streaming-read bandwidth of the memory the weights live in, GB/s (the decode

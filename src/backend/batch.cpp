@@ -13,6 +13,7 @@ void Batch::clear() {
     pos.clear();
     seq.clear();
     want_logits.clear();
+    choose = false;
 }
 
 void Batch::add(int32_t token, int32_t position, int32_t sequence, bool logits) {

@@ -67,10 +67,6 @@ void Backend::select_logits(const float* logits, int n_vocab, const std::vector<
     }
 }
 
-void Backend::choose_token() {
-    fail("this backend does not choose tokens on the device.");
-}
-
 int32_t Backend::take_token() {
     fail("this backend does not choose tokens on the device.");
 }

@@ -107,8 +107,8 @@ int cmd_bench(int argc, char** argv) {
                 for (int i = 0; i < n_gen; i++) {
                     b.clear();
                     b.add(i == 0 ? tok_dist(rng) : kFedToken, i, 0, true);
+                    b.choose = true;
                     eng.forward(b);
-                    be.choose_token();
                     if (i > 0) be.take_token();
                 }
                 be.take_token();

@@ -140,6 +140,8 @@ void Engine::forward(const Batch& batch) {
     if (batch.size() == 0) return;
     if (batch.size() > max_batch_)
         fail("a step of %d tokens exceeds the batch limit of %d.", batch.size(), max_batch_);
+    if (batch.choose && !pipelines())
+        fail("tokens are chosen on the device only with every weight resident on a GPU.");
     llama_forward(model_.hp, weights_, *source_, *backend_, batch);
 }
 
@@ -220,7 +222,7 @@ void Engine::logits_row(int row, std::vector<float>& out) {
                        out.size());
 }
 
-void Engine::feed(int seq, int pos, const std::vector<int32_t>& tokens) {
+void Engine::feed(int seq, int pos, const std::vector<int32_t>& tokens, bool choose) {
     if (pos + int(tokens.size()) > n_ctx_)
         fail("the prompt needs %d tokens but the context holds %d; shorten the prompt or raise -c.",
              pos + int(tokens.size()), n_ctx_);
@@ -230,6 +232,7 @@ void Engine::feed(int seq, int pos, const std::vector<int32_t>& tokens) {
         const size_t end = std::min(tokens.size(), i + size_t(max_batch_));
         for (size_t j = i; j < end; j++)
             b.add(tokens[j], pos + int(j), seq, j + 1 == tokens.size());
+        b.choose = choose && end == tokens.size();
         forward(b);
     }
 }
@@ -249,9 +252,15 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
     const Tokenizer& tok = *eng.model().tokenizer;
     st.n_prompt = int(prompt.size());
     if (prompt.empty()) fail("generation needs at least one prompt token.");
+    // Fed: each step is enqueued before the token it feeds is known here. The step before
+    // chooses it on the device and the step embeds it from there (kFedToken), so the GPU never
+    // waits for the host between steps. A step fed past the end (a stop token, the callback's
+    // no) only wrote a cache cell that the next step there rewrites.
+    const bool fed = sampler.plain_greedy() && eng.pipelines();
+    Backend& be = eng.backend();
     auto t0 = clock::now();
-    eng.feed(seq, pos, prompt);
-    eng.backend().wait();  // the prompt's time is its own
+    eng.feed(seq, pos, prompt, fed && n_predict != 0);
+    be.wait();  // the prompt's time is its own
     pos += int(prompt.size());
     for (int32_t t : prompt) sampler.accept(t);
     auto t1 = clock::now();
@@ -259,12 +268,6 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
 
     StreamDecoder dec(tok);
     Batch b;
-    // Fed: each step is enqueued before the token it feeds is known here. The backend chooses
-    // it on the device and the step embeds it from there (kFedToken), so the GPU never waits
-    // for the host between steps. A step fed past the end (a stop token, the callback's no)
-    // only wrote a cache cell that the next step there rewrites.
-    const bool fed = sampler.plain_greedy() && eng.pipelines();
-    Backend& be = eng.backend();
     struct Drain {  // choices still outstanding when the loop ends, however it ends
         Backend& be;
         int n = 0;
@@ -274,19 +277,15 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
                 } catch (const Error&) {  // a NaN in a step whose token nobody wants
                 }
         }
-    } chosen{be};
-    if (fed && n_predict != 0) {
-        be.choose_token();
-        chosen.n++;
-    }
+    } chosen{be, fed && n_predict != 0 ? 1 : 0};
     for (int i = 0; n_predict < 0 || i < n_predict; i++) {
         // Whether this token is fed back: room in the context and more tokens wanted.
         const bool more = pos < eng.n_ctx() && (n_predict < 0 || i + 1 < n_predict);
         if (fed && more) {
             b.clear();
             b.add(kFedToken, pos, seq, true);
+            b.choose = true;
             eng.forward(b);
-            be.choose_token();
             chosen.n++;
         }
         int32_t id;

@@ -115,9 +115,10 @@ class Engine {
     mem::WeightStreamer* streamer() { return streamer_; }
 
     // Feeds `tokens` of sequence `seq` starting at position `pos` in chunks of max_batch; the
-    // logits after the last token stay in the backend (logit row 0). Throws nt::Error past the
-    // context.
-    void feed(int seq, int pos, const std::vector<int32_t>& tokens);
+    // logits after the last token stay in the backend (logit row 0). `choose`: the last step
+    // chooses its greedy token on the device (Batch::choose; needs pipelines()). Throws
+    // nt::Error past the context.
+    void feed(int seq, int pos, const std::vector<int32_t>& tokens, bool choose = false);
     // feed(), then returns the logits after the last token.
     std::vector<float> prefill(int seq, int pos, const std::vector<int32_t>& tokens);
 

@@ -67,7 +67,7 @@ class Sampler {
                    const std::vector<std::pair<int32_t, float>>& bias = {});
 
     // Greedy, with no penalty that could change a logit: the draw is the row's best token, which
-    // a backend can choose by itself (Backend::choose_token).
+    // a backend can choose by itself at the end of a step (Batch::choose).
     bool plain_greedy() const;
 
     // Records a token of the sequence for the penalties (prompt or generated).

@@ -1,5 +1,7 @@
 #include "model/llama.h"
 
+#include "core/error.h"
+
 namespace nt {
 
 void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& layers,
@@ -8,6 +10,8 @@ void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& 
     const int B = batch.size();
     const int64_t d = s.n_embd;
     Activations& a = be.acts();
+    if (batch.choose && !be.feeds_tokens())
+        fail("the %s backend does not choose tokens on the device.", be.name().c_str());
 
     be.begin_step(batch);
     be.embed(w.tok_embd, a.x);

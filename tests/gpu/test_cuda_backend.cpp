@@ -1309,10 +1309,12 @@ TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
     }
 }
 
-// Greedy decoding with the token chosen and fed on the device (choose_token, kFedToken, each
+// Greedy decoding with the token chosen and fed on the device (Batch::choose, kFedToken, each
 // step enqueued before the host has its token) picks what the round trip picks: the best of the
 // downloaded logits, fed back from the host. Both backends replay graphs; the fed one's
-// choices queue two deep, as generate() keeps them.
+// choices queue two deep, as generate() keeps them, then kMaxChosen deep. Fed steps upload no
+// tables (the choice advances the position on the device): a step with the host's own token
+// afterwards must still see its own position.
 TEST(CudaBackend, ChosenTokensFeedTheNextStep) {
     NT_REQUIRE_GPU();
     const TestModel m = make_model(64, 4, 1, 2, GgmlType::Q8_0);
@@ -1326,34 +1328,60 @@ TEST(CudaBackend, ChosenTokensFeedTheNextStep) {
     Batch b;
     b.add(kFedToken, 0, 0, true);
     EXPECT_THROW(fed.begin_step(b), Error);  // names a choice that was never made
+    b.clear();
+    b.add(17, 0, 0, false);
+    b.choose = true;
+    EXPECT_THROW(fed.begin_step(b), Error);  // a choice with no logits to choose from
 
-    const int n = 12;
+    const int n = 12, K = CudaBackend::kMaxChosen;
+    const size_t V = size_t(m.hp.shape.n_vocab);
     std::vector<int32_t> want, got;
+    std::vector<float> row(V);
     int32_t t = 17;
-    for (int i = 0; i < n; i++) {  // the round trip: logits to the host, argmax, fed back
+    for (int i = 0; i < n + K; i++) {  // the round trip: logits to the host, argmax, fed back
         b.clear();
         b.add(t, i, 0, true);
         llama_forward(m.hp, hw, hsrc, host, b);
-        std::vector<float> row(size_t(m.hp.shape.n_vocab));
-        host.download(host.acts().logits, row.data(), row.size());
+        host.download(host.acts().logits, row.data(), V);
         t = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
         want.push_back(t);
     }
     for (int i = 0; i < n; i++) {
         b.clear();
         b.add(i == 0 ? 17 : kFedToken, i, 0, true);
+        b.choose = true;
         llama_forward(m.hp, fw, fsrc, fed, b);
-        fed.choose_token();
         if (i > 0) got.push_back(fed.take_token());
     }
     got.push_back(fed.take_token());
+    for (int i = n; i < n + K; i++) {  // the ring fills
+        b.clear();
+        b.add(kFedToken, i, 0, true);
+        b.choose = true;
+        llama_forward(m.hp, fw, fsrc, fed, b);
+    }
+    b.clear();
+    b.add(kFedToken, n + K, 0, true);
+    b.choose = true;
+    EXPECT_THROW(fed.begin_step(b), Error);  // the ring is full
+    for (int i = 0; i < K; i++) got.push_back(fed.take_token());
     EXPECT_EQ(got, want);
     if (fed.graphs()) {
-        EXPECT_GE(fed.graph_stats().replays, n - 2);
+        EXPECT_GE(fed.graph_stats().replays, n + K - 2);
     }
-    for (int i = 0; i < CudaBackend::kMaxChosen; i++) fed.choose_token();
-    EXPECT_THROW(fed.choose_token(), Error);  // the ring is full
-    for (int i = 0; i < CudaBackend::kMaxChosen; i++) EXPECT_EQ(fed.take_token(), want.back());
+
+    // The host's own token at the position after the last fed one, then again one position
+    // back (a table that differs from the device's only in its position).
+    for (int p : {n + K, n + K - 1}) {
+        b.clear();
+        b.add(want[size_t(p - 1)], p, 0, true);
+        std::vector<float> a(V), c(V);
+        llama_forward(m.hp, hw, hsrc, host, b);
+        host.download(host.acts().logits, a.data(), V);
+        llama_forward(m.hp, fw, fsrc, fed, b);
+        fed.download(fed.acts().logits, c.data(), V);
+        EXPECT_EQ(a, c) << "position " << p;
+    }
 }
 
 // A step that leaves its recorded op sequence runs eagerly and still computes the right thing.

@@ -199,7 +199,7 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
                               shape.n_vocab};
     size_t act_bytes = 0;
     for (int64_t w : widths) act_bytes += align_up(B * size_t(w) * sizeof(float));
-    step_bytes_ = align_up(5 * B * sizeof(int32_t) + B * sizeof(cuda::AttnTile));
+    step_bytes_ = align_up(5 * ((B + 3) / 4 * 4) * sizeof(int32_t) + B * sizeof(cuda::AttnTile));
     const size_t rope_bytes = align_up(size_t(n_rot_ / 2) * sizeof(float));
     cuda::AttnShape as{shape.n_head, shape.n_head_kv, shape.head_dim, n_ctx};
     size_t attn_floats = 0;
@@ -218,8 +218,7 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     const size_t sel_bytes = align_up(size_t(cuda::kMergeKeys) * sizeof(unsigned long long)) +
                              align_up((size_t(shape.n_vocab) / 1024 + 1) * sizeof(int)) +
                              align_up(size_t(sel_rows_) * sizeof(cuda::LogitSelection)) +
-                             align_up(size_t(kMaxChosen) * sizeof(cuda::LogitSelection)) +
-                             align_up(sizeof(int32_t));
+                             2 * align_up(sizeof(int32_t));
     const size_t scratch_bytes =
         act_bytes + step_bytes_ + rope_bytes + attn_bytes + done_bytes + mm_bytes + sel_bytes;
 
@@ -262,12 +261,14 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     sel_nan_ = reinterpret_cast<int*>(take((size_t(shape.n_vocab) / 1024 + 1) * sizeof(int)));
     sel_out_ = reinterpret_cast<cuda::LogitSelection*>(
         take(size_t(sel_rows_) * sizeof(cuda::LogitSelection)));
-    chosen_out_ = reinterpret_cast<cuda::LogitSelection*>(
-        take(size_t(kMaxChosen) * sizeof(cuda::LogitSelection)));
     fed_token_ = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
+    chosen_on_device_ = reinterpret_cast<int*>(take(sizeof(int)));
     NT_CUDA_CHECK(cudaMemsetAsync(fed_token_, 0, sizeof(int32_t), stream_), "cudaMemsetAsync");
-    chosen_first_ = chosen_count_ = 0;
+    NT_CUDA_CHECK(cudaMemsetAsync(chosen_on_device_, 0, sizeof(int), stream_), "cudaMemsetAsync");
+    chosen_made_ = 0;
+    chosen_count_ = 0;
     fed_ready_ = false;
+    tables_known_ = false;
     void* mm_buf = take(mm_bytes);
     cuda::matmul_init(*mm_, mm_buf, mm_bytes, stream_);
     pdl_supported_ = mm_->pdl;
@@ -288,8 +289,12 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     NT_CUDA_CHECK(cudaMallocHost(&h_download_, kDownloadChunk), "cudaMallocHost");
     NT_CUDA_CHECK(cudaMallocHost(&h_sel_, size_t(sel_rows_) * sizeof(cuda::LogitSelection)),
                   "cudaMallocHost");
-    NT_CUDA_CHECK(cudaMallocHost(&h_chosen_, size_t(kMaxChosen) * sizeof(cuda::LogitSelection)),
-                  "cudaMallocHost");
+    NT_CUDA_CHECK(cudaHostAlloc(&h_chosen_, size_t(kMaxChosen) * sizeof(cuda::LogitSelection),
+                                cudaHostAllocMapped),
+                  "cudaHostAlloc chosen tokens");
+    NT_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&h_chosen_on_device_),
+                                           h_chosen_, 0),
+                  "cudaHostGetDevicePointer chosen tokens");
 
     // Rope frequencies exactly as the CPU backend computes them (same float expression), so
     // both turn by the same float angle.
@@ -331,16 +336,22 @@ void CudaBackend::begin_step(const Batch& batch) {
             fail("token id %d is outside the vocabulary (%d tokens).", batch.tokens[u],
                  shape_.n_vocab);
     }
+    if (batch.choose && batch.n_logits() == 0)
+        fail("a step that chooses its token on the device must produce logits.");
+    if (batch.choose && chosen_count_ == kMaxChosen)
+        fail("%d tokens chosen on the device were never taken.", kMaxChosen);
 
-    // The pinned mirror may still feed the previous step's copy.
-    NT_CUDA_CHECK(cudaEventSynchronize(step_uploaded_), "cudaEventSynchronize");
-    const size_t B = size_t(max_batch_);
-    int32_t* tokens = h_step_;
-    int32_t* pos = h_step_ + B;
-    int32_t* seq = h_step_ + 2 * B;
-    int32_t* logit_rows = h_step_ + 3 * B;
-    int32_t* dec_rows = h_step_ + 4 * B;
-    cuda::AttnTile* tiles = reinterpret_cast<cuda::AttnTile*>(h_step_ + 5 * B);
+    // The tables, laid out for this step's rows (stride_), staged on the host first: a step
+    // whose tables the device already holds uploads nothing.
+    static_assert(sizeof(cuda::AttnTile) == 4 * sizeof(int32_t), "tiles are four ints");
+    const size_t S = size_t((n + 3) / 4 * 4);
+    staged_.assign(5 * S + 4 * size_t(n), 0);
+    int32_t* tokens = staged_.data();
+    int32_t* pos = tokens + S;
+    int32_t* seq = tokens + 2 * S;
+    int32_t* logit_rows = tokens + 3 * S;
+    int32_t* dec_rows = tokens + 4 * S;
+    cuda::AttnTile* tiles = reinterpret_cast<cuda::AttnTile*>(tokens + 5 * S);
     std::copy(batch.tokens.begin(), batch.tokens.end(), tokens);
     std::copy(batch.pos.begin(), batch.pos.end(), pos);
     std::copy(batch.seq.begin(), batch.seq.end(), seq);
@@ -368,12 +379,24 @@ void CudaBackend::begin_step(const Batch& batch) {
     }
     splits_ = decode_splits(n_dec_);
     n_rows_ = n;
-    NT_CUDA_CHECK(cudaMemcpyAsync(d_step_, h_step_, step_bytes_, cudaMemcpyHostToDevice, stream_),
-                  "cudaMemcpyAsync step tables");
-    NT_CUDA_CHECK(cudaEventRecord(step_uploaded_, stream_), "cudaEventRecord");
+    stride_ = int(S);
+    choose_ = batch.choose;
+    staged_.resize(5 * S + 4 * size_t(n_tiles_));
+    const bool held = tables_known_ && staged_ == tables_;
+    tables_known_ = false;  // until the step has been enqueued whole (end_step)
+    if (!held) {
+        // The pinned mirror may still feed the previous step's copy.
+        NT_CUDA_CHECK(cudaEventSynchronize(step_uploaded_), "cudaEventSynchronize");
+        const size_t bytes = staged_.size() * sizeof(int32_t);
+        std::memcpy(h_step_, staged_.data(), bytes);
+        NT_CUDA_CHECK(cudaMemcpyAsync(d_step_, h_step_, bytes, cudaMemcpyHostToDevice, stream_),
+                      "cudaMemcpyAsync step tables");
+        NT_CUDA_CHECK(cudaEventRecord(step_uploaded_, stream_), "cudaEventRecord");
+    }
+    tables_.swap(staged_);
 
     if (graphs_on_ && n > 0 && n <= kGraphMaxBatch) {
-        key_ = {n, n_logits_};
+        key_ = {n, n_logits_, choose_};
         auto it = graphs_.find(key_);
         if (it != graphs_.end() && it->second.exec) {
             mode_ = Mode::Replay;
@@ -497,7 +520,22 @@ void CudaBackend::flush() {
 }
 
 void CudaBackend::end_step() {
+    if (choose_) {
+        Op op;
+        op.kind = OpKind::Choose;
+        submit(op);
+    }
     flush();
+    tables_known_ = true;
+    if (choose_) {
+        choose_ = false;
+        NT_CUDA_CHECK(cudaEventRecord(chosen_ready_[chosen_made_ % kMaxChosen], stream_),
+                      "cudaEventRecord");
+        chosen_made_++;
+        chosen_count_++;
+        fed_ready_ = true;
+        tables_[size_t(stride_)]++;  // the choice advanced the first position on the device
+    }
 }
 
 void CudaBackend::wait() {
@@ -527,11 +565,11 @@ void CudaBackend::set_pdl(bool on) {
 
 void CudaBackend::run(const Op& op) {
     const auto f = [&](int i) { return static_cast<float*>(const_cast<void*>(op.p[i])); };
-    const size_t B = size_t(max_batch_);
+    const size_t B = size_t(stride_);
     const bool x_unchanged = after_matmul_;
     after_matmul_ = op.kind == OpKind::Matmul;
     const int32_t* d_tokens = d_step_;
-    const int32_t* d_pos = d_step_ + B;
+    int32_t* d_pos = d_step_ + B;
     const int32_t* d_seq = d_step_ + 2 * B;
     const int32_t* d_logit_rows = d_step_ + 3 * B;
     const int32_t* d_dec_rows = d_step_ + 4 * B;
@@ -633,6 +671,16 @@ void CudaBackend::run(const Op& op) {
         case OpKind::Gather:
             cuda::gather_rows(f(0), op.i0, d_logit_rows, n_logits_, f(1), stream_);
             return;
+        case OpKind::Choose: {
+            cuda::LogitChoice c;
+            c.fed = fed_token_;
+            c.count = chosen_on_device_;
+            c.ring = h_chosen_on_device_;
+            c.ring_size = kMaxChosen;
+            c.pos = d_pos;
+            cuda::logit_choose(acts_.logits, shape_.n_vocab, sel_keys_, sel_nan_, c, stream_);
+            return;
+        }
     }
 }
 
@@ -870,29 +918,10 @@ void CudaBackend::select_logits(const float* logits, int n_vocab,
     }
 }
 
-void CudaBackend::choose_token() {
-    require_init("choose_token");
-    flush();
-    if (chosen_count_ == kMaxChosen)
-        fail("%d tokens chosen on the device were never taken.", kMaxChosen);
-    const int slot = (chosen_first_ + chosen_count_) % kMaxChosen;
-    cuda::logit_select(acts_.logits, shape_.n_vocab, 1, cuda::LogitIds{}, sel_keys_, sel_nan_,
-                       chosen_out_ + slot, stream_, fed_token_);
-    // The NaN flag and the best key, the struct's first 16 bytes, are all take_token() reads.
-    static_assert(offsetof(cuda::LogitSelection, key) == 8, "nan, pad, then the keys");
-    NT_CUDA_CHECK(
-        cudaMemcpyAsync(&h_chosen_[slot], &chosen_out_[slot], 16, cudaMemcpyDeviceToHost, stream_),
-        "cudaMemcpyAsync chosen token");
-    NT_CUDA_CHECK(cudaEventRecord(chosen_ready_[slot], stream_), "cudaEventRecord");
-    chosen_count_++;
-    fed_ready_ = true;
-}
-
 int32_t CudaBackend::take_token() {
     require_init("take_token");
     if (chosen_count_ == 0) fail("take_token: no token was chosen.");
-    const int slot = chosen_first_;
-    chosen_first_ = (chosen_first_ + 1) % kMaxChosen;
+    const int slot = int((chosen_made_ - chosen_count_) % kMaxChosen);
     chosen_count_--;
     NT_CUDA_CHECK(cudaEventSynchronize(chosen_ready_[slot]), "cudaEventSynchronize chosen token");
     LogitCandidates c;

@@ -2,9 +2,9 @@
 // planned once in init() (F16 KV cache, activations for the largest batch, attention and
 // matmul scratch) and checked against the free memory first; weights are uploaded into one
 // reservation or per tensor. Decode steps (at most kGraphMaxBatch rows) are recorded once as a
-// CUDA graph per (batch size, logit rows) and replayed: the step's tokens, positions and
-// sequences live in device tables that begin_step refreshes, so the graph stays valid while
-// they change. NT_CUDA_GRAPHS=0 in the environment turns graphs off (debugging,
+// CUDA graph per (batch size, logit rows, token chosen on the device) and replayed: the step's
+// tokens, positions and sequences live in device tables that begin_step refreshes, so the
+// graph stays valid while they change. NT_CUDA_GRAPHS=0 in the environment turns graphs off (debugging,
 // compute-sanitizer).
 #pragma once
 #include <cuda_runtime_api.h>
@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -73,7 +74,6 @@ class CudaBackend : public Backend {
     void end_step() override;
     void wait() override;
     bool feeds_tokens() const override { return true; }
-    void choose_token() override;
     int32_t take_token() override;
     double measure_read_bandwidth() override;
     // Reserves device memory for all weights at once (the sum of their sizes, plus slack for
@@ -123,7 +123,8 @@ class CudaBackend : public Backend {
         GateUp,
         Qkv,
         Add,
-        Gather
+        Gather,
+        Choose  // the step's greedy token, chosen on the device (Batch::choose)
     };
     // One backend op with its arguments: executed at once, recorded into a graph, or compared
     // with the recorded sequence when a graph is replayed.
@@ -144,7 +145,7 @@ class CudaBackend : public Backend {
         std::vector<Op> ops;
         int failures = 0;  // steps that left `ops`; past a few the key stays eager
     };
-    using GraphKey = std::pair<int, int>;  // (batch rows, logit rows)
+    using GraphKey = std::tuple<int, int, bool>;  // (batch rows, logit rows, choose)
 
     void submit(const Op& op);
     void attention_op(OpKind kind, int layer, const float* q, const float* k, const float* v,
@@ -181,12 +182,19 @@ class CudaBackend : public Backend {
 
     // The step's tables: device copies at fixed addresses (graphs bake them in), filled from
     // a pinned host mirror. Regions: tokens, pos, seq, logit rows, decode rows (int32 x
-    // max_batch each), then attention tiles (AttnTile x max_batch).
+    // stride_ each, stride_ the step's rows rounded up to 4, so that a graph's key fixes the
+    // layout and a decode step copies a few dozen bytes), then attention tiles (AttnTile x
+    // n_tiles_). tables_ is what the device holds, as far as the host knows (a choice
+    // advances the first position there): a step whose tables equal it uploads nothing.
     int32_t* d_step_ = nullptr;
     int32_t* h_step_ = nullptr;
     size_t step_bytes_ = 0;
     cudaEvent_t step_uploaded_ = nullptr;
+    std::vector<int32_t> tables_, staged_;
+    bool tables_known_ = false;
+    int stride_ = 0;
     int n_rows_ = 0, n_logits_ = 0, n_dec_ = 0, n_tiles_ = 0, splits_ = 1;
+    bool choose_ = false;  // the step open now ends with a choice
 
     float* h_download_ = nullptr;  // pinned bounce buffer for download()
 
@@ -196,12 +204,16 @@ class CudaBackend : public Backend {
     int* sel_nan_ = nullptr;
     cuda::LogitSelection* sel_out_ = nullptr;
     cuda::LogitSelection* h_sel_ = nullptr;
-    // choose_token / take_token: a ring of kMaxChosen answers on the device and pinned, each
-    // with its event; the chosen token itself, which kFedToken names in the next step.
-    cuda::LogitSelection* chosen_out_ = nullptr;
+    // Tokens chosen on the device (Batch::choose) and taken by take_token: a pinned ring of
+    // kMaxChosen answers that the choice kernel writes directly (slot: the device's count of
+    // choices made, which chosen_made_ mirrors), each with its event; the chosen token itself,
+    // which kFedToken names in the next step.
     cuda::LogitSelection* h_chosen_ = nullptr;
+    cuda::LogitSelection* h_chosen_on_device_ = nullptr;  // the same ring, as the kernel sees it
+    int* chosen_on_device_ = nullptr;                      // the device's count of choices
     cudaEvent_t chosen_ready_[kMaxChosen] = {};
-    int chosen_first_ = 0, chosen_count_ = 0;
+    int64_t chosen_made_ = 0;
+    int chosen_count_ = 0;  // made and not yet taken
     int32_t* fed_token_ = nullptr;
     bool fed_ready_ = false;
 
@@ -220,7 +232,7 @@ class CudaBackend : public Backend {
     bool rope_fusion_ = true;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
-    GraphKey key_{0, 0};
+    GraphKey key_{0, 0, false};
     std::vector<Op> recording_;  // Capture: ops of this step, in order
     std::vector<Op> pending_;    // Replay: ops matched so far, not yet executed
     size_t replay_pos_ = 0;

@@ -9,9 +9,10 @@
 // 1. blocks of C positions sort their keys in shared memory (bitonic) and keep their m best;
 //    one best needs no sort, only a block maximum;
 // 2. one block sorts the blocks' m best (at most kMergeKeys) and writes the m best of the row,
-//    the logits of the asked ids and whether any block saw a NaN; for greedy decoding fed on
-//    the device (CudaBackend::choose_token) also the best token, where the next step's
-//    embedding reads it.
+//    the logits of the asked ids and whether any block saw a NaN. For greedy decoding fed on
+//    the device (logit_choose: one best, inside the step's graph) it writes the best token
+//    where the next step's embedding reads it, and the answer straight into pinned host
+//    memory, so no copy follows the step.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -114,7 +115,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 // of the asked ids, and the NaN flag of the n_blocks blocks.
 __global__ void __launch_bounds__(kMergeThreads)
     select_merge(const unsigned long long* keys, int n_keys, int n, int m, const int* nan_blk,
-                 int n_blocks, const float* row, LogitIds ids, LogitSelection* out, int32_t* fed) {
+                 int n_blocks, const float* row, LogitIds ids, LogitSelection* out) {
     extern __shared__ unsigned long long s[];
     for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] = i < n_keys ? keys[i] : 0ull;
     bool nan = false;
@@ -123,9 +124,27 @@ __global__ void __launch_bounds__(kMergeThreads)
     for (int i = threadIdx.x; i < ids.n; i += blockDim.x) out->id_logit[i] = row[ids.id[i]];
     bitonic_sort_desc(s, n);
     for (int i = threadIdx.x; i < m; i += blockDim.x) out->key[i] = s[i];
+    if (threadIdx.x == 0) out->nan = nan;
+}
+// Kernel 2 of logit_choose: the best of the n_keys block maxima, as LogitChoice says.
+__global__ void __launch_bounds__(kMergeThreads)
+    choose_merge(const unsigned long long* keys, int n_keys, const int* nan_blk, LogitChoice c) {
+    unsigned long long best = 0;
+    bool nan = false;
+    for (int i = threadIdx.x; i < n_keys; i += blockDim.x) {
+        best = max(best, keys[i]);
+        nan |= nan_blk[i] != 0;
+    }
+    nan = __syncthreads_or(nan);
+    best = block_max_key(best);
     if (threadIdx.x == 0) {
+        const int count = *c.count;
+        LogitSelection* out = c.ring + count % c.ring_size;
+        out->key[0] = best;
         out->nan = nan;
-        if (fed) *fed = s[0] ? int32_t(0xFFFFFFFFu - uint32_t(s[0] & 0xFFFFFFFFu)) : 0;
+        *c.fed = best ? int32_t(0xFFFFFFFFu - uint32_t(best & 0xFFFFFFFFu)) : 0;
+        *c.count = count + 1;
+        *c.pos += 1;
     }
 }
 
@@ -163,7 +182,7 @@ void logit_select_init() {
 
 void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
                   unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
-                  cudaStream_t stream, int32_t* fed) {
+                  cudaStream_t stream) {
     const int chunk = select_chunk(n_vocab, m);
     if (m < 1 || m > kMaxLogitCandidates || chunk == 0 || ids.n < 0 || ids.n > kMaxLogitCandidates)
         fail("logit selection: %d best of %d logits do not fit the selection kernels.", m, n_vocab);
@@ -174,8 +193,22 @@ void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (blocks)");
     const int n_keys = blocks * m, n = pow2_at_least(n_keys);
     select_merge<<<1, kMergeThreads, size_t(n) * sizeof(unsigned long long), stream>>>(
-        scratch_keys, n_keys, n, m, scratch_nan, blocks, row, ids, out, fed);
+        scratch_keys, n_keys, n, m, scratch_nan, blocks, row, ids, out);
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (merge)");
+}
+
+void logit_choose(const float* row, int n_vocab, unsigned long long* scratch_keys,
+                  int* scratch_nan, const LogitChoice& choice, cudaStream_t stream) {
+    const int chunk = select_chunk(n_vocab, 1);
+    if (chunk == 0 || n_vocab < 1)
+        fail("logit selection: the best of %d logits does not fit the selection kernels.",
+             n_vocab);
+    const int blocks = (n_vocab + chunk - 1) / chunk;
+    select_block_best<<<blocks, kBlockThreads, 0, stream>>>(row, n_vocab, chunk, 1, scratch_keys,
+                                                            scratch_nan);
+    NT_CUDA_CHECK(cudaGetLastError(), "token choice kernel (blocks)");
+    choose_merge<<<1, kMergeThreads, 0, stream>>>(scratch_keys, blocks, scratch_nan, choice);
+    NT_CUDA_CHECK(cudaGetLastError(), "token choice kernel (merge)");
 }
 
 void logit_selection_unpack(const LogitSelection& sel, int m, int n_ids, LogitCandidates& out) {

@@ -78,16 +78,29 @@ struct LogitSelection {
     unsigned long long key[kMaxLogitCandidates];  // the m best, best first; 0: none
     float id_logit[kMaxLogitCandidates];
 };
+// Greedy decoding fed on the device (CudaBackend, Batch::choose): the best token of the row
+// goes into *fed, where the next step's embedding reads it; the answer into
+// ring[*count % ring_size], a pinned host ring the kernel writes directly, then *count and
+// *pos (the step tables' first position, so that the next fed step needs no upload) advance.
+struct LogitChoice {
+    int32_t* fed = nullptr;
+    int* count = nullptr;
+    LogitSelection* ring = nullptr;
+    int ring_size = 0;
+    int32_t* pos = nullptr;
+};
 // Whether logit_select takes the m best of a row of n_vocab.
 bool logit_select_fits(int n_vocab, int m);
 // Called once per process and device before the first launch (raises shared-memory limits).
 void logit_select_init();
-// The m best of row[0..n_vocab), the logits of ids and the NaN flag into *out (device memory);
-// with `fed`, the best token also into *fed (0 when the row has none), for the next step's
-// embedding. scratch_keys: kMergeKeys keys; scratch_nan: n_vocab / 1024 + 1 ints.
+// The m best of row[0..n_vocab), the logits of ids and the NaN flag into *out (device memory).
+// scratch_keys: kMergeKeys keys; scratch_nan: n_vocab / 1024 + 1 ints.
 void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
                   unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
-                  cudaStream_t stream, int32_t* fed = nullptr);
+                  cudaStream_t stream);
+// The best token of row[0..n_vocab) chosen as `choice` says (0 when the row has none).
+void logit_choose(const float* row, int n_vocab, unsigned long long* scratch_keys,
+                  int* scratch_nan, const LogitChoice& choice, cudaStream_t stream);
 // A selection copied to the host, as Backend::select_logits answers.
 void logit_selection_unpack(const LogitSelection& sel, int m, int n_ids, LogitCandidates& out);
 
