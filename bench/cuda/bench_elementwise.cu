@@ -1,6 +1,8 @@
 // The small kernels of a Llama layer on their own: embedding lookup (per weight type), RMSNorm,
 // rope (both versions), residual add + RMSNorm + activation quantization (three kernels against
-// the fused one), SwiGLU, residual add, logit-row gather. Each is checked against a CPU reference
+// the fused one), SwiGLU, residual add, logit-row gather, the sampler's candidates from a logit
+// row (logit_select: the k best of a Llama-3 row, with and without asked ids) and the greedy
+// choice fed on the device (logit_choose). Each is checked against a CPU reference
 // on random data, then timed; bytes read + written per call against the measured HBM read
 // bandwidth. At batch 1 they are launch-bound (a few microseconds whatever the bytes): that is
 // what CUDA graphs are for.
@@ -136,6 +138,67 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t rows, int64_t cols, uint3
         if (om != SIZE_MAX) std::memcpy(&b[i + om], &dm, 2);
     }
     return b;
+}
+
+// The sampler's candidates from one Llama-3 logit row, bit for bit against the host's selection
+// (the bytes: the row, read once).
+void bench_selection() {
+    const int V = 128256;
+    const std::vector<float> row = random_floats(size_t(V), 11, -20.f, 20.f);
+    float* drow = dev_copy(row);
+    unsigned long long* keys = nullptr;
+    int* nan = nullptr;
+    LogitSelection* out = nullptr;
+    NT_CUDA_CHECK(cudaMalloc(&keys, size_t(kMergeKeys) * sizeof(*keys)), "cudaMalloc");
+    NT_CUDA_CHECK(cudaMalloc(&nan, size_t(V / 1024 + 1) * sizeof(int)), "cudaMalloc");
+    NT_CUDA_CHECK(cudaMalloc(&out, sizeof(LogitSelection)), "cudaMalloc");
+    logit_select_init();
+    std::mt19937 rng(12);
+    for (int k : {1, 40, 256})
+        for (int n_ids : {0, 64}) {
+            if (k + n_ids > kMaxLogitCandidates) continue;
+            LogitRequest req;
+            req.k = k;
+            LogitIds ids;
+            ids.n = n_ids;
+            for (int i = 0; i < n_ids; i++) req.ids.push_back(ids.id[i] = int32_t(rng() % V));
+            const auto launch = [&] { logit_select(drow, V, k, ids, keys, nan, out, nullptr); };
+            launch();
+            LogitSelection h;
+            NT_CUDA_CHECK(cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
+            LogitCandidates got, want;
+            logit_selection_unpack(h, k, n_ids, got);
+            select_logits_host(row.data(), V, req, want);
+            const bool same = got.top_id == want.top_id && got.top_logit == want.top_logit &&
+                              got.id_logit == want.id_logit && got.nan == want.nan;
+            report("select top " + std::to_string(k) + (n_ids ? " +ids" : ""), 1, double(V) * 4,
+                   same ? 0 : 1, 0, launch);
+        }
+    {  // the greedy choice as a fed step makes it: token, answer ring, count and position
+        int32_t* dint = nullptr;
+        LogitSelection* ring = nullptr;
+        NT_CUDA_CHECK(cudaMalloc(&dint, 3 * sizeof(int32_t)), "cudaMalloc");
+        NT_CUDA_CHECK(cudaMemset(dint, 0, 3 * sizeof(int32_t)), "cudaMemset");
+        NT_CUDA_CHECK(cudaMalloc(&ring, 4 * sizeof(LogitSelection)), "cudaMalloc");
+        LogitChoice c;
+        c.fed = dint;
+        c.count = dint + 1;
+        c.pos = dint + 2;
+        c.ring = ring;
+        c.ring_size = 4;
+        logit_choose(drow, V, keys, nan, c, nullptr);
+        const std::vector<int32_t> h = host_copy(dint, 3);
+        const int32_t best = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+        report("choose (greedy, fed)", 1, double(V) * 4,
+               h[0] == best && h[1] == 1 && h[2] == 1 ? 0 : 1, 0,
+               [&] { logit_choose(drow, V, keys, nan, c, nullptr); });
+        cudaFree(dint);
+        cudaFree(ring);
+    }
+    cudaFree(drow);
+    cudaFree(keys);
+    cudaFree(nan);
+    cudaFree(out);
 }
 
 void bench(const Opts& o) {
@@ -340,6 +403,7 @@ void bench(const Opts& o) {
         cudaFree(dtok);
         cudaFree(dx);
     }
+    bench_selection();
 }
 
 }  // namespace

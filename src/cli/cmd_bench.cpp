@@ -47,8 +47,9 @@ int cmd_bench(int argc, char** argv) {
         {"--readback", "WHAT",
          "what a tg step copies back: fed (greedy generation as generate runs it: the token "
          "chosen on the device feeds the next step, queued before the host has it), top "
-         "(the greedy token, after each step), row (the whole logit row, as llama-bench "
-         "does) or none (nothing: the steps queue back to back)",
+         "(the greedy token, after each step), sampled (the candidates of generate's default "
+         "sampler, top-k 40, drawn on the host after each step), row (the whole logit row, "
+         "as llama-bench does) or none (nothing: the steps queue back to back)",
          "fed"});
     opts.push_back({"--json", "", "print the results as JSON", ""});
     Args a("bench", opts);
@@ -58,8 +59,9 @@ int cmd_bench(int argc, char** argv) {
     const int n_prompt = a.integer("--n-prompt", 512), n_gen = a.integer("--n-gen", 128);
     const int reps = a.integer("--repetitions", 3);
     std::string readback = a.str("--readback", "fed");
-    if (readback != "fed" && readback != "top" && readback != "row" && readback != "none")
-        fail("--readback takes fed, top, row or none, not '%s'.", readback.c_str());
+    if (readback != "fed" && readback != "top" && readback != "sampled" && readback != "row" &&
+        readback != "none")
+        fail("--readback takes fed, top, sampled, row or none, not '%s'.", readback.c_str());
     if (n_prompt < 0 || n_gen < 0 || reps < 1)
         fail("-p and -n must be 0 or more and -r at least 1.");
 
@@ -76,6 +78,7 @@ int cmd_bench(int argc, char** argv) {
     SamplerParams gp;
     gp.temperature = 0.f;
     Sampler greedy(gp, eng.n_vocab());
+    Sampler chain(SamplerParams{}, eng.n_vocab());  // generate's default
     if (readback == "fed" && !eng.pipelines()) readback = "top";  // this backend cannot feed
 
     using clock = std::chrono::steady_clock;
@@ -120,7 +123,9 @@ int cmd_bench(int argc, char** argv) {
                         eng.eval(b, logits);
                     } else {
                         eng.forward(b);
-                        if (readback == "top") eng.sample(greedy);  // the token is not fed back
+                        // The token is not fed back.
+                        if (readback == "top") eng.sample(greedy);
+                        if (readback == "sampled") eng.sample(chain);
                     }
                 }
             }
@@ -174,8 +179,9 @@ int cmd_bench(int argc, char** argv) {
                         100.0 * gbs / ceiling, ceiling, ceiling * 1e9 / double(bytes));
         std::printf("; tg steps copy back: %s\n",
                     readback == "fed"   ? "the greedy token, chosen and fed on the device"
-                    : readback == "top" ? "the greedy token"
-                    : readback == "row" ? "the whole logit row"
+                    : readback == "top"     ? "the greedy token"
+                    : readback == "sampled" ? "the default sampler's top-k candidates"
+                    : readback == "row"     ? "the whole logit row"
                                         : "nothing");
     }
     if (ws) {

@@ -6,10 +6,15 @@
 // complement of its id in the low word, so that the larger key is the better candidate by the
 // sampler's order (higher logit, then lower id) and no two keys are equal; 0 is no candidate
 // (a NaN, or padding past the row). Two kernels:
-// 1. blocks of C positions sort their keys in shared memory (bitonic) and keep their m best;
-//    one best needs no sort, only a block maximum;
-// 2. one block sorts the blocks' m best (at most kMergeKeys) and writes the m best of the row,
-//    the logits of the asked ids and whether any block saw a NaN. For greedy decoding fed on
+// 1. blocks of C positions keep their m best keys, unordered: a radix select over the keys in
+//    shared memory finds the m-th best, and the keys from it up are kept (keys are distinct, so
+//    exactly m); one best is a block maximum;
+// 2. one block selects the m best of the blocks' candidates (at most kMergeKeys) the same way,
+//    sorts those m (bitonic, at most kMaxLogitCandidates) and writes them, the logits of the
+//    asked ids and whether any block saw a NaN.
+// A full sort of the candidates (8192 keys in one block) took about 50 us a token for top-k 40;
+// the radix select passes over them a few times, once per 8 bits of the keys until the m-th is
+// isolated. For greedy decoding fed on
 //    the device (logit_choose: one best, inside the step's graph) it writes the best token
 //    where the next step's embedding reads it, and the answer straight into pinned host
 //    memory, so no copy follows the step.
@@ -62,6 +67,57 @@ __device__ void bitonic_sort_desc(unsigned long long* s, int n) {
         }
 }
 
+// The smallest of the m best nonzero keys of s[0..n) (1 when there are at most m), found 8 bits
+// at a time from the top: every thread of the block calls it; keys are distinct.
+__device__ unsigned long long mth_best_key(const unsigned long long* s, int n, int m) {
+    __shared__ unsigned int hist[256];
+    __shared__ unsigned long long sh_prefix;
+    __shared__ int sh_need, sh_done;
+    unsigned long long prefix = 0, mask = 0;
+    int need = m;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const unsigned long long k = s[i];
+            if (k != 0 && (k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            // Lane l counts bins 255 - 8l down to 248 - 8l; the lane whose run holds the need-th
+            // key from the top picks its bin.
+            const int lane = threadIdx.x;
+            unsigned c[8], run = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) run += c[j] = hist[255 - 8 * lane - j];
+            unsigned incl = run;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += v;
+            }
+            const unsigned above = incl - run, all = __shfl_sync(0xffffffffu, incl, 31);
+            if (shift == 56 && all <= unsigned(need)) {
+                if (lane == 0) sh_done = 1, sh_prefix = 1;
+            } else if (above < unsigned(need) && unsigned(need) <= incl) {
+                unsigned a = above;
+                int j = 0;
+                while (a + c[j] < unsigned(need)) a += c[j++];
+                const unsigned long long p =
+                    prefix | (static_cast<unsigned long long>(255 - 8 * lane - j) << shift);
+                sh_prefix = p;
+                sh_need = need - int(a);
+                sh_done = a + c[j] == unsigned(need);  // the whole bin is in: every key from p up
+            }
+        }
+        __syncthreads();
+        if (sh_done) return sh_prefix;
+        prefix = sh_prefix;
+        need = sh_need;
+        mask |= 0xFFull << shift;
+    }
+    return prefix;  // not reached: at the last digit a bin holds one key
+}
 // The block's maximum key; valid in every thread.
 __device__ unsigned long long block_max_key(unsigned long long v) {
     __shared__ unsigned long long red[32];
@@ -107,23 +163,40 @@ __global__ void __launch_bounds__(kBlockThreads)
         if (threadIdx.x == 0) keys[blockIdx.x] = best;
         return;
     }
-    bitonic_sort_desc(s, chunk);
-    for (int i = threadIdx.x; i < m; i += blockDim.x) keys[size_t(blockIdx.x) * m + i] = s[i];
+    const unsigned long long t = mth_best_key(s, chunk, m);
+    __shared__ int kept;
+    if (threadIdx.x == 0) kept = 0;
+    __syncthreads();
+    unsigned long long* out = keys + size_t(blockIdx.x) * m;
+    for (int i = threadIdx.x; i < chunk; i += blockDim.x)
+        if (s[i] >= t && s[i] != 0) out[atomicAdd(&kept, 1)] = s[i];
+    __syncthreads();
+    for (int i = kept + threadIdx.x; i < m; i += blockDim.x) out[i] = 0;  // fewer than m
 }
 
-// Kernel 2: the m best of the n_keys block candidates (n a power of two >= n_keys), the logits
-// of the asked ids, and the NaN flag of the n_blocks blocks.
+// Kernel 2: the m best of the n_keys block candidates, best first, the logits of the asked
+// ids, and the NaN flag of the n_blocks blocks.
 __global__ void __launch_bounds__(kMergeThreads)
-    select_merge(const unsigned long long* keys, int n_keys, int n, int m, const int* nan_blk,
+    select_merge(const unsigned long long* keys, int n_keys, int m, const int* nan_blk,
                  int n_blocks, const float* row, LogitIds ids, LogitSelection* out) {
     extern __shared__ unsigned long long s[];
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] = i < n_keys ? keys[i] : 0ull;
+    __shared__ unsigned long long best[kMaxLogitCandidates];
+    __shared__ int kept;
+    for (int i = threadIdx.x; i < n_keys; i += blockDim.x) s[i] = keys[i];
     bool nan = false;
     for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) nan |= nan_blk[i] != 0;
     nan = __syncthreads_or(nan);
     for (int i = threadIdx.x; i < ids.n; i += blockDim.x) out->id_logit[i] = row[ids.id[i]];
-    bitonic_sort_desc(s, n);
-    for (int i = threadIdx.x; i < m; i += blockDim.x) out->key[i] = s[i];
+    const unsigned long long t = mth_best_key(s, n_keys, m);
+    int p = 1;
+    while (p < m) p <<= 1;
+    for (int i = threadIdx.x; i < p; i += blockDim.x) best[i] = 0;
+    if (threadIdx.x == 0) kept = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_keys; i += blockDim.x)
+        if (s[i] >= t && s[i] != 0) best[atomicAdd(&kept, 1)] = s[i];
+    bitonic_sort_desc(best, p);
+    for (int i = threadIdx.x; i < m; i += blockDim.x) out->key[i] = best[i];
     if (threadIdx.x == 0) out->nan = nan;
 }
 // Kernel 2 of logit_choose: the best of the n_keys block maxima, as LogitChoice says.
@@ -146,12 +219,6 @@ __global__ void __launch_bounds__(kMergeThreads)
         *c.count = count + 1;
         *c.pos += 1;
     }
-}
-
-int pow2_at_least(int n) {
-    int p = 1;
-    while (p < n) p <<= 1;
-    return p;
 }
 
 // Positions a block of kernel 1 takes: the smallest power of two from kMinChunk whose blocks'
@@ -191,9 +258,9 @@ void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
                         m == 1 ? 0 : size_t(chunk) * sizeof(unsigned long long), stream>>>(
         row, n_vocab, chunk, m, scratch_keys, scratch_nan);
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (blocks)");
-    const int n_keys = blocks * m, n = pow2_at_least(n_keys);
-    select_merge<<<1, kMergeThreads, size_t(n) * sizeof(unsigned long long), stream>>>(
-        scratch_keys, n_keys, n, m, scratch_nan, blocks, row, ids, out);
+    const int n_keys = blocks * m;
+    select_merge<<<1, kMergeThreads, size_t(n_keys) * sizeof(unsigned long long), stream>>>(
+        scratch_keys, n_keys, m, scratch_nan, blocks, row, ids, out);
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (merge)");
 }
 
