@@ -27,6 +27,7 @@
 #include "backend/cuda/ops.cuh"
 #include "core/error.h"
 #include "core/f16.h"
+#include "engine/sampler.h"
 #include "quant/quant.h"
 
 using namespace nt;
@@ -174,25 +175,45 @@ void bench_selection() {
             report("select top " + std::to_string(k) + (n_ids ? " +ids" : ""), 1, double(V) * 4,
                    same ? 0 : 1, 0, launch);
         }
-    {  // the greedy choice as a fed step makes it: token, answer ring, count and position
+    // The token drawn as a fed step draws it, greedy and with generate's default sampler:
+    // the token, the answer ring, the count and the position, against the host's sampler on
+    // the same candidates with the same uniform.
+    for (bool greedy : {true, false}) {
+        SamplerParams sp;
+        sp.seed = 5;
+        if (greedy) sp.temperature = 0.f;
+        Sampler sampler(sp, V);
+        TokenDraw d;
+        sampler.device_draw(d);
+        d.u = sampler.peek_uniform(0);
         int32_t* dint = nullptr;
+        TokenDraw* ddraw = nullptr;
         LogitSelection* ring = nullptr;
         NT_CUDA_CHECK(cudaMalloc(&dint, 3 * sizeof(int32_t)), "cudaMalloc");
         NT_CUDA_CHECK(cudaMemset(dint, 0, 3 * sizeof(int32_t)), "cudaMemset");
         NT_CUDA_CHECK(cudaMalloc(&ring, 4 * sizeof(LogitSelection)), "cudaMalloc");
+        ddraw = dev_copy(std::vector<TokenDraw>{d});
         LogitChoice c;
         c.fed = dint;
         c.count = dint + 1;
         c.pos = dint + 2;
         c.ring = ring;
         c.ring_size = 4;
-        logit_choose(drow, V, keys, nan, c, nullptr);
+        c.draw = ddraw;
+        logit_choose(drow, V, d.top_k, keys, nan, c, nullptr);
         const std::vector<int32_t> h = host_copy(dint, 3);
-        const int32_t best = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
-        report("choose (greedy, fed)", 1, double(V) * 4,
-               h[0] == best && h[1] == 1 && h[2] == 1 ? 0 : 1, 0,
-               [&] { logit_choose(drow, V, keys, nan, c, nullptr); });
+        LogitSelection sel;
+        NT_CUDA_CHECK(cudaMemcpy(&sel, ring, sizeof sel, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        LogitCandidates from;
+        logit_selection_unpack(sel, d.top_k, 0, from);
+        LogitRequest req;
+        req.k = d.top_k;
+        const int32_t want = sampler.sample(req, from);
+        const bool ok = h[0] == want && sel.token == want && h[1] == 1 && h[2] == 1;
+        report(greedy ? "choose greedy (fed)" : "choose top-40 chain", 1, double(V) * 4, ok ? 0 : 1,
+               0, [&] { logit_choose(drow, V, d.top_k, keys, nan, c, nullptr); });
         cudaFree(dint);
+        cudaFree(ddraw);
         cudaFree(ring);
     }
     cudaFree(drow);

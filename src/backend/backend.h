@@ -27,6 +27,17 @@ struct WeightView {
 // (Batch::choose, Backend::feeds_tokens()).
 constexpr int32_t kFedToken = -1;
 
+// How a step's token is drawn on the device (Batch::choose): the sampler's chain in llama.cpp's
+// order (top-k, top-p, min-p, temperature, draw) over the row's top_k best logits, as
+// Sampler::sample draws it; greedy (the best token) when temperature <= 0. log_min_p is the
+// host's logf(min_p) (unused when min_p is 0); u the draw's uniform in [0, 1), drawn on the
+// host (Sampler::peek_uniform).
+struct TokenDraw {
+    int top_k = 1;
+    float temperature = 0.f, top_p = 1.f, min_p = 0.f, log_min_p = 0.f;
+    double u = 0.0;
+};
+
 // One step's batch: entry i is token `tokens[i]` of sequence `seq[i]` at position `pos[i]`.
 // Entries of one sequence appear in increasing position order. Logits are produced for the
 // entries whose `want_logits` flag is set, in batch order.
@@ -35,10 +46,11 @@ struct Batch {
     std::vector<int32_t> pos;
     std::vector<int32_t> seq;
     std::vector<uint8_t> want_logits;
-    // Greedy decoding with no round trip between steps (Backend::feeds_tokens()): the step ends
-    // by choosing the best token of its first logit row on the device, where the next step may
-    // name it kFedToken; Backend::take_token() returns it on the host.
+    // Decoding with no round trip between steps (Backend::feeds_tokens()): the step ends by
+    // drawing a token from its first logit row on the device as `draw` says, where the next
+    // step may name it kFedToken; Backend::take_token() returns it on the host.
     bool choose = false;
+    TokenDraw draw;
     int size() const { return int(tokens.size()); }
     int n_logits() const;
     void clear();
@@ -200,15 +212,17 @@ class Backend {
     // Waits for the work enqueued so far (a device backend runs it asynchronously).
     virtual void wait() {}
 
-    // Greedy decoding with no round trip between steps, where feeds_tokens(): a step whose
-    // batch says `choose` ends by choosing logit row 0's best token (select_logits' best of
-    // k = 1: greedy, nothing changed) on the device; the next step may name that token
-    // kFedToken, so it is enqueued before the choice is known on the host. take_token()
-    // returns the oldest choice not yet taken, waiting for it (throws nt::Error when its row
-    // held a NaN). At most kMaxChosen choices are outstanding.
+    // Decoding with no round trip between steps, where feeds_tokens(): a step whose batch says
+    // `choose` ends by drawing a token from logit row 0 on the device (Batch::draw); the next
+    // step may name that token kFedToken, so it is enqueued before the choice is known on the
+    // host. take_token() returns the oldest choice not yet taken, waiting for it (throws
+    // nt::Error when its row held a NaN); `from`, when given, receives the candidates it was
+    // drawn from (select_logits' answer to a request of k = the draw's top_k), so that the
+    // host can check the draw against its own sampler. At most kMaxChosen choices are
+    // outstanding.
     static constexpr int kMaxChosen = 4;
     virtual bool feeds_tokens() const { return false; }
-    virtual int32_t take_token();
+    virtual int32_t take_token(LogitCandidates* from = nullptr);
 
     // Measured streaming-read bandwidth of the memory the weights live in, GB/s (the decode
     // roofline's denominator); 0 when the backend cannot measure it.

@@ -44,6 +44,9 @@ int cmd_generate(int argc, char** argv) {
                  st.n_prompt, st.prompt_seconds, st.n_prompt / std::max(st.prompt_seconds, 1e-9), st.n_generated,
                  st.decode_seconds, st.n_generated > 1 ? (st.n_generated - 1) / std::max(st.decode_seconds, 1e-9) : 0.0,
                  eng.backend().name().c_str());
+    if (a.has("--stats") && st.n_redrawn > 0)
+        std::fprintf(stderr, "%d tokens drawn on the device differed from the host's draw (redrawn)\n",
+                     st.n_redrawn);
     if (a.has("--stats") && eng.streamer())
         std::fprintf(stderr, "%s", stream_report(eng, eng.streamer()->stats(), "prompt and decode").c_str());
     write_trace_if_asked(a, eng);

@@ -222,7 +222,7 @@ void Engine::logits_row(int row, std::vector<float>& out) {
                        out.size());
 }
 
-void Engine::feed(int seq, int pos, const std::vector<int32_t>& tokens, bool choose) {
+void Engine::feed(int seq, int pos, const std::vector<int32_t>& tokens, const TokenDraw* draw) {
     if (pos + int(tokens.size()) > n_ctx_)
         fail("the prompt needs %d tokens but the context holds %d; shorten the prompt or raise -c.",
              pos + int(tokens.size()), n_ctx_);
@@ -232,7 +232,8 @@ void Engine::feed(int seq, int pos, const std::vector<int32_t>& tokens, bool cho
         const size_t end = std::min(tokens.size(), i + size_t(max_batch_));
         for (size_t j = i; j < end; j++)
             b.add(tokens[j], pos + int(j), seq, j + 1 == tokens.size());
-        b.choose = choose && end == tokens.size();
+        b.choose = draw && end == tokens.size();
+        if (b.choose) b.draw = *draw;
         forward(b);
     }
 }
@@ -253,13 +254,51 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
     st.n_prompt = int(prompt.size());
     if (prompt.empty()) fail("generation needs at least one prompt token.");
     // Fed: each step is enqueued before the token it feeds is known here. The step before
-    // chooses it on the device and the step embeds it from there (kFedToken), so the GPU never
-    // waits for the host between steps. A step fed past the end (a stop token, the callback's
-    // no) only wrote a cache cell that the next step there rewrites.
-    const bool fed = sampler.plain_greedy() && eng.pipelines();
+    // draws it on the device and the step embeds it from there (kFedToken), so the GPU never
+    // waits for the host between steps. A sampled token is checked: the host's sampler draws
+    // from the candidates the device drew from, with the same uniform; where the two differ
+    // (the device's float rounding, rarely) the host's token stands and the step fed the other
+    // runs again. A step fed past the end (a stop token, the callback's no) only wrote a cache
+    // cell that the next step there rewrites.
+    TokenDraw draw;
+    const bool fed = eng.pipelines() && sampler.device_draw(draw);
+    const bool check = fed && draw.temperature > 0.f;
     Backend& be = eng.backend();
+    struct Queue {  // choices enqueued and not yet taken; the rest dropped however the loop ends
+        Backend& be;
+        int n = 0;
+        void drop() {
+            for (; n > 0; n--) try {
+                    be.take_token();
+                } catch (const Error&) {  // a NaN in a step whose token nobody wants
+                }
+        }
+        ~Queue() { drop(); }
+    } chosen{be};
+    // The next choice's draw: its uniform is the one after those of the choices queued.
+    auto next_draw = [&] {
+        TokenDraw d = draw;
+        if (check) d.u = sampler.peek_uniform(size_t(chosen.n));
+        return d;
+    };
+    Batch b;
+    auto enqueue = [&](int32_t token) {
+        b.clear();
+        b.add(token, pos, seq, true);
+        b.choose = true;
+        b.draw = next_draw();
+        eng.forward(b);
+        chosen.n++;
+    };
+
     auto t0 = clock::now();
-    eng.feed(seq, pos, prompt, fed && n_predict != 0);
+    if (fed && n_predict != 0) {
+        const TokenDraw d = next_draw();
+        eng.feed(seq, pos, prompt, &d);
+        chosen.n++;
+    } else {
+        eng.feed(seq, pos, prompt);
+    }
     be.wait();  // the prompt's time is its own
     pos += int(prompt.size());
     for (int32_t t : prompt) sampler.accept(t);
@@ -267,33 +306,28 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
     st.prompt_seconds = std::chrono::duration<double>(t1 - t0).count();
 
     StreamDecoder dec(tok);
-    Batch b;
-    struct Drain {  // choices still outstanding when the loop ends, however it ends
-        Backend& be;
-        int n = 0;
-        ~Drain() {
-            for (; n > 0; n--) try {
-                    be.take_token();
-                } catch (const Error&) {  // a NaN in a step whose token nobody wants
-                }
-        }
-    } chosen{be, fed && n_predict != 0 ? 1 : 0};
     for (int i = 0; n_predict < 0 || i < n_predict; i++) {
         // Whether this token is fed back: room in the context and more tokens wanted.
         const bool more = pos < eng.n_ctx() && (n_predict < 0 || i + 1 < n_predict);
-        if (fed && more) {
-            b.clear();
-            b.add(kFedToken, pos, seq, true);
-            b.choose = true;
-            eng.forward(b);
-            chosen.n++;
-        }
+        if (fed && more) enqueue(kFedToken);
         int32_t id;
-        if (fed) {
+        if (!fed) {
+            id = eng.sample(sampler);
+        } else if (!check) {
             chosen.n--;
             id = be.take_token();
         } else {
-            id = eng.sample(sampler);
+            chosen.n--;
+            LogitCandidates from;
+            const int32_t drawn = be.take_token(&from);
+            LogitRequest req;
+            req.k = draw.top_k;
+            id = sampler.sample(req, from);  // uses the uniform the device drew with
+            if (id != drawn) {
+                st.n_redrawn++;
+                chosen.drop();  // the step queued after it fed `drawn`
+                if (more) enqueue(id);
+            }
         }
         sampler.accept(id);
         st.n_generated++;

@@ -115,10 +115,11 @@ class Engine {
     mem::WeightStreamer* streamer() { return streamer_; }
 
     // Feeds `tokens` of sequence `seq` starting at position `pos` in chunks of max_batch; the
-    // logits after the last token stay in the backend (logit row 0). `choose`: the last step
-    // chooses its greedy token on the device (Batch::choose; needs pipelines()). Throws
-    // nt::Error past the context.
-    void feed(int seq, int pos, const std::vector<int32_t>& tokens, bool choose = false);
+    // logits after the last token stay in the backend (logit row 0). `draw`: the last step
+    // draws its token on the device so (Batch::choose; needs pipelines()). Throws nt::Error
+    // past the context.
+    void feed(int seq, int pos, const std::vector<int32_t>& tokens,
+              const TokenDraw* draw = nullptr);
     // feed(), then returns the logits after the last token.
     std::vector<float> prefill(int seq, int pos, const std::vector<int32_t>& tokens);
 
@@ -142,6 +143,9 @@ class Engine {
 // subcommands share.
 struct GenerateStats {
     int n_prompt = 0, n_generated = 0;
+    // Tokens the device drew otherwise than the host's sampler from the same candidates (its
+    // float rounding): the host's token stood and the step after it ran again.
+    int n_redrawn = 0;
     double prompt_seconds = 0, decode_seconds = 0;
 };
 // Calls on_token(id, text) for each generated token (text is complete UTF-8, may be empty);

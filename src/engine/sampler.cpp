@@ -108,6 +108,7 @@ void Sampler::reseed() {
         seed_ = params_.seed;
     }
     rng_.seed(seed_);
+    ahead_.clear();
 }
 
 void Sampler::reset() {
@@ -123,7 +124,17 @@ void Sampler::reset() {
 }
 
 double Sampler::uniform01() {
+    if (!ahead_.empty()) {
+        const double u = ahead_.front();
+        ahead_.pop_front();
+        return u;
+    }
     return double(rng_() >> 11) * 0x1.0p-53;
+}
+
+double Sampler::peek_uniform(size_t ahead) {
+    while (ahead_.size() <= ahead) ahead_.push_back(double(rng_() >> 11) * 0x1.0p-53);
+    return ahead_[ahead];
 }
 
 bool Sampler::penalties_configured() const {
@@ -136,8 +147,18 @@ bool Sampler::penalties_active() const {
     return penalties_configured() && !distinct_.empty();
 }
 
-bool Sampler::plain_greedy() const {
-    return params_.temperature <= 0.f && !penalties_configured();
+bool Sampler::device_draw(TokenDraw& d) const {
+    if (penalties_configured()) return false;
+    d = TokenDraw{};
+    if (params_.temperature <= 0.f) return true;  // greedy: top_k 1
+    if (!(params_.top_k > 0 && params_.top_k < n_vocab_ && params_.top_k <= kMaxLogitCandidates))
+        return false;
+    d.top_k = params_.top_k;
+    d.temperature = params_.temperature;
+    d.top_p = params_.top_p;
+    d.min_p = params_.min_p;
+    d.log_min_p = params_.min_p > 0.f ? std::log(params_.min_p) : 0.f;
+    return true;
 }
 
 void Sampler::accept(int32_t token) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <random>
 #include <utility>
 #include <vector>
@@ -66,9 +67,14 @@ class Sampler {
     int32_t sample(const LogitRequest& req, const LogitCandidates& c,
                    const std::vector<std::pair<int32_t, float>>& bias = {});
 
-    // Greedy, with no penalty that could change a logit: the draw is the row's best token, which
-    // a backend can choose by itself at the end of a step (Batch::choose).
-    bool plain_greedy() const;
+    // Whether a backend can draw this sampler's tokens by itself at the end of a step
+    // (Batch::choose), and how (`d`, all but its uniform): greedy, or the top-k chain with top-k
+    // at most kMaxLogitCandidates, and no penalty that could change a logit.
+    bool device_draw(TokenDraw& d) const;
+    // The uniform of the draw `ahead` draws from now (0: the next sample() at a temperature
+    // above 0), drawn from the stream now and kept until those draws use it: a token drawn
+    // elsewhere with it (TokenDraw::u) is the one sample() draws from the same candidates.
+    double peek_uniform(size_t ahead);
 
     // Records a token of the sequence for the penalties (prompt or generated).
     void accept(int32_t token);
@@ -118,6 +124,7 @@ class Sampler {
     int n_vocab_;
     uint64_t seed_ = 0;
     std::mt19937_64 rng_;
+    std::deque<double> ahead_;  // uniforms drawn by peek_uniform, not yet used, in stream order
     float last_prob_ = 0.f;
 
     std::vector<float> work_;       // penalised copy of the logits

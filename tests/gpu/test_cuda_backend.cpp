@@ -21,6 +21,7 @@
 #include "backend/cuda/ops.cuh"
 #include "core/error.h"
 #include "core/f16.h"
+#include "engine/sampler.h"
 #include "model/llama.h"
 #include "quant/quant.h"
 #include "quant/types.h"
@@ -1382,6 +1383,73 @@ TEST(CudaBackend, ChosenTokensFeedTheNextStep) {
         fed.download(fed.acts().logits, c.data(), V);
         EXPECT_EQ(a, c) << "position " << p;
     }
+}
+
+// Sampled decoding drawn and fed on the device (Batch::draw: the top-k chain with a uniform the
+// host's sampler drew ahead) draws what the host's sampler draws: from the downloaded row in a
+// round trip, with a sampler of the same seed, and from the candidates the device drew from,
+// with the uniform the device used. Choices queue two deep, as generate() keeps them.
+TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
+    NT_REQUIRE_GPU();
+    const TestModel m = make_model(64, 4, 1, 2, GgmlType::Q8_0);
+    CudaBackend fed, host;
+    fed.init(m.hp.shape, 8, 1, 64);
+    host.init(m.hp.shape, 8, 1, 64);
+    const ModelWeights fw = upload_model(fed, m.cpu_w), hw = upload_model(host, m.cpu_w);
+    ResidentWeights fsrc(fw), hsrc(hw);
+    const int V = m.hp.shape.n_vocab, n = 24;
+    for (float temperature : {0.8f, 3.f}) {
+        for (int top_k : {40, 256}) {
+            SamplerParams sp;
+            sp.seed = 99;
+            sp.temperature = temperature;
+            sp.top_k = top_k;
+            Sampler hs(sp, V), fs(sp, V);
+            TokenDraw d;
+            ASSERT_TRUE(fs.device_draw(d));
+            EXPECT_EQ(d.top_k, top_k);
+            std::vector<int32_t> want, got;
+            std::vector<float> row(static_cast<size_t>(V));
+            int32_t t = 17;
+            Batch b;
+            for (int i = 0; i < n; i++) {  // the round trip
+                b.clear();
+                b.add(t, i, 0, true);
+                llama_forward(m.hp, hw, hsrc, host, b);
+                host.download(host.acts().logits, row.data(), row.size());
+                want.push_back(t = hs.sample(row.data()));
+            }
+            int queued = 0;
+            auto take = [&] {
+                LogitCandidates from;
+                const int32_t drawn = fed.take_token(&from);
+                queued--;
+                LogitRequest req;
+                req.k = top_k;
+                const int32_t id = fs.sample(req, from);
+                EXPECT_EQ(drawn, id) << "temperature " << temperature << ", top-k " << top_k;
+                got.push_back(id);
+            };
+            for (int i = 0; i < n; i++) {
+                b.clear();
+                b.add(i == 0 ? 17 : kFedToken, i, 0, true);
+                b.choose = true;
+                b.draw = d;
+                b.draw.u = fs.peek_uniform(size_t(queued));
+                llama_forward(m.hp, fw, fsrc, fed, b);
+                queued++;
+                if (i > 0) take();
+            }
+            take();
+            EXPECT_EQ(got, want) << "temperature " << temperature << ", top-k " << top_k;
+        }
+    }
+    Batch b;  // a draw past what the kernels take
+    b.add(3, 0, 0, true);
+    b.choose = true;
+    b.draw.top_k = kMaxLogitCandidates + 1;
+    b.draw.temperature = 1.f;
+    EXPECT_THROW(fed.begin_step(b), Error);
 }
 
 // A step that leaves its recorded op sequence runs eagerly and still computes the right thing.

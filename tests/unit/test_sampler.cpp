@@ -783,5 +783,58 @@ TEST(SamplerSelection, WholeRowWhenTheDrawNeedsIt) {
     EXPECT_THROW(s.sample(req, c), Error);
 }
 
+// The uniforms drawn ahead (for draws made elsewhere, TokenDraw::u) are the ones the sampler's
+// own draws then use: peeking changes no token of the stream.
+TEST(SamplerDeviceDraw, PeekedUniformsAreTheStreamsOwn) {
+    SamplerParams p;
+    p.seed = 42;
+    Sampler plain_stream(p, 3000), peeking(p, 3000);
+    std::mt19937 rng(9);
+    for (int step = 0; step < 30; step++) {
+        const std::vector<float> row = awkward_logits(3000, rng());
+        if (step % 4 == 0) {  // look one to three draws ahead; the values stay put
+            const double u0 = peeking.peek_uniform(0), u2 = peeking.peek_uniform(2);
+            EXPECT_EQ(peeking.peek_uniform(0), u0);
+            EXPECT_EQ(peeking.peek_uniform(2), u2);
+            EXPECT_TRUE(u0 >= 0.0 && u0 < 1.0);
+        }
+        ASSERT_EQ(plain_stream.sample(row.data()), peeking.sample(row.data())) << step;
+    }
+    peeking.peek_uniform(5);
+    peeking.reset();  // restarts the stream: what was drawn ahead is gone
+    plain_stream.reset();
+    const std::vector<float> row = awkward_logits(3000, 1);
+    EXPECT_EQ(plain_stream.sample(row.data()), peeking.sample(row.data()));
+}
+
+// Which samplers a backend can draw for by itself, and with what.
+TEST(SamplerDeviceDraw, GreedyAndTheTopKChainWithoutPenalties) {
+    TokenDraw d;
+    EXPECT_TRUE(Sampler(plain(0.f), 1000).device_draw(d));
+    EXPECT_EQ(d.top_k, 1);
+    EXPECT_EQ(d.temperature, 0.f);
+    SamplerParams p;  // the default chain
+    ASSERT_TRUE(Sampler(p, 1000).device_draw(d));
+    EXPECT_EQ(d.top_k, 40);
+    EXPECT_EQ(d.temperature, 0.8f);
+    EXPECT_EQ(d.top_p, 0.95f);
+    EXPECT_EQ(d.min_p, 0.05f);
+    EXPECT_EQ(d.log_min_p, std::log(0.05f));
+    p.top_k = 0;  // top-p over the whole row
+    EXPECT_FALSE(Sampler(p, 1000).device_draw(d));
+    p.top_k = kMaxLogitCandidates + 1;
+    EXPECT_FALSE(Sampler(p, 1000).device_draw(d));
+    p.top_k = 40;
+    p.repeat_penalty = 1.1f;  // the device has no window counts
+    EXPECT_FALSE(Sampler(p, 1000).device_draw(d));
+    p.repeat_penalty = 1.f;
+    p.presence_penalty = 0.5f;
+    EXPECT_FALSE(Sampler(p, 1000).device_draw(d));
+    p.presence_penalty = 0.f;
+    p.temperature = 0.f;
+    EXPECT_TRUE(Sampler(p, 1000).device_draw(d));  // greedy whatever the top-k
+    EXPECT_EQ(d.top_k, 1);
+}
+
 }  // namespace
 }  // namespace nt

@@ -21,6 +21,7 @@ namespace {
 constexpr double kGiB = double(1ull << 30);
 constexpr size_t kAlign = 256;
 constexpr size_t kDownloadChunk = size_t(4) << 20;
+constexpr size_t kDrawInts = 8;  // a step's TokenDraw in its tables
 constexpr size_t kUploadChunk = size_t(16) << 20;
 // Left free after init() for the CUDA context's own growth, cuBLAS and graph instantiation.
 constexpr size_t kHeadroom = size_t(256) << 20;
@@ -199,7 +200,8 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
                               shape.n_vocab};
     size_t act_bytes = 0;
     for (int64_t w : widths) act_bytes += align_up(B * size_t(w) * sizeof(float));
-    step_bytes_ = align_up(5 * ((B + 3) / 4 * 4) * sizeof(int32_t) + B * sizeof(cuda::AttnTile));
+    step_bytes_ = align_up((5 * ((B + 3) / 4 * 4) + kDrawInts) * sizeof(int32_t) +
+                           B * sizeof(cuda::AttnTile));
     const size_t rope_bytes = align_up(size_t(n_rot_ / 2) * sizeof(float));
     cuda::AttnShape as{shape.n_head, shape.n_head_kv, shape.head_dim, n_ctx};
     size_t attn_floats = 0;
@@ -336,22 +338,33 @@ void CudaBackend::begin_step(const Batch& batch) {
             fail("token id %d is outside the vocabulary (%d tokens).", batch.tokens[u],
                  shape_.n_vocab);
     }
-    if (batch.choose && batch.n_logits() == 0)
-        fail("a step that chooses its token on the device must produce logits.");
-    if (batch.choose && chosen_count_ == kMaxChosen)
-        fail("%d tokens chosen on the device were never taken.", kMaxChosen);
+    if (batch.choose) {
+        if (batch.n_logits() == 0)
+            fail("a step that chooses its token on the device must produce logits.");
+        if (chosen_count_ == kMaxChosen)
+            fail("%d tokens chosen on the device were never taken.", kMaxChosen);
+        const TokenDraw& d = batch.draw;
+        if (!cuda::logit_select_fits(shape_.n_vocab, d.top_k) || d.top_k > shape_.n_vocab ||
+            !(d.u >= 0.0 && d.u < 1.0) || !(d.top_p >= 0.f && d.top_p <= 1.f) ||
+            !(d.min_p >= 0.f && d.min_p <= 1.f) || std::isnan(d.temperature))
+            fail("a token drawn on the device needs top-k 1 to %d within the vocabulary and "
+                 "sampler settings in range.",
+                 kMaxLogitCandidates);
+    }
 
     // The tables, laid out for this step's rows (stride_), staged on the host first: a step
     // whose tables the device already holds uploads nothing.
     static_assert(sizeof(cuda::AttnTile) == 4 * sizeof(int32_t), "tiles are four ints");
+    static_assert(sizeof(TokenDraw) == kDrawInts * sizeof(int32_t), "the draw is eight ints");
     const size_t S = size_t((n + 3) / 4 * 4);
-    staged_.assign(5 * S + 4 * size_t(n), 0);
+    staged_.assign(5 * S + kDrawInts + 4 * size_t(n), 0);
     int32_t* tokens = staged_.data();
     int32_t* pos = tokens + S;
     int32_t* seq = tokens + 2 * S;
     int32_t* logit_rows = tokens + 3 * S;
     int32_t* dec_rows = tokens + 4 * S;
-    cuda::AttnTile* tiles = reinterpret_cast<cuda::AttnTile*>(tokens + 5 * S);
+    if (batch.choose) std::memcpy(tokens + 5 * S, &batch.draw, sizeof(TokenDraw));
+    cuda::AttnTile* tiles = reinterpret_cast<cuda::AttnTile*>(tokens + 5 * S + kDrawInts);
     std::copy(batch.tokens.begin(), batch.tokens.end(), tokens);
     std::copy(batch.pos.begin(), batch.pos.end(), pos);
     std::copy(batch.seq.begin(), batch.seq.end(), seq);
@@ -380,8 +393,8 @@ void CudaBackend::begin_step(const Batch& batch) {
     splits_ = decode_splits(n_dec_);
     n_rows_ = n;
     stride_ = int(S);
-    choose_ = batch.choose;
-    staged_.resize(5 * S + 4 * size_t(n_tiles_));
+    choose_k_ = batch.choose ? batch.draw.top_k : 0;
+    staged_.resize(5 * S + kDrawInts + 4 * size_t(n_tiles_));
     const bool held = tables_known_ && staged_ == tables_;
     tables_known_ = false;  // until the step has been enqueued whole (end_step)
     if (!held) {
@@ -396,7 +409,7 @@ void CudaBackend::begin_step(const Batch& batch) {
     tables_.swap(staged_);
 
     if (graphs_on_ && n > 0 && n <= kGraphMaxBatch) {
-        key_ = {n, n_logits_, choose_};
+        key_ = {n, n_logits_, choose_k_};
         auto it = graphs_.find(key_);
         if (it != graphs_.end() && it->second.exec) {
             mode_ = Mode::Replay;
@@ -520,17 +533,19 @@ void CudaBackend::flush() {
 }
 
 void CudaBackend::end_step() {
-    if (choose_) {
+    if (choose_k_) {
         Op op;
         op.kind = OpKind::Choose;
+        op.i0 = choose_k_;
         submit(op);
     }
     flush();
     tables_known_ = true;
-    if (choose_) {
-        choose_ = false;
-        NT_CUDA_CHECK(cudaEventRecord(chosen_ready_[chosen_made_ % kMaxChosen], stream_),
-                      "cudaEventRecord");
+    if (choose_k_) {
+        const int slot = int(chosen_made_ % kMaxChosen);
+        chosen_k_[slot] = choose_k_;
+        choose_k_ = 0;
+        NT_CUDA_CHECK(cudaEventRecord(chosen_ready_[slot], stream_), "cudaEventRecord");
         chosen_made_++;
         chosen_count_++;
         fed_ready_ = true;
@@ -678,7 +693,9 @@ void CudaBackend::run(const Op& op) {
             c.ring = h_chosen_on_device_;
             c.ring_size = kMaxChosen;
             c.pos = d_pos;
-            cuda::logit_choose(acts_.logits, shape_.n_vocab, sel_keys_, sel_nan_, c, stream_);
+            c.draw = reinterpret_cast<const TokenDraw*>(d_step_ + 5 * B);
+            cuda::logit_choose(acts_.logits, shape_.n_vocab, op.i0, sel_keys_, sel_nan_, c,
+                               stream_);
             return;
         }
     }
@@ -918,17 +935,17 @@ void CudaBackend::select_logits(const float* logits, int n_vocab,
     }
 }
 
-int32_t CudaBackend::take_token() {
+int32_t CudaBackend::take_token(LogitCandidates* from) {
     require_init("take_token");
     if (chosen_count_ == 0) fail("take_token: no token was chosen.");
     const int slot = int((chosen_made_ - chosen_count_) % kMaxChosen);
     chosen_count_--;
     NT_CUDA_CHECK(cudaEventSynchronize(chosen_ready_[slot]), "cudaEventSynchronize chosen token");
-    LogitCandidates c;
-    cuda::logit_selection_unpack(h_chosen_[slot], 1, 0, c);
-    if (c.nan || c.top_id.empty())
+    const cuda::LogitSelection& sel = h_chosen_[slot];
+    if (sel.nan || sel.key[0] == 0)
         fail("the logits contain NaN; the model produced invalid values.");
-    return c.top_id[0];
+    if (from) cuda::logit_selection_unpack(sel, chosen_k_[slot], 0, *from);
+    return sel.token;
 }
 
 void CudaBackend::kv_truncate(int seq, int from) {

@@ -74,7 +74,7 @@ class CudaBackend : public Backend {
     void end_step() override;
     void wait() override;
     bool feeds_tokens() const override { return true; }
-    int32_t take_token() override;
+    int32_t take_token(LogitCandidates* from = nullptr) override;
     double measure_read_bandwidth() override;
     // Reserves device memory for all weights at once (the sum of their sizes, plus slack for
     // rounding each tensor up to 256 bytes); throws nt::Error naming both sizes when it does
@@ -145,7 +145,7 @@ class CudaBackend : public Backend {
         std::vector<Op> ops;
         int failures = 0;  // steps that left `ops`; past a few the key stays eager
     };
-    using GraphKey = std::tuple<int, int, bool>;  // (batch rows, logit rows, choose)
+    using GraphKey = std::tuple<int, int, int>;  // (batch rows, logit rows, top_k drawn from or 0)
 
     void submit(const Op& op);
     void attention_op(OpKind kind, int layer, const float* q, const float* k, const float* v,
@@ -183,8 +183,8 @@ class CudaBackend : public Backend {
     // The step's tables: device copies at fixed addresses (graphs bake them in), filled from
     // a pinned host mirror. Regions: tokens, pos, seq, logit rows, decode rows (int32 x
     // stride_ each, stride_ the step's rows rounded up to 4, so that a graph's key fixes the
-    // layout and a decode step copies a few dozen bytes), then attention tiles (AttnTile x
-    // n_tiles_). tables_ is what the device holds, as far as the host knows (a choice
+    // layout and a decode step copies a few dozen bytes), the step's TokenDraw (8 ints), then
+    // attention tiles (AttnTile x n_tiles_). tables_ is what the device holds, as far as the host knows (a choice
     // advances the first position there): a step whose tables equal it uploads nothing.
     int32_t* d_step_ = nullptr;
     int32_t* h_step_ = nullptr;
@@ -194,7 +194,7 @@ class CudaBackend : public Backend {
     bool tables_known_ = false;
     int stride_ = 0;
     int n_rows_ = 0, n_logits_ = 0, n_dec_ = 0, n_tiles_ = 0, splits_ = 1;
-    bool choose_ = false;  // the step open now ends with a choice
+    int choose_k_ = 0;  // the step open now ends with a draw from its choose_k_ best logits
 
     float* h_download_ = nullptr;  // pinned bounce buffer for download()
 
@@ -212,6 +212,7 @@ class CudaBackend : public Backend {
     cuda::LogitSelection* h_chosen_on_device_ = nullptr;  // the same ring, as the kernel sees it
     int* chosen_on_device_ = nullptr;                      // the device's count of choices
     cudaEvent_t chosen_ready_[kMaxChosen] = {};
+    int chosen_k_[kMaxChosen] = {};  // each answer's candidates
     int64_t chosen_made_ = 0;
     int chosen_count_ = 0;  // made and not yet taken
     int32_t* fed_token_ = nullptr;
@@ -232,7 +233,7 @@ class CudaBackend : public Backend {
     bool rope_fusion_ = true;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
-    GraphKey key_{0, 0, false};
+    GraphKey key_{0, 0, 0};
     std::vector<Op> recording_;  // Capture: ops of this step, in order
     std::vector<Op> pending_;    // Replay: ops matched so far, not yet executed
     size_t replay_pos_ = 0;

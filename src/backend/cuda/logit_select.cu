@@ -174,19 +174,13 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int i = kept + threadIdx.x; i < m; i += blockDim.x) out[i] = 0;  // fewer than m
 }
 
-// Kernel 2: the m best of the n_keys block candidates, best first, the logits of the asked
-// ids, and the NaN flag of the n_blocks blocks.
-__global__ void __launch_bounds__(kMergeThreads)
-    select_merge(const unsigned long long* keys, int n_keys, int m, const int* nan_blk,
-                 int n_blocks, const float* row, LogitIds ids, LogitSelection* out) {
-    extern __shared__ unsigned long long s[];
-    __shared__ unsigned long long best[kMaxLogitCandidates];
+// The m best of the n_keys block candidates into best[0..p), best first, p the power of two
+// from m (0 past the candidates); s: room for n_keys keys. Every thread of the block calls it.
+__device__ void merge_best(const unsigned long long* keys, int n_keys, int m,
+                           unsigned long long* s, unsigned long long* best) {
     __shared__ int kept;
     for (int i = threadIdx.x; i < n_keys; i += blockDim.x) s[i] = keys[i];
-    bool nan = false;
-    for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) nan |= nan_blk[i] != 0;
-    nan = __syncthreads_or(nan);
-    for (int i = threadIdx.x; i < ids.n; i += blockDim.x) out->id_logit[i] = row[ids.id[i]];
+    __syncthreads();
     const unsigned long long t = mth_best_key(s, n_keys, m);
     int p = 1;
     while (p < m) p <<= 1;
@@ -196,29 +190,110 @@ __global__ void __launch_bounds__(kMergeThreads)
     for (int i = threadIdx.x; i < n_keys; i += blockDim.x)
         if (s[i] >= t && s[i] != 0) best[atomicAdd(&kept, 1)] = s[i];
     bitonic_sort_desc(best, p);
+}
+
+// A key's logit and token (logit_selection_unpack's decoding).
+__device__ __forceinline__ float key_logit(unsigned long long key) {
+    const uint32_t ord = uint32_t(key >> 32);
+    return __uint_as_float((ord & 0x80000000u) ? (ord & 0x7FFFFFFFu) : ~ord);
+}
+__device__ __forceinline__ int32_t key_id(unsigned long long key) {
+    return int32_t(0xFFFFFFFFu - uint32_t(key & 0xFFFFFFFFu));
+}
+// exp of a float rounded to float, from the double exp: the library's float exp is the fast
+// approximation in this file (--use_fast_math), and the host's sampler rounds exp exactly.
+__device__ __forceinline__ float exp_rounded(float x) {
+    return float(exp(double(x)));
+}
+
+// Sampler::sample's chain over the sorted candidates best[0..m) (top-k done): top-p at
+// temperature 1, min-p, then the temperature and the draw with d.u, each sum in the host's
+// order with the host's roundings (no fused multiply-adds). One thread.
+__device__ int32_t draw_chain(const unsigned long long* best, int m, const TokenDraw& d) {
+    int n = 0;
+    while (n < m && best[n] != 0) n++;  // a row with NaN (flagged) may hold fewer
+    if (n == 0) return 0;
+    const float max_l = key_logit(best[0]);
+    if (d.top_p < 1.f) {
+        double z = 0.0;
+        for (int i = 0; i < n; i++) z = __dadd_rn(z, double(exp_rounded(key_logit(best[i]) - max_l)));
+        const double inv_z = __ddiv_rn(1.0, z);
+        double cum = 0.0;
+        for (int i = 0; i < n; i++) {
+            const float p = exp_rounded(key_logit(best[i]) - max_l);
+            cum = __dadd_rn(cum, __dmul_rn(double(p), inv_z));
+            if (cum >= double(d.top_p)) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (d.min_p > 0.f) {
+        const float min_logit = __fadd_rn(max_l, d.log_min_p);
+        int i = 1;  // the most likely token always stays
+        while (i < n && key_logit(best[i]) >= min_logit) i++;
+        n = i;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < n; i++)
+        sum = __dadd_rn(sum, double(exp_rounded(__fdiv_rn(key_logit(best[i]) - max_l, d.temperature))));
+    const double target = __dmul_rn(sum, d.u);
+    double run = 0.0;
+    int sel = -1, last_positive = 0;
+    for (int i = 0; i < n; i++) {
+        const float p = exp_rounded(__fdiv_rn(key_logit(best[i]) - max_l, d.temperature));
+        if (p > 0.f) last_positive = i;
+        run = __dadd_rn(run, double(p));
+        if (run >= target && p > 0.f) {
+            sel = i;
+            break;
+        }
+    }
+    return key_id(best[sel < 0 ? last_positive : sel]);
+}
+
+// Kernel 2: the m best of the n_keys block candidates, best first, the logits of the asked
+// ids, and the NaN flag of the n_blocks blocks.
+__global__ void __launch_bounds__(kMergeThreads)
+    select_merge(const unsigned long long* keys, int n_keys, int m, const int* nan_blk,
+                 int n_blocks, const float* row, LogitIds ids, LogitSelection* out) {
+    extern __shared__ unsigned long long s[];
+    __shared__ unsigned long long best[kMaxLogitCandidates];
+    bool nan = false;
+    for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) nan |= nan_blk[i] != 0;
+    nan = __syncthreads_or(nan);
+    for (int i = threadIdx.x; i < ids.n; i += blockDim.x) out->id_logit[i] = row[ids.id[i]];
+    merge_best(keys, n_keys, m, s, best);
     for (int i = threadIdx.x; i < m; i += blockDim.x) out->key[i] = best[i];
     if (threadIdx.x == 0) out->nan = nan;
 }
-// Kernel 2 of logit_choose: the best of the n_keys block maxima, as LogitChoice says.
+
+// Kernel 2 of logit_choose: the m best of the block candidates, the token drawn from them as
+// LogitChoice says, and the answer in the ring.
 __global__ void __launch_bounds__(kMergeThreads)
-    choose_merge(const unsigned long long* keys, int n_keys, const int* nan_blk, LogitChoice c) {
-    unsigned long long best = 0;
+    choose_merge(const unsigned long long* keys, int n_keys, int m, const int* nan_blk,
+                 int n_blocks, LogitChoice c) {
+    extern __shared__ unsigned long long s[];
+    __shared__ unsigned long long best[kMaxLogitCandidates];
+    __shared__ LogitSelection* out;
     bool nan = false;
-    for (int i = threadIdx.x; i < n_keys; i += blockDim.x) {
-        best = max(best, keys[i]);
-        nan |= nan_blk[i] != 0;
-    }
+    for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) nan |= nan_blk[i] != 0;
     nan = __syncthreads_or(nan);
-    best = block_max_key(best);
+    merge_best(keys, n_keys, m, s, best);
     if (threadIdx.x == 0) {
         const int count = *c.count;
-        LogitSelection* out = c.ring + count % c.ring_size;
-        out->key[0] = best;
+        out = c.ring + count % c.ring_size;
+        const int32_t token = best[0] == 0                                ? 0
+                              : m == 1 || !(c.draw->temperature > 0.f) ? key_id(best[0])
+                                                                         : draw_chain(best, m, *c.draw);
         out->nan = nan;
-        *c.fed = best ? int32_t(0xFFFFFFFFu - uint32_t(best & 0xFFFFFFFFu)) : 0;
+        out->token = token;
+        *c.fed = token;
         *c.count = count + 1;
         *c.pos += 1;
     }
+    __syncthreads();
+    for (int i = threadIdx.x; i < m; i += blockDim.x) out->key[i] = best[i];
 }
 
 // Positions a block of kernel 1 takes: the smallest power of two from kMinChunk whose blocks'
@@ -245,6 +320,9 @@ void logit_select_init() {
     NT_CUDA_CHECK(cudaFuncSetAttribute(select_merge, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(kMergeKeys * sizeof(unsigned long long))),
                   "cudaFuncSetAttribute select_merge");
+    NT_CUDA_CHECK(cudaFuncSetAttribute(choose_merge, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(kMergeKeys * sizeof(unsigned long long))),
+                  "cudaFuncSetAttribute choose_merge");
 }
 
 void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
@@ -264,17 +342,21 @@ void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (merge)");
 }
 
-void logit_choose(const float* row, int n_vocab, unsigned long long* scratch_keys,
+void logit_choose(const float* row, int n_vocab, int top_k, unsigned long long* scratch_keys,
                   int* scratch_nan, const LogitChoice& choice, cudaStream_t stream) {
-    const int chunk = select_chunk(n_vocab, 1);
-    if (chunk == 0 || n_vocab < 1)
-        fail("logit selection: the best of %d logits does not fit the selection kernels.",
-             n_vocab);
+    const int chunk = select_chunk(n_vocab, top_k);
+    if (top_k < 1 || top_k > kMaxLogitCandidates || chunk == 0)
+        fail("logit selection: a draw from the %d best of %d logits does not fit the selection "
+             "kernels.",
+             top_k, n_vocab);
     const int blocks = (n_vocab + chunk - 1) / chunk;
-    select_block_best<<<blocks, kBlockThreads, 0, stream>>>(row, n_vocab, chunk, 1, scratch_keys,
-                                                            scratch_nan);
+    select_block_best<<<blocks, kBlockThreads,
+                        top_k == 1 ? 0 : size_t(chunk) * sizeof(unsigned long long), stream>>>(
+        row, n_vocab, chunk, top_k, scratch_keys, scratch_nan);
     NT_CUDA_CHECK(cudaGetLastError(), "token choice kernel (blocks)");
-    choose_merge<<<1, kMergeThreads, 0, stream>>>(scratch_keys, blocks, scratch_nan, choice);
+    const int n_keys = blocks * top_k;
+    choose_merge<<<1, kMergeThreads, size_t(n_keys) * sizeof(unsigned long long), stream>>>(
+        scratch_keys, n_keys, top_k, scratch_nan, blocks, choice);
     NT_CUDA_CHECK(cudaGetLastError(), "token choice kernel (merge)");
 }
 

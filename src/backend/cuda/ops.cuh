@@ -74,20 +74,22 @@ struct LogitIds {
 };
 struct LogitSelection {
     int nan;
-    int pad;
+    int token;  // logit_choose: the token drawn
     unsigned long long key[kMaxLogitCandidates];  // the m best, best first; 0: none
     float id_logit[kMaxLogitCandidates];
 };
-// Greedy decoding fed on the device (CudaBackend, Batch::choose): the best token of the row
-// goes into *fed, where the next step's embedding reads it; the answer into
-// ring[*count % ring_size], a pinned host ring the kernel writes directly, then *count and
-// *pos (the step tables' first position, so that the next fed step needs no upload) advance.
+// Decoding fed on the device (CudaBackend, Batch::choose): the token drawn from the row as
+// *draw says (device memory: the step's tables) goes into *fed, where the next step's
+// embedding reads it; the answer (the token, the draw's top_k candidates and the NaN flag) into
+// ring[*count % ring_size], a pinned host ring the kernel writes directly; then *count and *pos
+// (the step tables' first position, so that the next fed step needs no upload) advance.
 struct LogitChoice {
     int32_t* fed = nullptr;
     int* count = nullptr;
     LogitSelection* ring = nullptr;
     int ring_size = 0;
     int32_t* pos = nullptr;
+    const TokenDraw* draw = nullptr;
 };
 // Whether logit_select takes the m best of a row of n_vocab.
 bool logit_select_fits(int n_vocab, int m);
@@ -98,8 +100,9 @@ void logit_select_init();
 void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
                   unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
                   cudaStream_t stream);
-// The best token of row[0..n_vocab) chosen as `choice` says (0 when the row has none).
-void logit_choose(const float* row, int n_vocab, unsigned long long* scratch_keys,
+// A token of row[0..n_vocab) drawn as `choice` says, from the row's top_k best logits (top_k
+// must equal choice.draw's, which the launch cannot read; 0 when the row has no candidate).
+void logit_choose(const float* row, int n_vocab, int top_k, unsigned long long* scratch_keys,
                   int* scratch_nan, const LogitChoice& choice, cudaStream_t stream);
 // A selection copied to the host, as Backend::select_logits answers.
 void logit_selection_unpack(const LogitSelection& sel, int m, int n_ids, LogitCandidates& out);
