@@ -588,7 +588,9 @@ void CudaBackend::run(const Op& op) {
     const int32_t* d_seq = d_step_ + 2 * B;
     const int32_t* d_logit_rows = d_step_ + 3 * B;
     const int32_t* d_dec_rows = d_step_ + 4 * B;
-    const cuda::AttnTile* d_tiles = reinterpret_cast<const cuda::AttnTile*>(d_step_ + 5 * B);
+    const TokenDraw* d_draw = reinterpret_cast<const TokenDraw*>(d_step_ + 5 * B);
+    const cuda::AttnTile* d_tiles =
+        reinterpret_cast<const cuda::AttnTile*>(d_step_ + 5 * B + kDrawInts);
     switch (op.kind) {
         case OpKind::Embed:
             cuda::embed(op.w, d_tokens, fed_token_, n_rows_, f(0), stream_);
@@ -693,7 +695,7 @@ void CudaBackend::run(const Op& op) {
             c.ring = h_chosen_on_device_;
             c.ring_size = kMaxChosen;
             c.pos = d_pos;
-            c.draw = reinterpret_cast<const TokenDraw*>(d_step_ + 5 * B);
+            c.draw = d_draw;
             cuda::logit_choose(acts_.logits, shape_.n_vocab, op.i0, sel_keys_, sel_nan_, c,
                                stream_);
             return;

@@ -208,20 +208,29 @@ __device__ __forceinline__ float exp_rounded(float x) {
 
 // Sampler::sample's chain over the sorted candidates best[0..m) (top-k done): top-p at
 // temperature 1, min-p, then the temperature and the draw with d.u, each sum in the host's
-// order with the host's roundings (no fused multiply-adds). One thread.
-__device__ int32_t draw_chain(const unsigned long long* best, int m, const TokenDraw& d) {
+// order with the host's roundings (no fused multiply-adds). The exps are taken by the whole
+// block into p1 (temperature 1) and pt (temperature d.temperature), the sums by thread 0, which
+// alone returns the token. Every thread of the block calls it.
+__device__ int32_t draw_chain(const unsigned long long* best, int m, const TokenDraw& d,
+                              float* p1, float* pt) {
+    const float max_l = key_logit(best[0]);
+    for (int i = threadIdx.x; i < m; i += blockDim.x) {
+        const float x = key_logit(best[i]) - max_l;
+        p1[i] = exp_rounded(x);
+        pt[i] = exp_rounded(__fdiv_rn(x, d.temperature));
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return 0;
     int n = 0;
     while (n < m && best[n] != 0) n++;  // a row with NaN (flagged) may hold fewer
     if (n == 0) return 0;
-    const float max_l = key_logit(best[0]);
     if (d.top_p < 1.f) {
         double z = 0.0;
-        for (int i = 0; i < n; i++) z = __dadd_rn(z, double(exp_rounded(key_logit(best[i]) - max_l)));
+        for (int i = 0; i < n; i++) z = __dadd_rn(z, double(p1[i]));
         const double inv_z = __ddiv_rn(1.0, z);
         double cum = 0.0;
         for (int i = 0; i < n; i++) {
-            const float p = exp_rounded(key_logit(best[i]) - max_l);
-            cum = __dadd_rn(cum, __dmul_rn(double(p), inv_z));
+            cum = __dadd_rn(cum, __dmul_rn(double(p1[i]), inv_z));
             if (cum >= double(d.top_p)) {
                 n = i + 1;
                 break;
@@ -235,16 +244,14 @@ __device__ int32_t draw_chain(const unsigned long long* best, int m, const Token
         n = i;
     }
     double sum = 0.0;
-    for (int i = 0; i < n; i++)
-        sum = __dadd_rn(sum, double(exp_rounded(__fdiv_rn(key_logit(best[i]) - max_l, d.temperature))));
+    for (int i = 0; i < n; i++) sum = __dadd_rn(sum, double(pt[i]));
     const double target = __dmul_rn(sum, d.u);
     double run = 0.0;
     int sel = -1, last_positive = 0;
     for (int i = 0; i < n; i++) {
-        const float p = exp_rounded(__fdiv_rn(key_logit(best[i]) - max_l, d.temperature));
-        if (p > 0.f) last_positive = i;
-        run = __dadd_rn(run, double(p));
-        if (run >= target && p > 0.f) {
+        if (pt[i] > 0.f) last_positive = i;
+        run = __dadd_rn(run, double(pt[i]));
+        if (run >= target && pt[i] > 0.f) {
             sel = i;
             break;
         }
@@ -275,17 +282,19 @@ __global__ void __launch_bounds__(kMergeThreads)
                  int n_blocks, LogitChoice c) {
     extern __shared__ unsigned long long s[];
     __shared__ unsigned long long best[kMaxLogitCandidates];
+    __shared__ float p1[kMaxLogitCandidates], pt[kMaxLogitCandidates];
     __shared__ LogitSelection* out;
     bool nan = false;
     for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) nan |= nan_blk[i] != 0;
     nan = __syncthreads_or(nan);
     merge_best(keys, n_keys, m, s, best);
+    const TokenDraw d = *c.draw;
+    const bool greedy = m == 1 || !(d.temperature > 0.f) || best[0] == 0;
+    const int32_t drawn = greedy ? 0 : draw_chain(best, m, d, p1, pt);
     if (threadIdx.x == 0) {
         const int count = *c.count;
         out = c.ring + count % c.ring_size;
-        const int32_t token = best[0] == 0                                ? 0
-                              : m == 1 || !(c.draw->temperature > 0.f) ? key_id(best[0])
-                                                                         : draw_chain(best, m, *c.draw);
+        const int32_t token = best[0] == 0 ? 0 : greedy ? key_id(best[0]) : drawn;
         out->nan = nan;
         out->token = token;
         *c.fed = token;
