@@ -1310,6 +1310,23 @@ TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
     }
 }
 
+// Two backends on one small model: `fed` chooses tokens on the device, `host` runs the round
+// trip the fed one is checked against.
+struct FedAndHost {
+    TestModel m = make_model(64, 4, 1, 2, GgmlType::Q8_0);
+    CudaBackend fed, host;
+    ModelWeights fw, hw;
+    std::unique_ptr<ResidentWeights> fsrc, hsrc;
+    FedAndHost() {
+        fed.init(m.hp.shape, 8, 1, 64);
+        host.init(m.hp.shape, 8, 1, 64);
+        fw = upload_model(fed, m.cpu_w);
+        hw = upload_model(host, m.cpu_w);
+        fsrc = std::make_unique<ResidentWeights>(fw);
+        hsrc = std::make_unique<ResidentWeights>(hw);
+    }
+};
+
 // Greedy decoding with the token chosen and fed on the device (Batch::choose, kFedToken, each
 // step enqueued before the host has its token) picks what the round trip picks: the best of the
 // downloaded logits, fed back from the host. Both backends replay graphs; the fed one's
@@ -1318,32 +1335,27 @@ TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
 // afterwards must still see its own position.
 TEST(CudaBackend, ChosenTokensFeedTheNextStep) {
     NT_REQUIRE_GPU();
-    const TestModel m = make_model(64, 4, 1, 2, GgmlType::Q8_0);
-    CudaBackend fed, host;
-    fed.init(m.hp.shape, 8, 1, 64);
-    host.init(m.hp.shape, 8, 1, 64);
-    const ModelWeights fw = upload_model(fed, m.cpu_w), hw = upload_model(host, m.cpu_w);
-    ResidentWeights fsrc(fw), hsrc(hw);
-    ASSERT_TRUE(fed.feeds_tokens());
-    EXPECT_THROW(fed.take_token(), Error);  // nothing chosen yet
+    FedAndHost p;
+    ASSERT_TRUE(p.fed.feeds_tokens());
+    EXPECT_THROW(p.fed.take_token(), Error);  // nothing chosen yet
     Batch b;
     b.add(kFedToken, 0, 0, true);
-    EXPECT_THROW(fed.begin_step(b), Error);  // names a choice that was never made
+    EXPECT_THROW(p.fed.begin_step(b), Error);  // names a choice that was never made
     b.clear();
     b.add(17, 0, 0, false);
     b.choose = true;
-    EXPECT_THROW(fed.begin_step(b), Error);  // a choice with no logits to choose from
+    EXPECT_THROW(p.fed.begin_step(b), Error);  // a choice with no logits to choose from
 
     const int n = 12, K = CudaBackend::kMaxChosen;
-    const size_t V = size_t(m.hp.shape.n_vocab);
+    const size_t V = size_t(p.m.hp.shape.n_vocab);
     std::vector<int32_t> want, got;
     std::vector<float> row(V);
     int32_t t = 17;
     for (int i = 0; i < n + K; i++) {  // the round trip: logits to the host, argmax, fed back
         b.clear();
         b.add(t, i, 0, true);
-        llama_forward(m.hp, hw, hsrc, host, b);
-        host.download(host.acts().logits, row.data(), V);
+        llama_forward(p.m.hp, p.hw, *p.hsrc, p.host, b);
+        p.host.download(p.host.acts().logits, row.data(), V);
         t = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
         want.push_back(t);
     }
@@ -1351,37 +1363,37 @@ TEST(CudaBackend, ChosenTokensFeedTheNextStep) {
         b.clear();
         b.add(i == 0 ? 17 : kFedToken, i, 0, true);
         b.choose = true;
-        llama_forward(m.hp, fw, fsrc, fed, b);
-        if (i > 0) got.push_back(fed.take_token());
+        llama_forward(p.m.hp, p.fw, *p.fsrc, p.fed, b);
+        if (i > 0) got.push_back(p.fed.take_token());
     }
-    got.push_back(fed.take_token());
+    got.push_back(p.fed.take_token());
     for (int i = n; i < n + K; i++) {  // the ring fills
         b.clear();
         b.add(kFedToken, i, 0, true);
         b.choose = true;
-        llama_forward(m.hp, fw, fsrc, fed, b);
+        llama_forward(p.m.hp, p.fw, *p.fsrc, p.fed, b);
     }
     b.clear();
     b.add(kFedToken, n + K, 0, true);
     b.choose = true;
-    EXPECT_THROW(fed.begin_step(b), Error);  // the ring is full
-    for (int i = 0; i < K; i++) got.push_back(fed.take_token());
+    EXPECT_THROW(p.fed.begin_step(b), Error);  // the ring is full
+    for (int i = 0; i < K; i++) got.push_back(p.fed.take_token());
     EXPECT_EQ(got, want);
-    if (fed.graphs()) {
-        EXPECT_GE(fed.graph_stats().replays, n + K - 2);
+    if (p.fed.graphs()) {
+        EXPECT_GE(p.fed.graph_stats().replays, n + K - 2);
     }
 
     // The host's own token at the position after the last fed one, then again one position
     // back (a table that differs from the device's only in its position).
-    for (int p : {n + K, n + K - 1}) {
+    for (int at : {n + K, n + K - 1}) {
         b.clear();
-        b.add(want[size_t(p - 1)], p, 0, true);
+        b.add(want[size_t(at - 1)], at, 0, true);
         std::vector<float> a(V), c(V);
-        llama_forward(m.hp, hw, hsrc, host, b);
-        host.download(host.acts().logits, a.data(), V);
-        llama_forward(m.hp, fw, fsrc, fed, b);
-        fed.download(fed.acts().logits, c.data(), V);
-        EXPECT_EQ(a, c) << "position " << p;
+        llama_forward(p.m.hp, p.hw, *p.hsrc, p.host, b);
+        p.host.download(p.host.acts().logits, a.data(), V);
+        llama_forward(p.m.hp, p.fw, *p.fsrc, p.fed, b);
+        p.fed.download(p.fed.acts().logits, c.data(), V);
+        EXPECT_EQ(a, c) << "position " << at;
     }
 }
 
@@ -1391,13 +1403,8 @@ TEST(CudaBackend, ChosenTokensFeedTheNextStep) {
 // with the uniform the device used. Choices queue two deep, as generate() keeps them.
 TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
     NT_REQUIRE_GPU();
-    const TestModel m = make_model(64, 4, 1, 2, GgmlType::Q8_0);
-    CudaBackend fed, host;
-    fed.init(m.hp.shape, 8, 1, 64);
-    host.init(m.hp.shape, 8, 1, 64);
-    const ModelWeights fw = upload_model(fed, m.cpu_w), hw = upload_model(host, m.cpu_w);
-    ResidentWeights fsrc(fw), hsrc(hw);
-    const int V = m.hp.shape.n_vocab, n = 24;
+    FedAndHost p;
+    const int V = p.m.hp.shape.n_vocab, n = 24;
     for (float temperature : {0.8f, 3.f}) {
         for (int top_k : {40, 256}) {
             SamplerParams sp;
@@ -1415,14 +1422,14 @@ TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
             for (int i = 0; i < n; i++) {  // the round trip
                 b.clear();
                 b.add(t, i, 0, true);
-                llama_forward(m.hp, hw, hsrc, host, b);
-                host.download(host.acts().logits, row.data(), row.size());
+                llama_forward(p.m.hp, p.hw, *p.hsrc, p.host, b);
+                p.host.download(p.host.acts().logits, row.data(), row.size());
                 want.push_back(t = hs.sample(row.data()));
             }
             int queued = 0;
             auto take = [&] {
                 LogitCandidates from;
-                const int32_t drawn = fed.take_token(&from);
+                const int32_t drawn = p.fed.take_token(&from);
                 queued--;
                 LogitRequest req;
                 req.k = top_k;
@@ -1436,7 +1443,7 @@ TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
                 b.choose = true;
                 b.draw = d;
                 b.draw.u = fs.peek_uniform(size_t(queued));
-                llama_forward(m.hp, fw, fsrc, fed, b);
+                llama_forward(p.m.hp, p.fw, *p.fsrc, p.fed, b);
                 queued++;
                 if (i > 0) take();
             }
@@ -1449,7 +1456,7 @@ TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
     b.choose = true;
     b.draw.top_k = kMaxLogitCandidates + 1;
     b.draw.temperature = 1.f;
-    EXPECT_THROW(fed.begin_step(b), Error);
+    EXPECT_THROW(p.fed.begin_step(b), Error);
 }
 
 // A step that leaves its recorded op sequence runs eagerly and still computes the right thing.

@@ -335,17 +335,28 @@ void logit_select_init() {
                   "cudaFuncSetAttribute choose_merge");
 }
 
-void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
-                  unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
-                  cudaStream_t stream) {
+namespace {
+// Kernel 1 over the row: each block's m best into scratch_keys; returns the number of blocks.
+int select_blocks(const float* row, int n_vocab, int m, unsigned long long* scratch_keys,
+                  int* scratch_nan, cudaStream_t stream) {
     const int chunk = select_chunk(n_vocab, m);
-    if (m < 1 || m > kMaxLogitCandidates || chunk == 0 || ids.n < 0 || ids.n > kMaxLogitCandidates)
+    if (m < 1 || m > kMaxLogitCandidates || chunk == 0)
         fail("logit selection: %d best of %d logits do not fit the selection kernels.", m, n_vocab);
     const int blocks = (n_vocab + chunk - 1) / chunk;
     select_block_best<<<blocks, kBlockThreads,
                         m == 1 ? 0 : size_t(chunk) * sizeof(unsigned long long), stream>>>(
         row, n_vocab, chunk, m, scratch_keys, scratch_nan);
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (blocks)");
+    return blocks;
+}
+}  // namespace
+
+void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
+                  unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
+                  cudaStream_t stream) {
+    if (ids.n < 0 || ids.n > kMaxLogitCandidates)
+        fail("logit selection: %d asked ids (at most %d).", ids.n, kMaxLogitCandidates);
+    const int blocks = select_blocks(row, n_vocab, m, scratch_keys, scratch_nan, stream);
     const int n_keys = blocks * m;
     select_merge<<<1, kMergeThreads, size_t(n_keys) * sizeof(unsigned long long), stream>>>(
         scratch_keys, n_keys, m, scratch_nan, blocks, row, ids, out);
@@ -354,16 +365,7 @@ void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
 
 void logit_choose(const float* row, int n_vocab, int top_k, unsigned long long* scratch_keys,
                   int* scratch_nan, const LogitChoice& choice, cudaStream_t stream) {
-    const int chunk = select_chunk(n_vocab, top_k);
-    if (top_k < 1 || top_k > kMaxLogitCandidates || chunk == 0)
-        fail("logit selection: a draw from the %d best of %d logits does not fit the selection "
-             "kernels.",
-             top_k, n_vocab);
-    const int blocks = (n_vocab + chunk - 1) / chunk;
-    select_block_best<<<blocks, kBlockThreads,
-                        top_k == 1 ? 0 : size_t(chunk) * sizeof(unsigned long long), stream>>>(
-        row, n_vocab, chunk, top_k, scratch_keys, scratch_nan);
-    NT_CUDA_CHECK(cudaGetLastError(), "token choice kernel (blocks)");
+    const int blocks = select_blocks(row, n_vocab, top_k, scratch_keys, scratch_nan, stream);
     const int n_keys = blocks * top_k;
     choose_merge<<<1, kMergeThreads, size_t(n_keys) * sizeof(unsigned long long), stream>>>(
         scratch_keys, n_keys, top_k, scratch_nan, blocks, choice);
