@@ -268,6 +268,20 @@ int32_t Sampler::sample(const LogitRequest& req, const LogitCandidates& c,
     return draw(n);
 }
 
+int32_t Sampler::sample_with(const LogitRequest& req, const LogitCandidates& c, double u) {
+    ahead_.push_front(u);  // the draw takes the front; a greedy one takes nothing
+    const size_t before = ahead_.size();
+    int32_t token = -1;
+    try {
+        token = sample(req, c);
+    } catch (...) {
+        if (ahead_.size() == before) ahead_.pop_front();
+        throw;
+    }
+    if (ahead_.size() == before) ahead_.pop_front();
+    return token;
+}
+
 int32_t Sampler::sample(const float* logits) {
     const float* src = logits;
     if (penalties_active()) {

@@ -75,6 +75,10 @@ class Sampler {
     // above 0), drawn from the stream now and kept until those draws use it: a token drawn
     // elsewhere with it (TokenDraw::u) is the one sample() draws from the same candidates.
     double peek_uniform(size_t ahead);
+    // sample(req, c) drawing with the uniform u instead of the next of this sampler's stream,
+    // which stays where it was: the draw another party makes with a uniform peeked here (what
+    // a device's TokenDraw computes, on the host).
+    int32_t sample_with(const LogitRequest& req, const LogitCandidates& c, double u);
 
     // Records a token of the sequence for the penalties (prompt or generated).
     void accept(int32_t token);

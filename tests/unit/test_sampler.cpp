@@ -807,6 +807,26 @@ TEST(SamplerDeviceDraw, PeekedUniformsAreTheStreamsOwn) {
     EXPECT_EQ(plain_stream.sample(row.data()), peeking.sample(row.data()));
 }
 
+// A draw with a given uniform (the host's copy of a device's draw) is the draw sample() makes
+// with that uniform, and leaves the stream where it was.
+TEST(SamplerDeviceDraw, DrawWithAGivenUniform) {
+    SamplerParams p;
+    p.seed = 8;
+    p.temperature = 1.4f;
+    Sampler a(p, 3000), b(p, 3000);
+    std::mt19937 rng(3);
+    for (int step = 0; step < 20; step++) {
+        const std::vector<float> row = awkward_logits(3000, rng());
+        LogitRequest req = a.request();
+        LogitCandidates c;
+        select_logits_host(row.data(), 3000, req, c);
+        const double u = b.peek_uniform(0);
+        EXPECT_EQ(b.sample_with(req, c, u), a.sample(req, c)) << step;
+        EXPECT_EQ(b.peek_uniform(0), u);  // not used up
+        b.sample(req, c);                 // now it is
+    }
+}
+
 // Which samplers a backend can draw for by itself, and with what.
 TEST(SamplerDeviceDraw, GreedyAndTheTopKChainWithoutPenalties) {
     TokenDraw d;

@@ -1,0 +1,178 @@
+// generate() on a backend that draws tokens itself (Batch::choose, kFedToken, take_token), as
+// the CUDA backend does, with a CPU backend standing in for the device: the tokens must be
+// exactly those of the host's own loop (sample, then feed), including when the "device" draws
+// a different token now and then (rounding on a real device), which the host must catch and
+// redraw, and the sampler's random stream must end where the host loop leaves it.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "smol_model_test.h"
+
+namespace nt {
+namespace {
+
+// The CPU backend with a token drawn at the end of each step that asks for one: from the
+// step's k best logits (select_logits_host) with the step's uniform, as Sampler::sample_with
+// draws. Every `wrong_every`-th sampled draw returns another candidate instead.
+class FeedingCpuBackend : public CpuBackend {
+  public:
+    FeedingCpuBackend(const SamplerParams& p, int n_vocab, int wrong_every)
+        : CpuBackend(0), drawer_(p, n_vocab), n_vocab_(n_vocab), wrong_every_(wrong_every) {}
+
+    bool feeds_tokens() const override { return true; }
+    void begin_step(const Batch& batch) override {
+        Batch b = batch;
+        for (int32_t& t : b.tokens)
+            if (t == kFedToken) {
+                if (ring_.empty() && !fed_) fail("a step names a token that was never drawn.");
+                t = last_;
+            }
+        choose_ = batch.choose;
+        draw_ = batch.draw;
+        CpuBackend::begin_step(b);
+    }
+    void end_step() override {
+        CpuBackend::end_step();
+        if (!choose_) return;
+        if (ring_.size() == size_t(kMaxChosen)) fail("the ring is full.");
+        LogitRequest req;
+        req.k = draw_.top_k;
+        Drawn d;
+        select_logits_host(acts().logits, n_vocab_, req, d.from);
+        d.token = draw_.temperature > 0.f ? drawer_.sample_with(req, d.from, draw_.u)
+                                          : d.from.top_id[0];
+        if (draw_.temperature > 0.f && ++draws_ % wrong_every_ == 0) {
+            d.token = d.token == d.from.top_id[0] ? d.from.top_id[1] : d.from.top_id[0];
+            wrong_++;
+        }
+        ring_.push_back(d);
+        last_ = d.token;
+        fed_ = true;
+        steps_chosen_++;
+    }
+    int32_t take_token(LogitCandidates* from) override {
+        if (ring_.empty()) fail("take_token: no token was chosen.");
+        const Drawn d = ring_.front();
+        ring_.pop_front();
+        if (from) *from = d.from;
+        return d.token;
+    }
+    int wrong() const { return wrong_; }
+    int steps_chosen() const { return steps_chosen_; }
+
+  private:
+    struct Drawn {
+        int32_t token = -1;
+        LogitCandidates from;
+    };
+    Sampler drawer_;  // its own stream is never used: every draw comes with its uniform
+    int n_vocab_, wrong_every_;
+    bool choose_ = false, fed_ = false;
+    TokenDraw draw_;
+    std::deque<Drawn> ring_;
+    int32_t last_ = 0;
+    int draws_ = 0, wrong_ = 0, steps_chosen_ = 0;
+};
+
+class FedGenerateTest : public testing_smol::SmolModelTest {
+  protected:
+    struct Run {
+        std::vector<int32_t> tokens;
+        GenerateStats st;
+        double next_uniform = 0;  // where the sampler's stream stands afterwards
+    };
+    // generate() from `prompt` on a CPU backend (fed by drawing itself, or not), with a sampler
+    // of settings p.
+    static Run run(const SamplerParams& p, bool feeds, int wrong_every, int n_predict,
+                   int n_ctx = 256, int* wrong = nullptr, int* chosen = nullptr) {
+        EngineOptions o;
+        o.n_ctx = n_ctx;
+        const int V = model_->hp.shape.n_vocab;
+        std::unique_ptr<Backend> be;
+        FeedingCpuBackend* fb = nullptr;
+        if (feeds) {
+            auto f = std::make_unique<FeedingCpuBackend>(p, V, wrong_every);
+            fb = f.get();
+            be = std::move(f);
+        } else {
+            be = std::make_unique<CpuBackend>(0);
+        }
+        Engine eng(*model_, std::move(be), o);
+        EXPECT_EQ(eng.pipelines(), feeds);
+        Sampler s(p, V);
+        const std::vector<int32_t> prompt =
+            model_->tokenizer->encode("The quick brown fox", true, false);
+        Run r;
+        int pos = 0;
+        r.st = generate(eng, s, 0, pos, prompt, n_predict, [&](int32_t id, const std::string&) {
+            if (id >= 0) r.tokens.push_back(id);
+            return true;
+        });
+        r.next_uniform = s.peek_uniform(0);
+        if (fb && wrong) *wrong = fb->wrong();
+        if (fb && chosen) *chosen = fb->steps_chosen();
+        return r;
+    }
+};
+
+SamplerParams sampled(uint64_t seed) {
+    SamplerParams p;  // the default chain: top-k 40, top-p 0.95, min-p 0.05, temperature 0.8
+    p.seed = seed;
+    p.temperature = 1.3f;  // a flatter distribution: more tokens in play
+    return p;
+}
+
+TEST_F(FedGenerateTest, SampledTokensAreTheHostLoops) {
+    const Run host = run(sampled(7), false, 0, 24);
+    int chosen = 0;
+    const Run fed = run(sampled(7), true, 1 << 30, 24, 256, nullptr, &chosen);
+    EXPECT_EQ(fed.tokens, host.tokens);
+    EXPECT_EQ(fed.st.n_redrawn, 0);
+    EXPECT_EQ(fed.next_uniform, host.next_uniform);
+    EXPECT_GE(chosen, int(host.tokens.size()));  // the prompt's step and each fed one
+}
+
+TEST_F(FedGenerateTest, DrawsThatDifferAreCaughtAndRedrawn) {
+    for (int every : {1, 2, 3}) {
+        const Run host = run(sampled(11), false, 0, 30);
+        int wrong = 0;
+        const Run fed = run(sampled(11), true, every, 30, 256, &wrong);
+        EXPECT_EQ(fed.tokens, host.tokens) << "every " << every;
+        EXPECT_GT(fed.st.n_redrawn, 0) << "every " << every;
+        EXPECT_LE(fed.st.n_redrawn, wrong) << "every " << every;  // dropped draws are not taken
+        EXPECT_EQ(fed.next_uniform, host.next_uniform) << "every " << every;
+    }
+}
+
+TEST_F(FedGenerateTest, GreedyAndTheContextsEnd) {
+    SamplerParams g;
+    g.temperature = 0.f;
+    const Run host = run(g, false, 0, 20);
+    const Run fed = run(g, true, 1 << 30, 20);
+    EXPECT_EQ(fed.tokens, host.tokens);
+    // Until the context is full (no limit on the tokens): the same tokens, the same stop.
+    const Run host_ctx = run(sampled(3), false, 0, -1, 16);
+    const Run fed_ctx = run(sampled(3), true, 4, -1, 16);
+    EXPECT_EQ(fed_ctx.tokens, host_ctx.tokens);
+    EXPECT_EQ(fed_ctx.st.n_generated, host_ctx.st.n_generated);
+}
+
+TEST_F(FedGenerateTest, PenaltiesKeepTheHostLoop) {
+    SamplerParams p = sampled(5);
+    p.repeat_penalty = 1.2f;  // the device has no window counts: nothing is drawn there
+    int chosen = 0;
+    const Run host = run(p, false, 0, 12);
+    const Run fed = run(p, true, 1, 12, 256, nullptr, &chosen);
+    EXPECT_EQ(fed.tokens, host.tokens);
+    EXPECT_EQ(chosen, 0);
+}
+
+}  // namespace
+}  // namespace nt
