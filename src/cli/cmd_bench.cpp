@@ -46,10 +46,11 @@ int cmd_bench(int argc, char** argv) {
     opts.push_back(
         {"--readback", "WHAT",
          "what a tg step copies back: fed (greedy generation as generate runs it: the token "
-         "chosen on the device feeds the next step, queued before the host has it), top "
-         "(the greedy token, after each step), sampled (the candidates of generate's default "
-         "sampler, top-k 40, drawn on the host after each step), row (the whole logit row, "
-         "as llama-bench does) or none (nothing: the steps queue back to back)",
+         "chosen on the device feeds the next step, queued before the host has it), drawn (the "
+         "same with generate's default sampler, top-k 40, drawn on the device and checked on "
+         "the host), top (the greedy token, after each step), sampled (the default sampler's "
+         "candidates, drawn on the host after each step), row (the whole logit row, as "
+         "llama-bench does) or none (nothing: the steps queue back to back)",
          "fed"});
     opts.push_back({"--json", "", "print the results as JSON", ""});
     Args a("bench", opts);
@@ -59,9 +60,10 @@ int cmd_bench(int argc, char** argv) {
     const int n_prompt = a.integer("--n-prompt", 512), n_gen = a.integer("--n-gen", 128);
     const int reps = a.integer("--repetitions", 3);
     std::string readback = a.str("--readback", "fed");
-    if (readback != "fed" && readback != "top" && readback != "sampled" && readback != "row" &&
-        readback != "none")
-        fail("--readback takes fed, top, sampled, row or none, not '%s'.", readback.c_str());
+    if (readback != "fed" && readback != "drawn" && readback != "top" && readback != "sampled" &&
+        readback != "row" && readback != "none")
+        fail("--readback takes fed, drawn, top, sampled, row or none, not '%s'.",
+             readback.c_str());
     if (n_prompt < 0 || n_gen < 0 || reps < 1)
         fail("-p and -n must be 0 or more and -r at least 1.");
 
@@ -79,7 +81,10 @@ int cmd_bench(int argc, char** argv) {
     gp.temperature = 0.f;
     Sampler greedy(gp, eng.n_vocab());
     Sampler chain(SamplerParams{}, eng.n_vocab());  // generate's default
-    if (readback == "fed" && !eng.pipelines()) readback = "top";  // this backend cannot feed
+    // A backend that cannot feed tokens copies them back instead.
+    if (readback == "fed" && !eng.pipelines()) readback = "top";
+    if (readback == "drawn" && !eng.pipelines()) readback = "sampled";
+    int redrawn = 0;  // drawn: device draws the host's sampler drew otherwise
 
     using clock = std::chrono::steady_clock;
     std::vector<double> pp, tg;
@@ -103,18 +108,32 @@ int cmd_bench(int argc, char** argv) {
             if (ws) ws->reset_stats();
             Batch b;
             auto t0 = clock::now();
-            if (readback == "fed") {
-                // Greedy generation as generate() runs it: each step is enqueued before the
-                // host has the token it feeds, which the step before chose on the device.
+            if (readback == "fed" || readback == "drawn") {
+                // Generation as generate() runs it: each step is enqueued before the host has
+                // the token it feeds, which the step before drew on the device (greedy, or
+                // the default sampler with each draw checked on the host).
                 Backend& be = eng.backend();
+                Sampler& s = readback == "fed" ? greedy : chain;
+                TokenDraw d;
+                s.device_draw(d);
+                const bool check = d.temperature > 0.f;
+                LogitRequest req;
+                req.k = d.top_k;
+                LogitCandidates from;
+                auto take = [&] {
+                    const int32_t t = be.take_token(check ? &from : nullptr);
+                    if (check && s.sample(req, from) != t) redrawn++;
+                };
                 for (int i = 0; i < n_gen; i++) {
                     b.clear();
                     b.add(i == 0 ? tok_dist(rng) : kFedToken, i, 0, true);
                     b.choose = true;
+                    b.draw = d;
+                    if (check) b.draw.u = s.peek_uniform(i == 0 ? 0 : 1);  // after the queued
                     eng.forward(b);
-                    if (i > 0) be.take_token();
+                    if (i > 0) take();
                 }
-                be.take_token();
+                take();
             } else {
                 for (int i = 0; i < n_gen; i++) {
                     b.clear();
@@ -178,11 +197,15 @@ int cmd_bench(int argc, char** argv) {
             std::printf(" = %.1f%% of the %.0f GB/s ceiling (roofline %.1f tok/s)",
                         100.0 * gbs / ceiling, ceiling, ceiling * 1e9 / double(bytes));
         std::printf("; tg steps copy back: %s\n",
-                    readback == "fed"   ? "the greedy token, chosen and fed on the device"
+                    readback == "fed" ? "the greedy token, chosen and fed on the device"
+                    : readback == "drawn"
+                        ? "the default sampler's token and candidates, drawn and fed on the device"
                     : readback == "top"     ? "the greedy token"
                     : readback == "sampled" ? "the default sampler's top-k candidates"
                     : readback == "row"     ? "the whole logit row"
-                                        : "nothing");
+                                            : "nothing");
+        if (redrawn > 0)
+            std::printf("%d device draws differed from the host sampler's\n", redrawn);
     }
     if (ws) {
         std::printf("\n%s", eng.memory().text.c_str());

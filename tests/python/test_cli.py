@@ -121,9 +121,9 @@ def test_bench_json(cli, smollm2):
 
 def test_bench_readback_modes(cli, smollm2):
     # What a tg step copies back; a backend that cannot feed tokens on the device (the CPU) runs
-    # `fed` as `top`.
-    for mode, want in [("fed", ("fed", "top")), ("top", ("top",)), ("sampled", ("sampled",)), ("row", ("row",)),
-                       ("none", ("none",))]:
+    # `fed` as `top` and `drawn` as `sampled`.
+    for mode, want in [("fed", ("fed", "top")), ("drawn", ("drawn", "sampled")), ("top", ("top",)),
+                       ("sampled", ("sampled",)), ("row", ("row",)), ("none", ("none",))]:
         r = run(cli, "bench", *M_ARGS(smollm2), "-p", "0", "-n", "4", "-r", "1", "--ceiling", "10", "--json",
                 "--readback", mode)
         assert r.returncode == 0, r.stderr
