@@ -7,6 +7,8 @@
 #                                        # AB_BASE a tarball of another commit, `git archive REV > F`)
 #   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (GEMV_TYPES, n = 1), as shipped and with each setting of GEMV_AB
 #   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions (and one row with the rope inside), prefill
+#   bench/cuda/decode_device.sh readback # 8B tg128 (AB_MODELS) with each bench --readback, and generate
+#                                        # (default sampler, greedy) end to end
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
 #   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64 (after types: needs the disk)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
@@ -112,6 +114,21 @@ stage() {
     attention)
         "$build/bench/bench_attention" --iters 200 >"$out/attention.txt" 2>&1 || echo "bench_attention FAILED"
         grep -E "^ +(8|64|128|512|4096) +1 |^rope fused" "$out/attention.txt"
+        ;;
+    readback)
+        # 8B tg128 (AB_MODELS) with each way a step's token comes back (bench --readback),
+        # then generate with the default sampler and greedy, end to end.
+        for t in ${AB_MODELS:-q4_k_m}; do
+            wait_model $t
+            for r in fed drawn top sampled row none; do
+                echo "readback: $t $r tg128 $("$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 \
+                    --readback $r 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')"
+            done
+            for a in "" "--temp 0"; do
+                echo "generate: $t ${a:-default sampler} $("$nt" generate -m "$(model $t)" --device cuda \
+                    -p "Hello there" -n 128 --stats $a 2>&1 >/dev/null | grep -E "decode:|redrawn" | tr '\n' ' ')"
+            done
+        done
         ;;
     types)
         for t in ${TYPES:-q4_k_m q8_0 q6_k}; do
