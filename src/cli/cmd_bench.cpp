@@ -116,20 +116,17 @@ int cmd_bench(int argc, char** argv) {
                 Sampler& s = readback == "fed" ? greedy : chain;
                 TokenDraw d;
                 s.device_draw(d);
-                const bool check = d.temperature > 0.f;
-                LogitRequest req;
-                req.k = d.top_k;
-                LogitCandidates from;
                 auto take = [&] {
-                    const int32_t t = be.take_token(check ? &from : nullptr);
-                    if (check && s.sample(req, from) != t) redrawn++;
+                    const DrawnToken t = take_drawn(be, s, d);
+                    if (t.token != t.drawn) redrawn++;
                 };
                 for (int i = 0; i < n_gen; i++) {
                     b.clear();
                     b.add(i == 0 ? tok_dist(rng) : kFedToken, i, 0, true);
                     b.choose = true;
                     b.draw = d;
-                    if (check) b.draw.u = s.peek_uniform(i == 0 ? 0 : 1);  // after the queued
+                    // The uniform after that of the choice still queued (none at first).
+                    if (d.temperature > 0.f) b.draw.u = s.peek_uniform(i == 0 ? 0 : 1);
                     eng.forward(b);
                     if (i > 0) take();
                 }

@@ -245,6 +245,20 @@ std::vector<float> Engine::prefill(int seq, int pos, const std::vector<int32_t>&
     return logits;
 }
 
+DrawnToken take_drawn(Backend& be, Sampler& sampler, const TokenDraw& draw) {
+    DrawnToken t;
+    if (!(draw.temperature > 0.f)) {
+        t.drawn = t.token = be.take_token();
+        return t;
+    }
+    LogitCandidates from;
+    t.drawn = be.take_token(&from);
+    LogitRequest req;
+    req.k = draw.top_k;
+    t.token = sampler.sample(req, from);  // uses the uniform the device drew with
+    return t;
+}
+
 GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
                        const std::vector<int32_t>& prompt, int n_predict,
                        const std::function<bool(int32_t, const std::string&)>& on_token) {
@@ -262,7 +276,6 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
     // cell that the next step there rewrites.
     TokenDraw draw;
     const bool fed = eng.pipelines() && sampler.device_draw(draw);
-    const bool check = fed && draw.temperature > 0.f;
     Backend& be = eng.backend();
     struct Queue {  // choices enqueued and not yet taken; the rest dropped however the loop ends
         Backend& be;
@@ -278,7 +291,7 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
     // The next choice's draw: its uniform is the one after those of the choices queued.
     auto next_draw = [&] {
         TokenDraw d = draw;
-        if (check) d.u = sampler.peek_uniform(size_t(chosen.n));
+        if (draw.temperature > 0.f) d.u = sampler.peek_uniform(size_t(chosen.n));
         return d;
     };
     Batch b;
@@ -313,19 +326,13 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
         int32_t id;
         if (!fed) {
             id = eng.sample(sampler);
-        } else if (!check) {
-            chosen.n--;
-            id = be.take_token();
         } else {
             chosen.n--;
-            LogitCandidates from;
-            const int32_t drawn = be.take_token(&from);
-            LogitRequest req;
-            req.k = draw.top_k;
-            id = sampler.sample(req, from);  // uses the uniform the device drew with
-            if (id != drawn) {
+            const DrawnToken t = take_drawn(be, sampler, draw);
+            id = t.token;
+            if (t.token != t.drawn) {
                 st.n_redrawn++;
-                chosen.drop();  // the step queued after it fed `drawn`
+                chosen.drop();  // the step queued after it fed the other token
                 if (more) enqueue(id);
             }
         }

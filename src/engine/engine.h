@@ -148,6 +148,15 @@ struct GenerateStats {
     int n_redrawn = 0;
     double prompt_seconds = 0, decode_seconds = 0;
 };
+// The oldest token the backend drew at the end of a step (Batch::choose, as `draw` says) and
+// the token that stands: for a sampled draw, the one `sampler` draws from the same candidates
+// with the same uniform (they differ only where the device rounded otherwise); a greedy draw,
+// the best candidate, stands as it is.
+struct DrawnToken {
+    int32_t drawn = -1, token = -1;
+};
+DrawnToken take_drawn(Backend& be, Sampler& sampler, const TokenDraw& draw);
+
 // Calls on_token(id, text) for each generated token (text is complete UTF-8, may be empty);
 // stops at end-of-generation, after n_predict tokens, or when on_token returns false.
 GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,

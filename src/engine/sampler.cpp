@@ -143,6 +143,10 @@ bool Sampler::penalties_configured() const {
              params_.presence_penalty == 0.f);
 }
 
+bool Sampler::top_k_on() const {
+    return params_.top_k > 0 && params_.top_k < n_vocab_;
+}
+
 bool Sampler::penalties_active() const {
     return penalties_configured() && !distinct_.empty();
 }
@@ -151,8 +155,7 @@ bool Sampler::device_draw(TokenDraw& d) const {
     if (penalties_configured()) return false;
     d = TokenDraw{};
     if (params_.temperature <= 0.f) return true;  // greedy: top_k 1
-    if (!(params_.top_k > 0 && params_.top_k < n_vocab_ && params_.top_k <= kMaxLogitCandidates))
-        return false;
+    if (!top_k_on() || params_.top_k > kMaxLogitCandidates) return false;
     d.top_k = params_.top_k;
     d.temperature = params_.temperature;
     d.top_p = params_.top_p;
@@ -206,7 +209,7 @@ void Sampler::apply_penalties(float* logits) const {
 LogitRequest Sampler::request(const std::vector<int32_t>& changed) const {
     LogitRequest r;
     const bool greedy = params_.temperature <= 0.f;
-    if (!greedy && !(params_.top_k > 0 && params_.top_k < n_vocab_)) return r;  // the whole row
+    if (!greedy && !top_k_on()) return r;  // the whole row
     if (penalties_active()) r.ids = distinct_;
     for (int32_t t : changed)
         if (t >= 0 && t < n_vocab_) r.ids.push_back(t);
@@ -220,6 +223,16 @@ LogitRequest Sampler::request(const std::vector<int32_t>& changed) const {
 
 int32_t Sampler::sample(const LogitRequest& req, const LogitCandidates& c,
                         const std::vector<std::pair<int32_t, float>>& bias) {
+    return sample_candidates(req, c, bias, nullptr);
+}
+
+int32_t Sampler::sample_with(const LogitRequest& req, const LogitCandidates& c, double u) {
+    return sample_candidates(req, c, {}, &u);
+}
+
+int32_t Sampler::sample_candidates(const LogitRequest& req, const LogitCandidates& c,
+                                   const std::vector<std::pair<int32_t, float>>& bias,
+                                   const double* u) {
     if (req.k <= 0 || c.top_id.size() != c.top_logit.size() || c.id_logit.size() != req.ids.size())
         fail("sampler: the selection does not answer its request.");
     if (c.nan) fail_nan();
@@ -265,21 +278,7 @@ int32_t Sampler::sample(const LogitRequest& req, const LogitCandidates& c,
                       cmp);
     n = finish_top_k(k);
     n = apply_min_p(n);
-    return draw(n);
-}
-
-int32_t Sampler::sample_with(const LogitRequest& req, const LogitCandidates& c, double u) {
-    ahead_.push_front(u);  // the draw takes the front; a greedy one takes nothing
-    const size_t before = ahead_.size();
-    int32_t token = -1;
-    try {
-        token = sample(req, c);
-    } catch (...) {
-        if (ahead_.size() == before) ahead_.pop_front();
-        throw;
-    }
-    if (ahead_.size() == before) ahead_.pop_front();
-    return token;
+    return draw(n, u);
 }
 
 int32_t Sampler::sample(const float* logits) {
@@ -291,8 +290,7 @@ int32_t Sampler::sample(const float* logits) {
     }
     if (params_.temperature <= 0.f) return sample_greedy(src);
 
-    const bool top_k_on = params_.top_k > 0 && params_.top_k < n_vocab_;
-    size_t n = top_k_on ? select_top_k(src) : select_all(src);
+    size_t n = top_k_on() ? select_top_k(src) : select_all(src);
     n = apply_min_p(n);
     return draw(n);
 }
@@ -431,7 +429,7 @@ size_t Sampler::apply_min_p(size_t n) {
     return kept;
 }
 
-int32_t Sampler::draw(size_t n) {
+int32_t Sampler::draw(size_t n, const double* u) {
     float max_l = cand_[0].logit;
     if (!sorted_)
         for (size_t i = 1; i < n; ++i) max_l = std::max(max_l, cand_[i].logit);
@@ -444,7 +442,7 @@ int32_t Sampler::draw(size_t n) {
         cand_[i].p = std::exp((cand_[i].logit - max_l) / t);
         sum += cand_[i].p;
     }
-    const double target = sum * uniform01();
+    const double target = sum * (u ? *u : uniform01());
     double run = 0.0;
     size_t sel = n;
     size_t last_positive = 0;

@@ -110,6 +110,7 @@ class Sampler {
         int32_t id;
     };
 
+    bool top_k_on() const;              // 0 < top_k < n_vocab
     bool penalties_configured() const;  // the parameters can change a logit
     bool penalties_active() const;      // ... and the window holds a token
     int32_t sample_greedy(const float* logits);
@@ -117,10 +118,13 @@ class Sampler {
     size_t select_top_k(const float* logits);  // top-k (sorted), then top-p
     size_t select_all(const float* logits);    // no top-k: top-p or min-p over the vocabulary
     size_t finish_top_k(size_t k);             // cand_[0..k): the top k, sorted; then top-p
+    // sample(req, c, bias), drawing with *u when given, else with the stream's next uniform.
+    int32_t sample_candidates(const LogitRequest& req, const LogitCandidates& c,
+                              const std::vector<std::pair<int32_t, float>>& bias, const double* u);
     float penalized(float logit, int count) const;
     size_t apply_top_p(size_t n, float max_l, double z);  // z: sum of exp(logit - max_l)
     size_t apply_min_p(size_t n);
-    int32_t draw(size_t n);
+    int32_t draw(size_t n, const double* u = nullptr);  // u: the uniform, else the stream's next
     double uniform01();
     void reseed();
 

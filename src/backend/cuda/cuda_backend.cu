@@ -269,7 +269,6 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     NT_CUDA_CHECK(cudaMemsetAsync(chosen_on_device_, 0, sizeof(int), stream_), "cudaMemsetAsync");
     chosen_made_ = 0;
     chosen_count_ = 0;
-    fed_ready_ = false;
     tables_known_ = false;
     void* mm_buf = take(mm_bytes);
     cuda::matmul_init(*mm_, mm_buf, mm_bytes, stream_);
@@ -331,7 +330,7 @@ void CudaBackend::begin_step(const Batch& batch) {
             fail("sequence id %d is out of range (0..%d).", batch.seq[u], n_seq_ - 1);
         if (batch.pos[u] < 0 || batch.pos[u] >= n_ctx_)
             fail("position %d is outside the context of %d tokens.", batch.pos[u], n_ctx_);
-        if (batch.tokens[u] == kFedToken && !fed_ready_)
+        if (batch.tokens[u] == kFedToken && chosen_made_ == 0)
             fail("a step names the token chosen on the device, but none was chosen.");
         if ((batch.tokens[u] < 0 && batch.tokens[u] != kFedToken) ||
             batch.tokens[u] >= shape_.n_vocab)
@@ -548,7 +547,6 @@ void CudaBackend::end_step() {
         NT_CUDA_CHECK(cudaEventRecord(chosen_ready_[slot], stream_), "cudaEventRecord");
         chosen_made_++;
         chosen_count_++;
-        fed_ready_ = true;
         tables_[size_t(stride_)]++;  // the choice advanced the first position on the device
     }
 }

@@ -124,7 +124,7 @@ class CudaBackend : public Backend {
         Qkv,
         Add,
         Gather,
-        Choose  // the step's greedy token, chosen on the device (Batch::choose)
+        Choose  // the step's token, drawn on the device (Batch::choose, Batch::draw)
     };
     // One backend op with its arguments: executed at once, recorded into a graph, or compared
     // with the recorded sequence when a graph is replayed.
@@ -216,7 +216,6 @@ class CudaBackend : public Backend {
     int64_t chosen_made_ = 0;
     int chosen_count_ = 0;  // made and not yet taken
     int32_t* fed_token_ = nullptr;
-    bool fed_ready_ = false;
 
     struct Arena {
         char* base = nullptr;
