@@ -687,13 +687,12 @@ void CudaBackend::run(const Op& op) {
             cuda::gather_rows(f(0), op.i0, d_logit_rows, n_logits_, f(1), stream_);
             return;
         case OpKind::Choose: {
-            cuda::LogitChoice c;
-            c.fed = fed_token_;
-            c.count = chosen_on_device_;
-            c.ring = h_chosen_on_device_;
-            c.ring_size = kMaxChosen;
-            c.pos = d_pos;
-            c.draw = d_draw;
+            const cuda::LogitChoice c{.fed = fed_token_,
+                                      .count = chosen_on_device_,
+                                      .ring = h_chosen_on_device_,
+                                      .ring_size = kMaxChosen,
+                                      .pos = d_pos,
+                                      .draw = d_draw};
             cuda::logit_choose(acts_.logits, shape_.n_vocab, op.i0, sel_keys_, sel_nan_, c,
                                stream_);
             return;
