@@ -141,40 +141,67 @@ std::vector<uint8_t> random_blocks(GgmlType t, int64_t rows, int64_t cols, uint3
     return b;
 }
 
-// The sampler's candidates from one Llama-3 logit row, bit for bit against the host's selection
-// (the bytes: the row, read once).
+// The sampler's candidates from Llama-3 logit rows, bit for bit against the host's selection
+// (the bytes: the rows, read once): one row, then a server step's 8 rows in one call.
 void bench_selection() {
     const int V = 128256;
-    const std::vector<float> row = random_floats(size_t(V), 11, -20.f, 20.f);
-    float* drow = dev_copy(row);
+    constexpr int kRows = 8;
+    std::vector<std::vector<float>> rows;
+    std::vector<float> all;
+    for (int r = 0; r < kRows; r++) {
+        rows.push_back(random_floats(size_t(V), 11 + r, -20.f, 20.f));
+        all.insert(all.end(), rows.back().begin(), rows.back().end());
+    }
+    float* dlogits = dev_copy(all);
+    const float* drow = dlogits;
     unsigned long long* keys = nullptr;
     int* nan = nullptr;
     LogitSelection* out = nullptr;
-    NT_CUDA_CHECK(cudaMalloc(&keys, size_t(kMergeKeys) * sizeof(*keys)), "cudaMalloc");
-    NT_CUDA_CHECK(cudaMalloc(&nan, size_t(V / 1024 + 1) * sizeof(int)), "cudaMalloc");
-    NT_CUDA_CHECK(cudaMalloc(&out, sizeof(LogitSelection)), "cudaMalloc");
+    LogitAsk* dasks = nullptr;
+    NT_CUDA_CHECK(cudaMalloc(&keys, size_t(kRows) * kMergeKeys * sizeof(*keys)), "cudaMalloc");
+    NT_CUDA_CHECK(cudaMalloc(&nan, size_t(kRows) * logit_select_nan_stride(V) * sizeof(int)),
+                  "cudaMalloc");
+    NT_CUDA_CHECK(cudaMalloc(&out, kRows * sizeof(LogitSelection)), "cudaMalloc");
+    NT_CUDA_CHECK(cudaMalloc(&dasks, kRows * sizeof(LogitAsk)), "cudaMalloc");
     logit_select_init();
     std::mt19937 rng(12);
-    for (int k : {1, 40, 256})
-        for (int n_ids : {0, 64}) {
-            if (k + n_ids > kMaxLogitCandidates) continue;
-            LogitRequest req;
-            req.k = k;
-            LogitIds ids;
-            ids.n = n_ids;
-            for (int i = 0; i < n_ids; i++) req.ids.push_back(ids.id[i] = int32_t(rng() % V));
-            const auto launch = [&] { logit_select(drow, V, k, ids, keys, nan, out, nullptr); };
-            launch();
-            LogitSelection h;
-            NT_CUDA_CHECK(cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost), "cudaMemcpy");
-            LogitCandidates got, want;
-            logit_selection_unpack(h, k, n_ids, got);
-            select_logits_host(row.data(), V, req, want);
-            const bool same = got.top_id == want.top_id && got.top_logit == want.top_logit &&
-                              got.id_logit == want.id_logit && got.nan == want.nan;
-            report("select top " + std::to_string(k) + (n_ids ? " +ids" : ""), 1, double(V) * 4,
-                   same ? 0 : 1, 0, launch);
-        }
+    for (int n_rows : {1, kRows})
+        for (int k : {1, 40, 256})
+            for (int n_ids : {0, 64}) {
+                if (k + n_ids > kMaxLogitCandidates || (n_rows > 1 && n_ids > 0)) continue;
+                std::vector<LogitRequest> req(static_cast<size_t>(n_rows));
+                std::vector<LogitAsk> asks(static_cast<size_t>(n_rows));
+                for (int r = 0; r < n_rows; r++) {
+                    req[size_t(r)].row = asks[size_t(r)].row = r;
+                    req[size_t(r)].k = asks[size_t(r)].m = k;
+                    asks[size_t(r)].ids.n = n_ids;
+                    for (int i = 0; i < n_ids; i++)
+                        req[size_t(r)].ids.push_back(asks[size_t(r)].ids.id[i] =
+                                                         int32_t(rng() % V));
+                }
+                NT_CUDA_CHECK(cudaMemcpy(dasks, asks.data(), asks.size() * sizeof(LogitAsk),
+                                         cudaMemcpyHostToDevice),
+                              "cudaMemcpy");
+                const auto launch = [&] {
+                    logit_select(dlogits, V, dasks, n_rows, k, keys, nan, out, nullptr);
+                };
+                launch();
+                std::vector<LogitSelection> h(static_cast<size_t>(n_rows));
+                NT_CUDA_CHECK(cudaMemcpy(h.data(), out, h.size() * sizeof(LogitSelection),
+                                         cudaMemcpyDeviceToHost),
+                              "cudaMemcpy");
+                bool same = true;
+                for (int r = 0; r < n_rows; r++) {
+                    LogitCandidates got, want;
+                    logit_selection_unpack(h[size_t(r)], k, n_ids, got);
+                    select_logits_host(rows[size_t(r)].data(), V, req[size_t(r)], want);
+                    same = same && got.top_id == want.top_id && got.top_logit == want.top_logit &&
+                           got.id_logit == want.id_logit && got.nan == want.nan;
+                }
+                report("select top " + std::to_string(k) + (n_ids ? " +ids" : "") +
+                           (n_rows > 1 ? ", " + std::to_string(n_rows) + " rows" : ""),
+                       n_rows, double(V) * 4 * n_rows, same ? 0 : 1, 0, launch);
+            }
     // The token drawn as a fed step draws it, greedy and with generate's default sampler:
     // the token, the answer ring, the count and the position, against the host's sampler on
     // the same candidates with the same uniform.
@@ -216,10 +243,11 @@ void bench_selection() {
         cudaFree(ddraw);
         cudaFree(ring);
     }
-    cudaFree(drow);
     cudaFree(keys);
     cudaFree(nan);
     cudaFree(out);
+    cudaFree(dasks);
+    cudaFree(dlogits);
 }
 
 void bench(const Opts& o) {

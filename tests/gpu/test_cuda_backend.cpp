@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -1496,7 +1497,8 @@ TEST(CudaBackend, GraphFallbackOnDifferentOps) {
 // select_logits on the GPU against select_logits_host, bit for bit: vocabularies from one block
 // to several hundred thousand (the last past what the kernels take: the row copied back
 // instead), rows with ties, both zeros, infinities, subnormals and NaN, every k up to the
-// limit, several rows in one call (more than the backend's answers at a time).
+// limit, several rows in one call (one launch takes three: the rows in batches of three and one),
+// rows of different k in one batch.
 void expect_selection_matches_host(std::initializer_list<int> vocabularies) {
     std::mt19937 rng(2024);
     for (int V : vocabularies) {
@@ -1504,7 +1506,7 @@ void expect_selection_matches_host(std::initializer_list<int> vocabularies) {
         s.n_vocab = V;
         CudaBackend gpu;
         constexpr int kRows = 4;
-        gpu.init(s, kRows, 1, 16);
+        gpu.init(s, kRows, 3, 16);  // three sequences: select_logits answers three rows at a time
         std::vector<std::vector<float>> rows(kRows);
         for (int r = 0; r < kRows; r++) {
             std::vector<float>& row = rows[size_t(r)];
@@ -1517,12 +1519,12 @@ void expect_selection_matches_host(std::initializer_list<int> vocabularies) {
             gpu.upload(gpu.acts().logits + size_t(r) * size_t(V), row.data(),
                        row.size() * sizeof(float));
         }
-        for (int k : {1, 2, 40, 41, 100, 256}) {
+        for (int k : {1, 2, 40, 41, 100, 256, 0}) {  // 0: each row its own k
             std::vector<LogitRequest> req(kRows);
             for (int r = 0; r < kRows; r++) {
                 req[size_t(r)].row = (r + k) % kRows;
-                req[size_t(r)].k = k;
-                const int n_ids = std::min(kMaxLogitCandidates - k, r * 7);
+                req[size_t(r)].k = k > 0 ? k : std::array<int, kRows>{40, 1, 256, 7}[size_t(r)];
+                const int n_ids = std::min(kMaxLogitCandidates - req[size_t(r)].k, r * 7);
                 for (int i = 0; i < n_ids; i++)
                     req[size_t(r)].ids.push_back(int32_t(rng() % uint32_t(V)));
             }

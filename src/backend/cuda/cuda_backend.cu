@@ -108,12 +108,14 @@ void CudaBackend::release() {
     if (h_step_) cudaFreeHost(h_step_);
     if (h_download_) cudaFreeHost(h_download_);
     if (h_sel_) cudaFreeHost(h_sel_);
+    if (h_asks_) cudaFreeHost(h_asks_);
     if (h_chosen_) cudaFreeHost(h_chosen_);
     h_chosen_ = nullptr;
     scratch_ = kv_ = nullptr;
     h_step_ = nullptr;
     h_download_ = nullptr;
     h_sel_ = nullptr;
+    h_asks_ = nullptr;
     d_step_ = nullptr;
     acts_ = Activations{};
     ready_ = false;
@@ -214,11 +216,14 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     const int64_t max_rows =
         std::max({int64_t(shape.n_vocab), int64_t(shape.n_ff), int64_t(shape.n_embd), qdim});
     const size_t mm_bytes = align_up(cuda::matmul_workspace_bytes(max_cols, max_rows, max_batch));
-    // The sampler's candidates (select_logits): the merge's keys, a NaN flag per block, and
-    // one answer per logit row of a step, sel_rows_ at a time.
+    // The sampler's candidates (select_logits), sel_rows_ rows at a time: each row's asks, the
+    // merge's keys, a NaN flag per block and the answer.
     sel_rows_ = std::max(1, std::min(max_batch, n_seq));
-    const size_t sel_bytes = align_up(size_t(cuda::kMergeKeys) * sizeof(unsigned long long)) +
-                             align_up((size_t(shape.n_vocab) / 1024 + 1) * sizeof(int)) +
+    const size_t sel_row_bytes =
+        align_up(size_t(cuda::kMergeKeys) * sizeof(unsigned long long)) +
+        align_up(size_t(cuda::logit_select_nan_stride(shape.n_vocab)) * sizeof(int));
+    const size_t sel_bytes = size_t(sel_rows_) * sel_row_bytes +
+                             align_up(size_t(sel_rows_) * sizeof(cuda::LogitAsk)) +
                              align_up(size_t(sel_rows_) * sizeof(cuda::LogitSelection)) +
                              2 * align_up(sizeof(int32_t));
     const size_t scratch_bytes =
@@ -259,8 +264,10 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     attn_done_ = reinterpret_cast<int*>(take(done_bytes));
     NT_CUDA_CHECK(cudaMemsetAsync(attn_done_, 0, done_bytes, stream_), "cudaMemsetAsync");
     sel_keys_ = reinterpret_cast<unsigned long long*>(
-        take(size_t(cuda::kMergeKeys) * sizeof(unsigned long long)));
-    sel_nan_ = reinterpret_cast<int*>(take((size_t(shape.n_vocab) / 1024 + 1) * sizeof(int)));
+        take(size_t(sel_rows_) * cuda::kMergeKeys * sizeof(unsigned long long)));
+    sel_nan_ = reinterpret_cast<int*>(
+        take(size_t(sel_rows_) * size_t(cuda::logit_select_nan_stride(shape.n_vocab)) * sizeof(int)));
+    sel_asks_ = reinterpret_cast<cuda::LogitAsk*>(take(size_t(sel_rows_) * sizeof(cuda::LogitAsk)));
     sel_out_ = reinterpret_cast<cuda::LogitSelection*>(
         take(size_t(sel_rows_) * sizeof(cuda::LogitSelection)));
     fed_token_ = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
@@ -289,6 +296,8 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     std::memset(h_step_, 0, step_bytes_);
     NT_CUDA_CHECK(cudaMallocHost(&h_download_, kDownloadChunk), "cudaMallocHost");
     NT_CUDA_CHECK(cudaMallocHost(&h_sel_, size_t(sel_rows_) * sizeof(cuda::LogitSelection)),
+                  "cudaMallocHost");
+    NT_CUDA_CHECK(cudaMallocHost(&h_asks_, size_t(sel_rows_) * sizeof(cuda::LogitAsk)),
                   "cudaMallocHost");
     NT_CUDA_CHECK(cudaHostAlloc(&h_chosen_, size_t(kMaxChosen) * sizeof(cuda::LogitSelection),
                                 cudaHostAllocMapped),
@@ -911,17 +920,25 @@ void CudaBackend::select_logits(const float* logits, int n_vocab,
         Backend::select_logits(logits, n_vocab, req, out);  // copies the rows
         return;
     }
+    // sel_rows_ rows at a time, each batch in one pair of launches.
     out.resize(req.size());
     for (size_t first = 0; first < req.size(); first += size_t(sel_rows_)) {
         const size_t n = std::min(req.size() - first, size_t(sel_rows_));
+        int batch_most = 1;
         for (size_t i = 0; i < n; i++) {
             const LogitRequest& r = req[first + i];
-            cuda::LogitIds ids;
-            ids.n = int(r.ids.size());
-            std::copy(r.ids.begin(), r.ids.end(), ids.id);
-            cuda::logit_select(logits + size_t(r.row) * size_t(n_vocab), n_vocab, r.k, ids,
-                               sel_keys_, sel_nan_, sel_out_ + i, stream_);
+            cuda::LogitAsk& a = h_asks_[i];
+            a.row = r.row;
+            a.m = r.k;
+            a.ids.n = int(r.ids.size());
+            std::copy(r.ids.begin(), r.ids.end(), a.ids.id);
+            batch_most = std::max(batch_most, r.k);
         }
+        NT_CUDA_CHECK(cudaMemcpyAsync(sel_asks_, h_asks_, n * sizeof(cuda::LogitAsk),
+                                      cudaMemcpyHostToDevice, stream_),
+                      "cudaMemcpyAsync logit selection asks");
+        cuda::logit_select(logits, n_vocab, sel_asks_, int(n), batch_most, sel_keys_, sel_nan_,
+                           sel_out_, stream_);
         NT_CUDA_CHECK(cudaMemcpyAsync(h_sel_, sel_out_, n * sizeof(cuda::LogitSelection),
                                       cudaMemcpyDeviceToHost, stream_),
                       "cudaMemcpyAsync logit selection");

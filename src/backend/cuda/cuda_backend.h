@@ -26,6 +26,7 @@ namespace nt {
 
 namespace cuda {
 struct MatmulWorkspace;
+struct LogitAsk;
 struct LogitSelection;
 }  // namespace cuda
 
@@ -198,8 +199,11 @@ class CudaBackend : public Backend {
 
     float* h_download_ = nullptr;  // pinned bounce buffer for download()
 
-    // select_logits: device scratch and answers (sel_rows_ of them), and their pinned copy.
+    // select_logits, sel_rows_ rows at a time: the asks (pinned, and their device copy), device
+    // scratch, the answers and their pinned copy.
     int sel_rows_ = 1;
+    cuda::LogitAsk* h_asks_ = nullptr;
+    cuda::LogitAsk* sel_asks_ = nullptr;
     unsigned long long* sel_keys_ = nullptr;
     int* sel_nan_ = nullptr;
     cuda::LogitSelection* sel_out_ = nullptr;

@@ -5,11 +5,12 @@
 // Each logit becomes a 64-bit key, its float bits made monotonic in the high word and the
 // complement of its id in the low word, so that the larger key is the better candidate by the
 // sampler's order (higher logit, then lower id) and no two keys are equal; 0 is no candidate
-// (a NaN, or padding past the row). Two kernels:
+// (a NaN, or padding past the row). Two kernels, each launched once for all the rows of a call
+// (a server step's rows in parallel, not one after another):
 // 1. blocks of C positions keep their m best keys, unordered: a radix select over the keys in
 //    shared memory finds the m-th best, and the keys from it up are kept (keys are distinct, so
 //    exactly m); one best is a block maximum;
-// 2. one block selects the m best of the blocks' candidates (at most kMergeKeys) the same way,
+// 2. one block per row selects the m best of the blocks' candidates (at most kMergeKeys) the same way,
 //    sorts those m (bitonic, at most kMaxLogitCandidates) and writes them, the logits of the
 //    asked ids and whether any block saw a NaN. For decoding fed on the device (logit_choose,
 //    inside the step's graph) it draws the token from those m as the host's sampler would
@@ -133,12 +134,51 @@ __device__ unsigned long long block_max_key(unsigned long long v) {
     return v;
 }
 
-// Kernel 1: block b takes positions [b * chunk, (b + 1) * chunk) and writes its m best keys to
-// keys[b * m ..] (0 where the block has fewer) and whether it saw a NaN to nan_blk[b].
-__global__ void __launch_bounds__(kBlockThreads)
-    select_block_best(const float* row, int n_vocab, int chunk, int m, unsigned long long* keys,
-                      int* nan_blk) {
+// Where the kernels find row y of a launch: row asks[y].row of the logits and its m, or (asks
+// null: logit_choose) the launch's one row and m; and the row's scratch.
+struct SelectRows {
+    const float* logits;
+    int n_vocab, m;
+    const LogitAsk* asks;
+    unsigned long long* keys;  // kMergeKeys a row
+    int* nan;                  // nan_stride a row
+    int nan_stride;
+
+    __device__ const float* row(int y) const {
+        return asks ? logits + size_t(asks[y].row) * size_t(n_vocab) : logits;
+    }
+    __device__ int best(int y) const { return asks ? asks[y].m : m; }
+    __device__ unsigned long long* row_keys(int y) const { return keys + size_t(y) * kMergeKeys; }
+    __device__ int* row_nan(int y) const { return nan + size_t(y) * size_t(nan_stride); }
+};
+
+// Writes the nonzero keys of s[0..n) from t up to out[0..) in any order; returns how many, in
+// every thread. Every thread of the block calls it.
+__device__ int keep_from(const unsigned long long* s, int n, unsigned long long t,
+                         unsigned long long* out) {
+    __shared__ int kept;
+    if (threadIdx.x == 0) kept = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (s[i] >= t && s[i] != 0) out[atomicAdd(&kept, 1)] = s[i];
+    __syncthreads();
+    return kept;
+}
+
+// Whether any of flags[0..n) is set, in every thread. Every thread of the block calls it.
+__device__ bool any_flag(const int* flags, int n) {
+    bool any = false;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) any |= flags[i] != 0;
+    return __syncthreads_or(any);
+}
+
+// Kernel 1: block (b, y) takes positions [b * chunk, (b + 1) * chunk) of row y and writes its m
+// best keys to the row's keys[b * m ..] (0 where the block has fewer) and whether it saw a NaN
+// to the row's nan[b]. Dynamic shared memory: chunk keys where any row's m is above 1.
+__global__ void __launch_bounds__(kBlockThreads) select_block_best(SelectRows r, int chunk) {
     extern __shared__ unsigned long long s[];
+    const int y = blockIdx.y, m = r.best(y), n_vocab = r.n_vocab;
+    const float* row = r.row(y);
     const int base = blockIdx.x * chunk;
     bool nan = false;
     unsigned long long best = 0;
@@ -158,20 +198,14 @@ __global__ void __launch_bounds__(kBlockThreads)
             s[i] = key;
     }
     nan = __syncthreads_or(nan);
-    if (threadIdx.x == 0) nan_blk[blockIdx.x] = nan;
+    if (threadIdx.x == 0) r.row_nan(y)[blockIdx.x] = nan;
+    unsigned long long* out = r.row_keys(y) + size_t(blockIdx.x) * m;
     if (m == 1) {
         best = block_max_key(best);
-        if (threadIdx.x == 0) keys[blockIdx.x] = best;
+        if (threadIdx.x == 0) *out = best;
         return;
     }
-    const unsigned long long t = mth_best_key(s, chunk, m);
-    __shared__ int kept;
-    if (threadIdx.x == 0) kept = 0;
-    __syncthreads();
-    unsigned long long* out = keys + size_t(blockIdx.x) * m;
-    for (int i = threadIdx.x; i < chunk; i += blockDim.x)
-        if (s[i] >= t && s[i] != 0) out[atomicAdd(&kept, 1)] = s[i];
-    __syncthreads();
+    const int kept = keep_from(s, chunk, mth_best_key(s, chunk, m), out);
     for (int i = kept + threadIdx.x; i < m; i += blockDim.x) out[i] = 0;  // fewer than m
 }
 
@@ -179,17 +213,13 @@ __global__ void __launch_bounds__(kBlockThreads)
 // from m (0 past the candidates); s: room for n_keys keys. Every thread of the block calls it.
 __device__ void merge_best(const unsigned long long* keys, int n_keys, int m,
                            unsigned long long* s, unsigned long long* best) {
-    __shared__ int kept;
     for (int i = threadIdx.x; i < n_keys; i += blockDim.x) s[i] = keys[i];
     __syncthreads();
     const unsigned long long t = mth_best_key(s, n_keys, m);
     int p = 1;
     while (p < m) p <<= 1;
     for (int i = threadIdx.x; i < p; i += blockDim.x) best[i] = 0;
-    if (threadIdx.x == 0) kept = 0;
-    __syncthreads();
-    for (int i = threadIdx.x; i < n_keys; i += blockDim.x)
-        if (s[i] >= t && s[i] != 0) best[atomicAdd(&kept, 1)] = s[i];
+    keep_from(s, n_keys, t, best);  // its first barrier orders the zeros before the keys
     bitonic_sort_desc(best, p);
 }
 
@@ -260,18 +290,19 @@ __device__ int32_t draw_chain(const unsigned long long* best, int m, const Token
     return key_id(best[sel < 0 ? last_positive : sel]);
 }
 
-// Kernel 2: the m best of the n_keys block candidates, best first, the logits of the asked
-// ids, and the NaN flag of the n_blocks blocks.
+// Kernel 2, block y: row y's m best of its n_blocks blocks' candidates, best first, the logits of
+// its asked ids, and its NaN flag, into out[y].
 __global__ void __launch_bounds__(kMergeThreads)
-    select_merge(const unsigned long long* keys, int n_keys, int m, const int* nan_blk,
-                 int n_blocks, const float* row, LogitIds ids, LogitSelection* out) {
+    select_merge(SelectRows r, int n_blocks, LogitSelection* out) {
     extern __shared__ unsigned long long s[];
     __shared__ unsigned long long best[kMaxLogitCandidates];
-    bool nan = false;
-    for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) nan |= nan_blk[i] != 0;
-    nan = __syncthreads_or(nan);
+    const int y = blockIdx.x, m = r.best(y);
+    const bool nan = any_flag(r.row_nan(y), n_blocks);
+    const float* row = r.row(y);
+    const LogitIds& ids = r.asks[y].ids;
+    out += y;
     for (int i = threadIdx.x; i < ids.n; i += blockDim.x) out->id_logit[i] = row[ids.id[i]];
-    merge_best(keys, n_keys, m, s, best);
+    merge_best(r.row_keys(y), n_blocks * m, m, s, best);
     for (int i = threadIdx.x; i < m; i += blockDim.x) out->key[i] = best[i];
     if (threadIdx.x == 0) out->nan = nan;
 }
@@ -279,16 +310,14 @@ __global__ void __launch_bounds__(kMergeThreads)
 // Kernel 2 of logit_choose: the m best of the block candidates, the token drawn from them as
 // LogitChoice says, and the answer in the ring.
 __global__ void __launch_bounds__(kMergeThreads)
-    choose_merge(const unsigned long long* keys, int n_keys, int m, const int* nan_blk,
-                 int n_blocks, LogitChoice c) {
+    choose_merge(SelectRows r, int n_blocks, LogitChoice c) {
     extern __shared__ unsigned long long s[];
     __shared__ unsigned long long best[kMaxLogitCandidates];
     __shared__ float p1[kMaxLogitCandidates], pt[kMaxLogitCandidates];
     __shared__ LogitSelection* out;
-    bool nan = false;
-    for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) nan |= nan_blk[i] != 0;
-    nan = __syncthreads_or(nan);
-    merge_best(keys, n_keys, m, s, best);
+    const int m = r.m;
+    const bool nan = any_flag(r.row_nan(0), n_blocks);
+    merge_best(r.row_keys(0), n_blocks * m, m, s, best);
     const TokenDraw d = *c.draw;
     const bool greedy = m == 1 || !(d.temperature > 0.f) || best[0] == 0;
     const int32_t drawn = greedy ? 0 : draw_chain(best, m, d, p1, pt);
@@ -335,40 +364,47 @@ void logit_select_init() {
                   "cudaFuncSetAttribute choose_merge");
 }
 
+int logit_select_nan_stride(int n_vocab) {
+    return n_vocab / kMinChunk + 1;
+}
+
 namespace {
-// Kernel 1 over the row: each block's m best into scratch_keys; returns the number of blocks.
-int select_blocks(const float* row, int n_vocab, int m, unsigned long long* scratch_keys,
-                  int* scratch_nan, cudaStream_t stream) {
-    const int chunk = select_chunk(n_vocab, m);
-    if (m < 1 || m > kMaxLogitCandidates || chunk == 0)
-        fail("logit selection: %d best of %d logits do not fit the selection kernels.", m, n_vocab);
-    const int blocks = (n_vocab + chunk - 1) / chunk;
-    select_block_best<<<blocks, kBlockThreads,
-                        m == 1 ? 0 : size_t(chunk) * sizeof(unsigned long long), stream>>>(
-        row, n_vocab, chunk, m, scratch_keys, scratch_nan);
+// Kernel 1 over n_rows rows of which the largest m is most_m: each block's m best into the
+// rows' scratch; returns the number of blocks a row.
+int select_blocks(const SelectRows& r, int n_rows, int most_m, cudaStream_t stream) {
+    const int chunk = select_chunk(r.n_vocab, most_m);
+    if (most_m < 1 || most_m > kMaxLogitCandidates || chunk == 0)
+        fail("logit selection: %d best of %d logits do not fit the selection kernels.", most_m,
+             r.n_vocab);
+    const int blocks = (r.n_vocab + chunk - 1) / chunk;
+    select_block_best<<<dim3(unsigned(blocks), unsigned(n_rows)), kBlockThreads,
+                        most_m == 1 ? 0 : size_t(chunk) * sizeof(unsigned long long), stream>>>(
+        r, chunk);
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (blocks)");
     return blocks;
 }
 }  // namespace
 
-void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
+void logit_select(const float* logits, int n_vocab, const LogitAsk* asks, int n_rows, int most_m,
                   unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
                   cudaStream_t stream) {
-    if (ids.n < 0 || ids.n > kMaxLogitCandidates)
-        fail("logit selection: %d asked ids (at most %d).", ids.n, kMaxLogitCandidates);
-    const int blocks = select_blocks(row, n_vocab, m, scratch_keys, scratch_nan, stream);
-    const int n_keys = blocks * m;
-    select_merge<<<1, kMergeThreads, size_t(n_keys) * sizeof(unsigned long long), stream>>>(
-        scratch_keys, n_keys, m, scratch_nan, blocks, row, ids, out);
+    if (n_rows < 1) return;
+    const SelectRows r{logits,       n_vocab,     most_m, asks, scratch_keys,
+                       scratch_nan, logit_select_nan_stride(n_vocab)};
+    const int blocks = select_blocks(r, n_rows, most_m, stream);
+    select_merge<<<n_rows, kMergeThreads,
+                   size_t(blocks) * size_t(most_m) * sizeof(unsigned long long), stream>>>(
+        r, blocks, out);
     NT_CUDA_CHECK(cudaGetLastError(), "logit selection kernel (merge)");
 }
 
 void logit_choose(const float* row, int n_vocab, int top_k, unsigned long long* scratch_keys,
                   int* scratch_nan, const LogitChoice& choice, cudaStream_t stream) {
-    const int blocks = select_blocks(row, n_vocab, top_k, scratch_keys, scratch_nan, stream);
-    const int n_keys = blocks * top_k;
-    choose_merge<<<1, kMergeThreads, size_t(n_keys) * sizeof(unsigned long long), stream>>>(
-        scratch_keys, n_keys, top_k, scratch_nan, blocks, choice);
+    const SelectRows r{row,         n_vocab,     top_k, nullptr, scratch_keys,
+                       scratch_nan, logit_select_nan_stride(n_vocab)};
+    const int blocks = select_blocks(r, 1, top_k, stream);
+    choose_merge<<<1, kMergeThreads, size_t(blocks) * size_t(top_k) * sizeof(unsigned long long),
+                   stream>>>(r, blocks, choice);
     NT_CUDA_CHECK(cudaGetLastError(), "token choice kernel (merge)");
 }
 

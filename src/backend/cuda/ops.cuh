@@ -65,12 +65,17 @@ void read_bandwidth_kernel(const void* buf, size_t bytes, uint32_t* sink, int bl
 
 // ---- logit_select.cu ---------------------------------------------------------------------------
 
-// What Backend::select_logits asks of one row and gets back, in device memory: `ids` travels
-// as a kernel parameter; a selection's keys encode (logit, id) as logit_select.cu describes.
+// What Backend::select_logits asks of one row and gets back, in device memory; a selection's
+// keys encode (logit, id) as logit_select.cu describes.
 constexpr int kMergeKeys = 8192;  // the blocks' candidates the merge sorts at most
 struct LogitIds {
     int n = 0;
     int32_t id[kMaxLogitCandidates];
+};
+struct LogitAsk {
+    int32_t row = 0;  // of the logits
+    int m = 1;        // the best logits asked
+    LogitIds ids;     // and the logits of these
 };
 struct LogitSelection {
     int nan;
@@ -95,9 +100,14 @@ struct LogitChoice {
 bool logit_select_fits(int n_vocab, int m);
 // Called once per process and device before the first launch (raises shared-memory limits).
 void logit_select_init();
-// The m best of row[0..n_vocab), the logits of ids and the NaN flag into *out (device memory).
-// scratch_keys: kMergeKeys keys; scratch_nan: n_vocab / 1024 + 1 ints.
-void logit_select(const float* row, int n_vocab, int m, const LogitIds& ids,
+// The NaN flags a row of n_vocab logits needs in logit_select's scratch.
+int logit_select_nan_stride(int n_vocab);
+// For each of the n_rows asks[0..n_rows) (device memory; every m at most most_m, which
+// logit_select_fits), the m best logits of its row of logits (rows of n_vocab), the logits of
+// its ids and its NaN flag into out[i] (device memory); all rows in one pair of launches.
+// Scratch for n_rows rows: scratch_keys n_rows * kMergeKeys keys, scratch_nan n_rows *
+// logit_select_nan_stride(n_vocab) ints.
+void logit_select(const float* logits, int n_vocab, const LogitAsk* asks, int n_rows, int most_m,
                   unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
                   cudaStream_t stream);
 // A token of row[0..n_vocab) drawn as `choice` says, from the row's top_k best logits (top_k
