@@ -81,9 +81,10 @@ def measure(server, model_id, eog_bias, clients, seconds, warmup, max_tokens):
             t0 = time.time()
             first, tokens, finished = None, 0, False
             try:
+                extra = {"logit_bias": eog_bias} if eog_bias else {}
                 stream = client.completions.create(model=model_id, prompt=PROMPTS[k % len(PROMPTS)],
-                                                   max_tokens=max_tokens, temperature=0.8, logit_bias=eog_bias,
-                                                   stream=True, stream_options={"include_usage": True})
+                                                   max_tokens=max_tokens, temperature=0.8, stream=True,
+                                                   stream_options={"include_usage": True}, **extra)
                 with stream:  # leaving early closes the connection: the server cancels the request
                     for chunk in stream:
                         if first is None and chunk.choices and chunk.choices[0].text:
@@ -158,6 +159,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=30, help="measuring window per level")
     ap.add_argument("--warmup", type=float, default=5, help="seconds of load before each window")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
+    ap.add_argument("--allow-eog", action="store_true",
+                    help="send no logit_bias (requests may end early at an end-of-generation token); "
+                         "a lone request then decodes fed on the device, which a bias rules out")
     ap.add_argument("--ctx", type=int, default=512, help="context per slot")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     ap.add_argument("--start-timeout", type=float, default=900,
@@ -170,7 +174,7 @@ def main():
     if not os.access(cli, os.X_OK):
         raise SystemExit(f"{cli} is not an executable; build it, or point --build (or NT_BUILD_DIR) at its folder.")
     model_name, eog_ids = model_facts(cli, args.model)
-    eog_bias = {str(t): -100 for t in eog_ids}
+    eog_bias = None if args.allow_eog else {str(t): -100 for t in eog_ids}
     serve_args = ["--parallel", str(parallel), "--queue", str(2 * max(levels)), *serve_extra]
     serve_cmd = (f"ntransformer serve -m {pathlib.Path(args.model).name} --device {args.device} -c {args.ctx} "
                  + shlex.join(serve_args))
@@ -189,7 +193,8 @@ def main():
         print(f"# {model_name}: {serve_cmd}; ready in {load_s:.0f} s")
         for line in server.log:
             print(f"#   serve: {line.rstrip()}")
-        print(f"# {args.max_tokens} tokens per request (end-of-generation ids {eog_ids} banned), "
+        print(f"# {args.max_tokens} tokens per request (end-of-generation ids {eog_ids} "
+              f"{'allowed' if args.allow_eog else 'banned'}), "
               f"{args.seconds:g} s per level after {args.warmup:g} s warm-up")
         print("| clients | aggregate tok/s | tok/s per client | avg batch (tokens/step) | step ms | engine busy | "
               "p50 request s | p50 first token s |")

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <exception>
 
+#include "core/env.h"
 #include "core/error.h"
 
 namespace nt {
@@ -377,6 +378,10 @@ void Scheduler::run() {
             return true;
         });
         if (active.empty()) continue;
+        if (TokenDraw draw; active.size() == 1 && can_feed(*active[0], draw)) {
+            decode_fed(active[0], draw);
+            continue;
+        }
         batch_.clear();
         row_jobs_.clear();
         int budget = max_step_;
@@ -436,8 +441,6 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active,
             j->pos_++;
         }
 
-    const Tokenizer& tok = *eng_.model().tokenizer;
-    const int n_vocab = eng_.n_vocab();
     const auto now = clock::now();
     int n_generated = 0;
     // Log-probabilities need the whole row; every other row's sampler gets only its candidates
@@ -459,45 +462,122 @@ void Scheduler::step(const std::vector<std::shared_ptr<Job>>& active,
             finish(j, FinishReason::Error, "sampling failed: " + d.error);
             continue;
         }
-        const int32_t id = d.token;
-        const float* lg = d.logits.data();  // whole_row: the biased row
-        j->sampler_->accept(id);
-        if (!j->decoding_) {
-            j->decoding_ = true;
-            j->t_first_ = now;
-        }
-        if (tok.is_eog(id)) {
-            {
-                std::lock_guard<std::mutex> jl(j->mu_);
-                j->eog_ = id;
-            }
-            finish(j, FinishReason::Stop);
-            continue;
-        }
-        GeneratedToken g;
-        g.id = id;
-        if (d.whole_row) {
-            const auto [mx, lse] = log_norm(lg, n_vocab);
-            g.logprob = float(double(lg[id] - mx) - lse);
-            if (j->params_.n_logprobs > 0)
-                for (const auto& [tid, lp] : j->sampler_->top_logprobs(lg, j->params_.n_logprobs))
-                    g.top.push_back({tid, lp});
-        }
-        {
-            std::lock_guard<std::mutex> jl(j->mu_);
-            j->ready_.push_back(std::move(g));
-            j->stats_.n_generated = ++j->n_gen_;
-        }
-        j->cv_.notify_all();
-        n_generated++;
-        if (j->params_.max_tokens > 0 && j->n_gen_ >= j->params_.max_tokens)
-            finish(j, FinishReason::Length);
-        else if (j->pos_ >= n_ctx_)
-            finish(j, FinishReason::Length);  // no room to feed the token back
-        else
-            j->last_ = id;
+        if (deliver(j, d.token, &d, now) != Delivery::Ended) n_generated++;
     }
     record_step(seconds(clock::now() - t0), batch_.size(), n_prompt, n_generated);
+}
+
+Scheduler::Delivery Scheduler::deliver(const std::shared_ptr<Job>& j, int32_t id,
+                                       const Engine::Draw* d, clock::time_point now) {
+    j->sampler_->accept(id);
+    if (!j->decoding_) {
+        j->decoding_ = true;
+        j->t_first_ = now;
+    }
+    if (eng_.model().tokenizer->is_eog(id)) {
+        {
+            std::lock_guard<std::mutex> jl(j->mu_);
+            j->eog_ = id;
+        }
+        finish(j, FinishReason::Stop);
+        return Delivery::Ended;
+    }
+    GeneratedToken g;
+    g.id = id;
+    if (d && d->whole_row) {
+        const float* lg = d->logits.data();  // the biased row
+        const auto [mx, lse] = log_norm(lg, eng_.n_vocab());
+        g.logprob = float(double(lg[id] - mx) - lse);
+        if (j->params_.n_logprobs > 0)
+            for (const auto& [tid, lp] : j->sampler_->top_logprobs(lg, j->params_.n_logprobs))
+                g.top.push_back({tid, lp});
+    }
+    {
+        std::lock_guard<std::mutex> jl(j->mu_);
+        j->ready_.push_back(std::move(g));
+        j->stats_.n_generated = ++j->n_gen_;
+    }
+    j->cv_.notify_all();
+    if ((j->params_.max_tokens > 0 && j->n_gen_ >= j->params_.max_tokens) || j->pos_ >= n_ctx_) {
+        finish(j, FinishReason::Length);  // at a full context: no room to feed the token back
+        return Delivery::Last;
+    }
+    j->last_ = id;
+    return Delivery::Continues;
+}
+
+bool Scheduler::can_feed(const Job& j, TokenDraw& draw) const {
+    static const bool allowed = env_switch("NT_SCHEDULER_FED");  // (=0: never, for A/B runs)
+    return allowed && j.decoding_ && eng_.pipelines() && j.params_.logit_bias.empty() &&
+           j.params_.n_logprobs < 0 && j.sampler_->device_draw(draw) &&
+           !fed_run_interrupted(j);
+}
+
+bool Scheduler::fed_run_interrupted(const Job& j) const {
+    if (j.end_requested()) return true;
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stop_) return true;
+    const bool slot_free = std::any_of(slots_.begin(), slots_.end(),
+                                       [](const Slot& s) { return !s.job && !s.reserved; });
+    return std::any_of(queue_.begin(), queue_.end(), [&](const std::shared_ptr<Job>& q) {
+        return q->pinned_slot_ >= 0 || slot_free || q->end_requested();
+    });
+}
+
+void Scheduler::decode_fed(const std::shared_ptr<Job>& j, const TokenDraw& draw) {
+    Backend& be = eng_.backend();
+    Sampler& sampler = *j->sampler_;
+    int queued = 0;  // steps enqueued whose token is not taken yet
+    auto drop = [&] {
+        for (; queued > 0; queued--) try {
+                be.take_token();
+            } catch (const Error&) {  // a NaN in a step whose token nobody wants
+            }
+    };
+    // Step feeding `token` at `pos`, its token drawn with the uniform after those queued.
+    auto enqueue = [&](int32_t token, int pos) {
+        batch_.clear();
+        batch_.add(token, pos, j->slot_, true);
+        batch_.choose = true;
+        batch_.draw = draw;
+        if (draw.temperature > 0.f) batch_.draw.u = sampler.peek_uniform(size_t(queued));
+        eng_.forward(batch_);
+        queued++;
+    };
+    const char* stage = "the forward step failed: ";
+    try {
+        auto t0 = clock::now();
+        enqueue(j->last_, j->pos_);
+        for (;;) {
+            // The token the queued step draws is fed back at pos_ + 1, in a step enqueued
+            // before it is known here, unless it is the job's last or the run ends after it. A
+            // step fed past the end only wrote a cache cell that the next step there rewrites.
+            const bool more = j->pos_ + 1 < n_ctx_ &&
+                              (j->params_.max_tokens <= 0 || j->n_gen_ + 1 < j->params_.max_tokens) &&
+                              !fed_run_interrupted(*j);
+            if (more) enqueue(kFedToken, j->pos_ + 1);
+            queued--;
+            stage = "sampling failed: ";
+            const DrawnToken t = take_drawn(be, sampler, draw);
+            stage = "the forward step failed: ";
+            if (t.token != t.drawn) {  // the host's draw stands; the step after fed the other
+                drop();
+                if (more) enqueue(t.token, j->pos_ + 1);
+            }
+            slots_[size_t(j->slot_)].cached.push_back(j->last_);
+            j->pos_++;
+            const auto now = clock::now();
+            const Delivery dl = deliver(j, t.token, nullptr, now);
+            record_step(seconds(now - t0), 1, 0, dl == Delivery::Ended ? 0 : 1);
+            t0 = now;
+            if (dl != Delivery::Continues || !more) break;
+        }
+    } catch (const std::exception& e) {
+        drop();
+        finish(j, FinishReason::Error, stage + std::string(e.what()));
+        return;
+    }
+    drop();
 }
 
 }  // namespace nt

@@ -195,6 +195,25 @@ class Scheduler {
                 const std::string& error = "");
     void step(const std::vector<std::shared_ptr<Job>>& active,
               const std::vector<std::pair<Job*, int>>& chunks);
+    // What became of a job given a token.
+    enum class Delivery {
+        Ended,      // end of generation: the token is not delivered and the job has finished
+        Last,       // delivered, and the job has finished (its length, or a full context)
+        Continues,  // delivered, and fed next (Job::last_)
+    };
+    // Hands token `id`, sampled from the job's logits row (d: that row's draw, for the
+    // log-probabilities; null when none were asked), to the job.
+    Delivery deliver(const std::shared_ptr<Job>& j, int32_t id, const Engine::Draw* d,
+                     clock::time_point now);
+    // Whether job j, decoding alone, can run fed: the engine pipelines and its sampler draws on
+    // the device (greedy or the top-k chain, no bias, no log-probabilities); `draw` is how.
+    bool can_feed(const Job& j, TokenDraw& draw) const;
+    // Whether the job should leave a fed run: its end was asked, or a queued job could start.
+    bool fed_run_interrupted(const Job& j) const;
+    // Decodes job j as generate() does: each step enqueued before the host has the token it
+    // feeds, drawn on the device and checked on the host. Returns when the job ends or
+    // fed_run_interrupted(); the job then goes on in ordinary steps.
+    void decode_fed(const std::shared_ptr<Job>& j, const TokenDraw& draw);
     void record_step(double seconds, int tokens, int prompt_tokens, int generated);
 
     Engine& eng_;

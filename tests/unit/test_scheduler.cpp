@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "feeding_cpu_backend.h"
 #include "server/scheduler.h"
 #include "smol_model_test.h"
 
@@ -371,6 +372,194 @@ TEST_F(SchedulerTest, ReservedSlotContinuesFromItsCache) {
     sched.release_slot(other);
     sched.release_slot(slot);
     EXPECT_EQ(sched.stats().reserved, 0);
+}
+
+// ---- fed decoding ------------------------------------------------------------------------------
+
+// A job decoding alone, with a sampler the device can draw for, runs fed as generate() does (each
+// step enqueued before the host has the token it feeds). Over a CPU backend that draws its own
+// tokens, wrong on purpose every few sampled draws, every job's tokens must be those over the
+// plain CPU backend, which samples on the host: alone, when another job arrives mid-run (the fed
+// run stops for ordinary batched steps, and resumes), after a cancel, on a reserved slot, up to a
+// full context.
+class SchedulerFedTest : public SchedulerTest {
+  protected:
+    static SamplerParams sampled(uint64_t seed) {
+        SamplerParams p;  // the default chain; a flatter distribution: more tokens in play
+        p.seed = seed;
+        p.temperature = 1.3f;
+        return p;
+    }
+    // An engine of n_seq sequences over the feeding backend (drawing as `p` says, the draw
+    // after every `wrong_every` - 1 right ones wrong) or over the plain one (fb null).
+    static std::unique_ptr<Engine> engine_on(bool feeds, const SamplerParams& p, int wrong_every,
+                                             FeedingCpuBackend** fb, int n_seq = 2,
+                                             int n_ctx = 256) {
+        EngineOptions o;
+        o.n_seq = n_seq;
+        o.n_ctx = n_ctx;
+        o.max_batch = 64;
+        std::unique_ptr<Backend> be;
+        *fb = nullptr;
+        if (feeds) {
+            auto f = std::make_unique<FeedingCpuBackend>(p, model_->hp.shape.n_vocab, wrong_every);
+            *fb = f.get();
+            be = std::move(f);
+        } else {
+            be = std::make_unique<CpuBackend>(0);
+        }
+        auto eng = std::make_unique<Engine>(*model_, std::move(be), o);
+        EXPECT_EQ(eng->pipelines(), feeds);
+        return eng;
+    }
+    static std::unique_ptr<Sampler> sampler_for(const SamplerParams& p,
+                                                const std::vector<int32_t>& prompt) {
+        auto s = std::make_unique<Sampler>(p, model_->hp.shape.n_vocab);
+        for (int32_t t : prompt) s->accept(t);
+        return s;
+    }
+    static GenerationParams params(const SamplerParams& p, int max_tokens) {
+        GenerationParams gp;
+        gp.sampling = p;
+        gp.max_tokens = max_tokens;
+        return gp;
+    }
+};
+
+TEST_F(SchedulerFedTest, ALoneJobGetsTheHostLoopsTokens) {
+    const SamplerParams p = sampled(7);
+    const std::vector<int32_t> prompt = tokens(kPrompts[1]);
+    std::vector<int32_t> got[2];
+    FinishReason why[2];
+    for (int feeds : {0, 1}) {
+        FeedingCpuBackend* fb = nullptr;
+        auto eng = engine_on(feeds, p, 3, &fb);
+        auto sched = std::make_unique<Scheduler>(*eng, SchedulerOptions{2, 4, 0});
+        auto job = sched->submit(prompt, params(p, 40), sampler_for(p, prompt));
+        got[feeds] = collect(*job);
+        why[feeds] = job->finish_reason();
+        EXPECT_EQ(job->stats().n_generated, int(got[feeds].size()));
+        // The step's record follows its token's delivery.
+        for (int i = 0; i < 200 && sched->stats().generated_tokens < got[feeds].size(); i++)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_EQ(sched->stats().generated_tokens, got[feeds].size());
+        sched.reset();
+        if (fb) {
+            EXPECT_GE(fb->steps_chosen(), int(got[feeds].size()) - 1);  // every token but the first
+            EXPECT_GT(fb->wrong(), 0);
+            EXPECT_EQ(fb->pending(), 0);  // every choice taken or dropped
+        }
+    }
+    EXPECT_GE(got[0].size(), 20u);
+    EXPECT_EQ(got[1], got[0]);
+    EXPECT_EQ(why[1], why[0]);
+}
+
+TEST_F(SchedulerFedTest, AnotherJobInterruptsTheFedRun) {
+    const SamplerParams p = sampled(21);
+    const std::vector<int32_t> pa = tokens(kPrompts[1]), pb = tokens(kPrompts[3]);
+    std::vector<int32_t> a_got[2], b_got[2];
+    for (int feeds : {0, 1}) {
+        FeedingCpuBackend* fb = nullptr;
+        auto eng = engine_on(feeds, p, 2, &fb);
+        auto sched = std::make_unique<Scheduler>(*eng, SchedulerOptions{2, 4, 0});
+        auto a = sched->submit(pa, params(p, 48), sampler_for(p, pa));
+        std::vector<GeneratedToken> first;
+        while (first.size() < 6) ASSERT_FALSE(a->take(first, std::chrono::milliseconds(2000)));
+        // b starts beside a: a's run stops for batched steps of both, then resumes alone.
+        auto b = sched->submit(pb, params(p, 12), sampler_for(p, pb));
+        b_got[feeds] = collect(*b);
+        for (const GeneratedToken& g : first) a_got[feeds].push_back(g.id);
+        for (int32_t id : collect(*a)) a_got[feeds].push_back(id);
+        sched.reset();
+        if (fb) {
+            EXPECT_EQ(fb->pending(), 0);
+        }
+    }
+    EXPECT_GE(a_got[0].size(), 30u);
+    EXPECT_EQ(a_got[1], a_got[0]);
+    EXPECT_EQ(b_got[1], b_got[0]);
+}
+
+TEST_F(SchedulerFedTest, EndedRunsLeaveNoChoiceBehind) {
+    const SamplerParams p = sampled(5);
+    SamplerParams g;
+    g.temperature = 0.f;
+    const std::vector<int32_t> pe = tokens(kPrompts[3]), pa = tokens(kPrompts[2]),
+                               pb = tokens(kPrompts[0]);
+    std::vector<int32_t> e_got[2], b_got[2];
+    for (int feeds : {0, 1}) {
+        FeedingCpuBackend* fb = nullptr;
+        auto eng = engine_on(feeds, p, 4, &fb, 1);
+        auto sched = std::make_unique<Scheduler>(*eng, SchedulerOptions{1, 4, 0});
+        // Ended by the model (greedy, this prompt ends in 36 tokens): the step fed after the
+        // end-of-generation token is dropped.
+        auto e = sched->submit(pe, params(g, -1), sampler_for(g, pe));
+        e_got[feeds] = collect(*e);
+        EXPECT_EQ(e->finish_reason(), FinishReason::Stop);
+        // Cancelled mid-run.
+        auto a = sched->submit(pa, params(p, -1), sampler_for(p, pa));
+        std::vector<GeneratedToken> got;
+        while (got.size() < 4) ASSERT_FALSE(a->take(got, std::chrono::milliseconds(2000)));
+        a->cancel();
+        a->wait_finished();
+        EXPECT_EQ(a->finish_reason(), FinishReason::Cancelled);
+        // The next job starts on the same slot and backend: a choice left queued by a run
+        // before would be taken as b's.
+        auto b = sched->submit(pb, params(p, 16), sampler_for(p, pb));
+        b_got[feeds] = collect(*b);
+        sched.reset();
+        if (fb) {
+            EXPECT_EQ(fb->pending(), 0);
+        }
+    }
+    EXPECT_FALSE(b_got[0].empty());
+    EXPECT_EQ(e_got[1], e_got[0]);
+    EXPECT_EQ(b_got[1], b_got[0]);
+}
+
+TEST_F(SchedulerFedTest, GreedyOnAReservedSlotToAFullContext) {
+    SamplerParams g;
+    g.temperature = 0.f;
+    const std::vector<int32_t> prompt = tokens(kPrompts[4]);
+    std::vector<int32_t> got[2];
+    int kv_end[2] = {};
+    for (int feeds : {0, 1}) {
+        FeedingCpuBackend* fb = nullptr;
+        auto eng = engine_on(feeds, g, 1, &fb, 2, 48);
+        Scheduler sched(*eng, SchedulerOptions{2, 4, 0});
+        const int slot = sched.reserve_slot();
+        ASSERT_GE(slot, 0);
+        Sampler s(g, eng->n_vocab());
+        auto job = sched.submit_pinned(slot, 0, prompt, params(g, -1), &s);
+        got[feeds] = collect(*job);
+        kv_end[feeds] = job->stats().kv_end;
+        if (job->finish_reason() == FinishReason::Length) {
+            EXPECT_EQ(kv_end[feeds], 48);
+        }
+        sched.release_slot(slot);
+    }
+    EXPECT_EQ(got[1], got[0]);
+    EXPECT_EQ(kv_end[1], kv_end[0]);
+}
+
+TEST_F(SchedulerFedTest, BiasOrLogprobsKeepTheHostLoop) {
+    const SamplerParams p = sampled(9);
+    const std::vector<int32_t> prompt = tokens(kPrompts[0]);
+    FeedingCpuBackend* fb = nullptr;
+    auto eng = engine_on(true, p, 1, &fb);
+    auto sched = std::make_unique<Scheduler>(*eng, SchedulerOptions{2, 4, 0});
+    GenerationParams biased = params(p, 8);
+    biased.logit_bias = no_eog();
+    GenerationParams logprobs = params(p, 8);
+    logprobs.n_logprobs = 0;
+    SamplerParams penalised = p;
+    penalised.repeat_penalty = 1.2f;
+    collect(*sched->submit(prompt, biased, sampler_for(p, prompt)));
+    collect(*sched->submit(prompt, logprobs, sampler_for(p, prompt)));
+    collect(*sched->submit(prompt, params(penalised, 8), sampler_for(penalised, prompt)));
+    sched.reset();
+    EXPECT_EQ(fb->steps_chosen(), 0);
 }
 
 }  // namespace
