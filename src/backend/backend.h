@@ -31,11 +31,16 @@ constexpr int32_t kFedToken = -1;
 // order (top-k, top-p, min-p, temperature, draw) over the row's top_k best logits, as
 // Sampler::sample draws it; greedy (the best token) when temperature <= 0. log_min_p is the
 // host's logf(min_p) (unused when min_p is 0); u the draw's uniform in [0, 1), drawn on the
-// host (Sampler::peek_uniform).
+// host (Sampler::peek_uniform). Before the chain, bias[i] is added to the logit of token
+// bias_id[i] (i < n_bias, in order, as Sampler::sample adds a logit bias).
+constexpr int kMaxDrawBias = 16;
 struct TokenDraw {
     int top_k = 1;
     float temperature = 0.f, top_p = 1.f, min_p = 0.f, log_min_p = 0.f;
     double u = 0.0;
+    int n_bias = 0;
+    int32_t bias_id[kMaxDrawBias] = {};
+    float bias[kMaxDrawBias] = {};
 };
 
 // One step's batch: entry i is token `tokens[i]` of sequence `seq[i]` at position `pos[i]`.

@@ -508,9 +508,17 @@ Scheduler::Delivery Scheduler::deliver(const std::shared_ptr<Job>& j, int32_t id
 
 bool Scheduler::can_feed(const Job& j, TokenDraw& draw) const {
     static const bool allowed = env_switch("NT_SCHEDULER_FED");  // (=0: never, for A/B runs)
-    return allowed && j.decoding_ && eng_.pipelines() && j.params_.logit_bias.empty() &&
-           j.params_.n_logprobs < 0 && j.sampler_->device_draw(draw) &&
-           !fed_run_interrupted(j);
+    if (!allowed || !j.decoding_ || !eng_.pipelines() || j.params_.n_logprobs >= 0 ||
+        !j.sampler_->device_draw(draw))
+        return false;
+    // The logit bias goes with the draw (ids past the vocabulary change nothing, as on the host).
+    for (const auto& [id, b] : j.params_.logit_bias) {
+        if (id < 0 || id >= eng_.n_vocab()) continue;
+        if (draw.n_bias == kMaxDrawBias) return false;
+        draw.bias_id[draw.n_bias] = id;
+        draw.bias[draw.n_bias++] = b;
+    }
+    return !fed_run_interrupted(j);
 }
 
 bool Scheduler::fed_run_interrupted(const Job& j) const {

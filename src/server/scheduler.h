@@ -206,7 +206,8 @@ class Scheduler {
     Delivery deliver(const std::shared_ptr<Job>& j, int32_t id, const Engine::Draw* d,
                      clock::time_point now);
     // Whether job j, decoding alone, can run fed: the engine pipelines and its sampler draws on
-    // the device (greedy or the top-k chain, no bias, no log-probabilities); `draw` is how.
+    // the device (greedy or the top-k chain, a logit bias of at most kMaxDrawBias tokens, no
+    // log-probabilities); `draw` is how.
     bool can_feed(const Job& j, TokenDraw& draw) const;
     // Whether the job should leave a fed run: its end was asked, or a queued job could start.
     bool fed_run_interrupted(const Job& j) const;

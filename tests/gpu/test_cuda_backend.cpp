@@ -1406,57 +1406,77 @@ TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
     NT_REQUIRE_GPU();
     FedAndHost p;
     const int V = p.m.hp.shape.n_vocab, n = 24;
-    for (float temperature : {0.8f, 3.f}) {
-        for (int top_k : {40, 256}) {
-            SamplerParams sp;
-            sp.seed = 99;
-            sp.temperature = temperature;
-            sp.top_k = top_k;
-            Sampler hs(sp, V), fs(sp, V);
-            TokenDraw d;
-            ASSERT_TRUE(fs.device_draw(d));
-            EXPECT_EQ(d.top_k, top_k);
-            std::vector<int32_t> want, got;
-            std::vector<float> row(static_cast<size_t>(V));
-            int32_t t = 17;
-            Batch b;
-            for (int i = 0; i < n; i++) {  // the round trip
-                b.clear();
-                b.add(t, i, 0, true);
-                llama_forward(p.m.hp, p.hw, *p.hsrc, p.host, b);
-                p.host.download(p.host.acts().logits, row.data(), row.size());
-                want.push_back(t = hs.sample(row.data()));
+    // A logit bias as a server request carries one (a token twice: added in order).
+    const std::vector<std::pair<int32_t, float>> bias = {
+        {11, 2.f}, {17, -100.f}, {23, 1.5f}, {101, -0.5f}, {11, 0.25f}};
+    for (float temperature : {0.8f, 3.f})
+        for (int top_k : {40, 256})
+            for (bool biased : {false, true}) {
+                const std::string what = "temperature " + std::to_string(temperature) + ", top-k " +
+                                         std::to_string(top_k) + (biased ? ", biased" : "");
+                SamplerParams sp;
+                sp.seed = 99;
+                sp.temperature = temperature;
+                sp.top_k = top_k;
+                Sampler hs(sp, V), fs(sp, V);
+                TokenDraw d;
+                ASSERT_TRUE(fs.device_draw(d));
+                EXPECT_EQ(d.top_k, top_k);
+                if (biased) {
+                    for (const auto& [id, v] : bias) {
+                        d.bias_id[d.n_bias] = id;
+                        d.bias[d.n_bias++] = v;
+                    }
+                }
+                std::vector<int32_t> want, got;
+                std::vector<float> row(static_cast<size_t>(V));
+                int32_t t = 17;
+                Batch b;
+                for (int i = 0; i < n; i++) {  // the round trip
+                    b.clear();
+                    b.add(t, i, 0, true);
+                    llama_forward(p.m.hp, p.hw, *p.hsrc, p.host, b);
+                    p.host.download(p.host.acts().logits, row.data(), row.size());
+                    if (biased)
+                        for (const auto& [id, v] : bias) row[size_t(id)] += v;
+                    want.push_back(t = hs.sample(row.data()));
+                }
+                int queued = 0;
+                auto take = [&] {
+                    LogitCandidates from;
+                    const int32_t drawn = p.fed.take_token(&from);
+                    queued--;
+                    LogitRequest req;
+                    req.k = top_k;
+                    const int32_t id = fs.sample(req, from);
+                    EXPECT_EQ(drawn, id) << what;
+                    got.push_back(id);
+                };
+                for (int i = 0; i < n; i++) {
+                    b.clear();
+                    b.add(i == 0 ? 17 : kFedToken, i, 0, true);
+                    b.choose = true;
+                    b.draw = d;
+                    b.draw.u = fs.peek_uniform(size_t(queued));
+                    llama_forward(p.m.hp, p.fw, *p.fsrc, p.fed, b);
+                    queued++;
+                    if (i > 0) take();
+                }
+                take();
+                EXPECT_EQ(got, want) << what;
+                if (biased) {
+                    EXPECT_EQ(std::count(got.begin(), got.end(), 17), 0) << what;
+                }
             }
-            int queued = 0;
-            auto take = [&] {
-                LogitCandidates from;
-                const int32_t drawn = p.fed.take_token(&from);
-                queued--;
-                LogitRequest req;
-                req.k = top_k;
-                const int32_t id = fs.sample(req, from);
-                EXPECT_EQ(drawn, id) << "temperature " << temperature << ", top-k " << top_k;
-                got.push_back(id);
-            };
-            for (int i = 0; i < n; i++) {
-                b.clear();
-                b.add(i == 0 ? 17 : kFedToken, i, 0, true);
-                b.choose = true;
-                b.draw = d;
-                b.draw.u = fs.peek_uniform(size_t(queued));
-                llama_forward(p.m.hp, p.fw, *p.fsrc, p.fed, b);
-                queued++;
-                if (i > 0) take();
-            }
-            take();
-            EXPECT_EQ(got, want) << "temperature " << temperature << ", top-k " << top_k;
-        }
-    }
     Batch b;  // a draw past what the kernels take
     b.add(3, 0, 0, true);
     b.choose = true;
     b.draw.top_k = kMaxLogitCandidates + 1;
     b.draw.temperature = 1.f;
+    EXPECT_THROW(p.fed.begin_step(b), Error);
+    b.draw.top_k = 40;  // a bias on a token past the vocabulary
+    b.draw.n_bias = 1;
+    b.draw.bias_id[0] = V;
     EXPECT_THROW(p.fed.begin_step(b), Error);
 }
 

@@ -3,6 +3,7 @@
 // on the CPU: tests/unit/test_generate_fed.cpp, tests/unit/test_scheduler.cpp.
 #pragma once
 #include <deque>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -37,9 +38,11 @@ class FeedingCpuBackend : public CpuBackend {
         LogitRequest req;
         req.k = draw_.top_k;
         Drawn d;
-        select_logits_host(acts().logits, n_vocab_, req, d.from);
-        d.token = draw_.temperature > 0.f ? drawer_.sample_with(req, d.from, draw_.u)
-                                          : d.from.top_id[0];
+        std::vector<float> row(acts().logits, acts().logits + n_vocab_);
+        for (int i = 0; i < draw_.n_bias; i++) row[size_t(draw_.bias_id[i])] += draw_.bias[i];
+        select_logits_host(row.data(), n_vocab_, req, d.from);
+        d.token =
+            draw_.temperature > 0.f ? drawer_.sample_with(req, d.from, draw_.u) : d.from.top_id[0];
         if (draw_.temperature > 0.f && ++draws_ % wrong_every_ == 0) {
             d.token = d.token == d.from.top_id[0] ? d.from.top_id[1] : d.from.top_id[0];
             wrong_++;

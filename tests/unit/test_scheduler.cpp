@@ -543,21 +543,49 @@ TEST_F(SchedulerFedTest, GreedyOnAReservedSlotToAFullContext) {
     EXPECT_EQ(kv_end[1], kv_end[0]);
 }
 
-TEST_F(SchedulerFedTest, BiasOrLogprobsKeepTheHostLoop) {
+TEST_F(SchedulerFedTest, ALogitBiasGoesWithTheDraw) {
+    const SamplerParams p = sampled(13);
+    const std::vector<int32_t> prompt = tokens(kPrompts[3]);
+    std::vector<int32_t> got[2];
+    // End of generation banned (the prompt ends in 36 tokens greedily), one token pushed up,
+    // one given twice.
+    GenerationParams gp = params(p, 40);
+    gp.logit_bias = no_eog();
+    ASSERT_LE(gp.logit_bias.size() + 2, size_t(kMaxDrawBias));
+    const int32_t up = tokens(" blue").back();
+    gp.logit_bias.emplace_back(up, 6.f);
+    gp.logit_bias.emplace_back(up, -0.75f);
+    for (int feeds : {0, 1}) {
+        FeedingCpuBackend* fb = nullptr;
+        auto eng = engine_on(feeds, p, 3, &fb);
+        auto sched = std::make_unique<Scheduler>(*eng, SchedulerOptions{2, 4, 0});
+        auto job = sched->submit(prompt, gp, sampler_for(p, prompt));
+        got[feeds] = collect(*job);
+        EXPECT_EQ(job->finish_reason(), FinishReason::Length);
+        sched.reset();
+        if (fb) {
+            EXPECT_GE(fb->steps_chosen(), int(got[feeds].size()) - 1);
+        }
+    }
+    EXPECT_EQ(got[1], got[0]);
+    EXPECT_GT(std::count(got[0].begin(), got[0].end(), up), 0);
+}
+
+TEST_F(SchedulerFedTest, LogprobsPenaltiesOrALongBiasKeepTheHostLoop) {
     const SamplerParams p = sampled(9);
     const std::vector<int32_t> prompt = tokens(kPrompts[0]);
     FeedingCpuBackend* fb = nullptr;
     auto eng = engine_on(true, p, 1, &fb);
     auto sched = std::make_unique<Scheduler>(*eng, SchedulerOptions{2, 4, 0});
-    GenerationParams biased = params(p, 8);
-    biased.logit_bias = no_eog();
     GenerationParams logprobs = params(p, 8);
     logprobs.n_logprobs = 0;
     SamplerParams penalised = p;
     penalised.repeat_penalty = 1.2f;
-    collect(*sched->submit(prompt, biased, sampler_for(p, prompt)));
+    GenerationParams long_bias = params(p, 8);
+    for (int32_t t = 0; t <= kMaxDrawBias; t++) long_bias.logit_bias.emplace_back(1000 + t, -1.f);
     collect(*sched->submit(prompt, logprobs, sampler_for(p, prompt)));
     collect(*sched->submit(prompt, params(penalised, 8), sampler_for(penalised, prompt)));
+    collect(*sched->submit(prompt, long_bias, sampler_for(p, prompt)));
     sched.reset();
     EXPECT_EQ(fb->steps_chosen(), 0);
 }

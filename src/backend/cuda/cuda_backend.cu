@@ -21,7 +21,7 @@ namespace {
 constexpr double kGiB = double(1ull << 30);
 constexpr size_t kAlign = 256;
 constexpr size_t kDownloadChunk = size_t(4) << 20;
-constexpr size_t kDrawInts = 8;  // a step's TokenDraw in its tables
+constexpr size_t kDrawInts = (sizeof(TokenDraw) + 3) / 4;  // a step's TokenDraw in its tables
 constexpr size_t kUploadChunk = size_t(16) << 20;
 // Left free after init() for the CUDA context's own growth, cuBLAS and graph instantiation.
 constexpr size_t kHeadroom = size_t(256) << 20;
@@ -354,16 +354,22 @@ void CudaBackend::begin_step(const Batch& batch) {
         const TokenDraw& d = batch.draw;
         if (!cuda::logit_select_fits(shape_.n_vocab, d.top_k) || d.top_k > shape_.n_vocab ||
             !(d.u >= 0.0 && d.u < 1.0) || !(d.top_p >= 0.f && d.top_p <= 1.f) ||
-            !(d.min_p >= 0.f && d.min_p <= 1.f) || std::isnan(d.temperature))
+            !(d.min_p >= 0.f && d.min_p <= 1.f) || std::isnan(d.temperature) || d.n_bias < 0 ||
+            d.n_bias > kMaxDrawBias)
             fail("a token drawn on the device needs top-k 1 to %d within the vocabulary and "
                  "sampler settings in range.",
                  kMaxLogitCandidates);
+        for (int i = 0; i < d.n_bias; i++)
+            if (d.bias_id[i] < 0 || d.bias_id[i] >= shape_.n_vocab || !std::isfinite(d.bias[i]))
+                fail("a logit bias drawn on the device needs token ids within the vocabulary "
+                     "and finite values.");
     }
 
     // The tables, laid out for this step's rows (stride_), staged on the host first: a step
     // whose tables the device already holds uploads nothing.
     static_assert(sizeof(cuda::AttnTile) == 4 * sizeof(int32_t), "tiles are four ints");
-    static_assert(sizeof(TokenDraw) == kDrawInts * sizeof(int32_t), "the draw is eight ints");
+    static_assert(sizeof(TokenDraw) == kDrawInts * sizeof(int32_t) && kDrawInts % 2 == 0,
+                  "the draw is whole ints, and the tiles after it stay 8-byte aligned");
     const size_t S = size_t((n + 3) / 4 * 4);
     staged_.assign(5 * S + kDrawInts + 4 * size_t(n), 0);
     int32_t* tokens = staged_.data();

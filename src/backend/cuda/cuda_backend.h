@@ -184,7 +184,7 @@ class CudaBackend : public Backend {
     // The step's tables: device copies at fixed addresses (graphs bake them in), filled from
     // a pinned host mirror. Regions: tokens, pos, seq, logit rows, decode rows (int32 x
     // stride_ each, stride_ the step's rows rounded up to 4, so that a graph's key fixes the
-    // layout and a decode step copies a few dozen bytes), the step's TokenDraw (8 ints), then
+    // layout and a decode step copies a few dozen bytes), the step's TokenDraw (kDrawInts), then
     // attention tiles (AttnTile x n_tiles_). tables_ is what the device holds, as far as the host knows (a choice
     // advances the first position there): a step whose tables equal it uploads nothing.
     int32_t* d_step_ = nullptr;

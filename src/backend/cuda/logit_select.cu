@@ -13,9 +13,10 @@
 // 2. one block per row selects the m best of the blocks' candidates (at most kMergeKeys) the same way,
 //    sorts those m (bitonic, at most kMaxLogitCandidates) and writes them, the logits of the
 //    asked ids and whether any block saw a NaN. For decoding fed on the device (logit_choose,
-//    inside the step's graph) it draws the token from those m as the host's sampler would
-//    (draw_chain), writes it where the next step's embedding reads it, and writes the answer
-//    straight into pinned host memory, so no copy follows the step.
+//    inside the step's graph; kernel 1 then adds the draw's logit bias) it draws the token
+//    from those m as the host's sampler would (draw_chain), writes it where the next step's
+//    embedding reads it, and writes the answer straight into pinned host memory, so no copy
+//    follows the step.
 // The full sorts the radix select replaced cost about 100 us a token at top-k 40 in place (8B:
 // sampled generation at 493 tok/s against 527 greedy); it passes over the keys once per 8 bits
 // until the m-th is isolated (bench_elementwise: 15 us for the 40 best of 128256 logits, 10 for
@@ -135,7 +136,8 @@ __device__ unsigned long long block_max_key(unsigned long long v) {
 }
 
 // Where the kernels find row y of a launch: row asks[y].row of the logits and its m, or (asks
-// null: logit_choose) the launch's one row and m; and the row's scratch.
+// null: logit_choose) the launch's one row and m; the row's scratch; and (logit_choose) the
+// draw whose logit bias applies to the row.
 struct SelectRows {
     const float* logits;
     int n_vocab, m;
@@ -143,6 +145,7 @@ struct SelectRows {
     unsigned long long* keys;  // kMergeKeys a row
     int* nan;                  // nan_stride a row
     int nan_stride;
+    const TokenDraw* draw;
 
     __device__ const float* row(int y) const {
         return asks ? logits + size_t(asks[y].row) * size_t(n_vocab) : logits;
@@ -177,20 +180,34 @@ __device__ bool any_flag(const int* flags, int n) {
 // to the row's nan[b]. Dynamic shared memory: chunk keys where any row's m is above 1.
 __global__ void __launch_bounds__(kBlockThreads) select_block_best(SelectRows r, int chunk) {
     extern __shared__ unsigned long long s[];
+    __shared__ int32_t bias_id[kMaxDrawBias];
+    __shared__ float bias[kMaxDrawBias];
     const int y = blockIdx.y, m = r.best(y), n_vocab = r.n_vocab;
     const float* row = r.row(y);
     const int base = blockIdx.x * chunk;
+    const int n_bias = r.draw ? r.draw->n_bias : 0;
+    if (n_bias > 0) {
+        if (threadIdx.x < n_bias) {
+            bias_id[threadIdx.x] = r.draw->bias_id[threadIdx.x];
+            bias[threadIdx.x] = r.draw->bias[threadIdx.x];
+        }
+        __syncthreads();
+    }
     bool nan = false;
     unsigned long long best = 0;
     for (int i = threadIdx.x; i < chunk; i += blockDim.x) {
         const int id = base + i;
         unsigned long long key = 0;
         if (id < n_vocab) {
-            const uint32_t u = __float_as_uint(row[id]);
-            if (is_nan_bits(u))
+            float v = row[id];
+            if (is_nan_bits(__float_as_uint(v))) {
                 nan = true;
-            else
-                key = logit_key(u, id);
+            } else {
+                // The bias in the host sampler's order and rounding (a NaN is flagged unbiased).
+                for (int j = 0; j < n_bias; j++)
+                    if (bias_id[j] == id) v = __fadd_rn(v, bias[j]);
+                key = logit_key(__float_as_uint(v), id);
+            }
         }
         if (m == 1)
             best = max(best, key);
@@ -318,7 +335,7 @@ __global__ void __launch_bounds__(kMergeThreads)
     const int m = r.m;
     const bool nan = any_flag(r.row_nan(0), n_blocks);
     merge_best(r.row_keys(0), n_blocks * m, m, s, best);
-    const TokenDraw d = *c.draw;
+    const TokenDraw& d = *c.draw;
     const bool greedy = m == 1 || !(d.temperature > 0.f) || best[0] == 0;
     const int32_t drawn = greedy ? 0 : draw_chain(best, m, d, p1, pt);
     if (threadIdx.x == 0) {
@@ -389,8 +406,8 @@ void logit_select(const float* logits, int n_vocab, const LogitAsk* asks, int n_
                   unsigned long long* scratch_keys, int* scratch_nan, LogitSelection* out,
                   cudaStream_t stream) {
     if (n_rows < 1) return;
-    const SelectRows r{logits,       n_vocab,     most_m, asks, scratch_keys,
-                       scratch_nan, logit_select_nan_stride(n_vocab)};
+    const SelectRows r{logits,      n_vocab,     most_m, asks, scratch_keys,
+                       scratch_nan, logit_select_nan_stride(n_vocab), nullptr};
     const int blocks = select_blocks(r, n_rows, most_m, stream);
     select_merge<<<n_rows, kMergeThreads,
                    size_t(blocks) * size_t(most_m) * sizeof(unsigned long long), stream>>>(
@@ -401,7 +418,7 @@ void logit_select(const float* logits, int n_vocab, const LogitAsk* asks, int n_
 void logit_choose(const float* row, int n_vocab, int top_k, unsigned long long* scratch_keys,
                   int* scratch_nan, const LogitChoice& choice, cudaStream_t stream) {
     const SelectRows r{row,         n_vocab,     top_k, nullptr, scratch_keys,
-                       scratch_nan, logit_select_nan_stride(n_vocab)};
+                       scratch_nan, logit_select_nan_stride(n_vocab), choice.draw};
     const int blocks = select_blocks(r, 1, top_k, stream);
     choose_merge<<<1, kMergeThreads, size_t(blocks) * size_t(top_k) * sizeof(unsigned long long),
                    stream>>>(r, blocks, choice);
