@@ -560,9 +560,10 @@ void Scheduler::decode_fed(const std::shared_ptr<Job>& j, const TokenDraw& draw)
             // The token the queued step draws is fed back at pos_ + 1, in a step enqueued
             // before it is known here, unless it is the job's last or the run ends after it. A
             // step fed past the end only wrote a cache cell that the next step there rewrites.
-            const bool more = j->pos_ + 1 < n_ctx_ &&
-                              (j->params_.max_tokens <= 0 || j->n_gen_ + 1 < j->params_.max_tokens) &&
-                              !fed_run_interrupted(*j);
+            const bool more =
+                j->pos_ + 1 < n_ctx_ &&
+                (j->params_.max_tokens <= 0 || j->n_gen_ + 1 < j->params_.max_tokens) &&
+                !fed_run_interrupted(*j);
             if (more) enqueue(kFedToken, j->pos_ + 1);
             queued--;
             stage = "sampling failed: ";
