@@ -70,7 +70,7 @@ def model_facts(cli, model):
     return (name.group(1).strip().strip('"') if name else pathlib.Path(model).name), sorted(ids)
 
 
-def measure(server, model_id, eog_bias, clients, seconds, warmup, max_tokens):
+def measure(server, model_id, eog_bias, clients, seconds, warmup, max_tokens, top_k=0):
     stop = threading.Event()
     done, errors, lock = [], [], threading.Lock()  # done: (seconds, first-token seconds, tokens)
 
@@ -82,6 +82,8 @@ def measure(server, model_id, eog_bias, clients, seconds, warmup, max_tokens):
             first, tokens, finished = None, 0, False
             try:
                 extra = {"logit_bias": eog_bias} if eog_bias else {}
+                if top_k:
+                    extra["extra_body"] = {"top_k": top_k}
                 stream = client.completions.create(model=model_id, prompt=PROMPTS[k % len(PROMPTS)],
                                                    max_tokens=max_tokens, temperature=0.8, stream=True,
                                                    stream_options={"include_usage": True}, **extra)
@@ -159,6 +161,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=30, help="measuring window per level")
     ap.add_argument("--warmup", type=float, default=5, help="seconds of load before each window")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
+    ap.add_argument("--top-k", type=int, default=0,
+                    help="send llama.cpp's top_k extension (0: OpenAI's plain temperature sampling over the "
+                         "whole vocabulary, which a GPU server samples on the host)")
     ap.add_argument("--allow-eog", action="store_true",
                     help="send no logit_bias (requests may end early at an end-of-generation token); "
                          "a lone request then decodes fed on the device, which a bias rules out")
@@ -194,13 +199,14 @@ def main():
         for line in server.log:
             print(f"#   serve: {line.rstrip()}")
         print(f"# {args.max_tokens} tokens per request (end-of-generation ids {eog_ids} "
-              f"{'allowed' if args.allow_eog else 'banned'}), "
+              f"{'allowed' if args.allow_eog else 'banned'}), temperature 0.8"
+              + (f", top-k {args.top_k}" if args.top_k else "") + ", "
               f"{args.seconds:g} s per level after {args.warmup:g} s warm-up")
         print("| clients | aggregate tok/s | tok/s per client | avg batch (tokens/step) | step ms | engine busy | "
               "p50 request s | p50 first token s |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
         for n in levels:
-            r = measure(server, model_id, eog_bias, n, args.seconds, args.warmup, args.max_tokens)
+            r = measure(server, model_id, eog_bias, n, args.seconds, args.warmup, args.max_tokens, args.top_k)
             results.append(r)
             print(f"| {n} | {r['tok_s']:.1f} | {r['per_client_tok_s']:.2f} | {r['avg_batch']:.1f} | "
                   f"{r['step_ms']:.1f} | {100 * r['busy']:.0f}% | {fmt_s(r['p50_s'])} | "
