@@ -289,6 +289,7 @@ int32_t Sampler::sample(const float* logits) {
         src = work_.data();
     }
     if (params_.temperature <= 0.f) return sample_greedy(src);
+    if (!top_k_on() && params_.top_p >= 1.f && params_.min_p <= 0.f) return draw_untruncated(src);
 
     size_t n = top_k_on() ? select_top_k(src) : select_all(src);
     n = apply_min_p(n);
@@ -427,6 +428,38 @@ size_t Sampler::apply_min_p(size_t n) {
     for (size_t i = 0; i < n; ++i)
         if (cand_[i].logit >= min_logit) cand_[kept++] = cand_[i];
     return kept;
+}
+
+int32_t Sampler::draw_untruncated(const float* logits) {
+    const size_t V = size_t(n_vocab_);
+    const MaxScan m = scan_max(logits, V);
+    if (m.nan) fail_nan();
+    if (!std::isfinite(m.max))
+        fail("sampler: the logits have no finite maximum; the model produced invalid values.");
+    // draw()'s arithmetic over select_all's candidates (every token, in id order): the same
+    // maximum (of +0 and -0 either: x - 0 and x - -0 have one exp), the same exps and sums in
+    // the same order. The probabilities go to work_ (in place when it holds penalised logits).
+    float* p = work_.data();
+    const float t = params_.temperature;
+    double sum = 0.0;
+    for (size_t i = 0; i < V; ++i) {
+        p[i] = std::exp((logits[i] - m.max) / t);
+        sum += p[i];
+    }
+    const double target = sum * uniform01();
+    double run = 0.0;
+    size_t sel = V, last_positive = 0;
+    for (size_t i = 0; i < V; ++i) {
+        if (p[i] > 0.f) last_positive = i;
+        run += p[i];
+        if (run >= target && p[i] > 0.f) {
+            sel = i;
+            break;
+        }
+    }
+    if (sel == V) sel = last_positive;
+    last_prob_ = float(double(p[sel]) / sum);
+    return int32_t(sel);
 }
 
 int32_t Sampler::draw(size_t n, const double* u) {

@@ -125,6 +125,9 @@ class Sampler {
     size_t apply_top_p(size_t n, float max_l, double z);  // z: sum of exp(logit - max_l)
     size_t apply_min_p(size_t n);
     int32_t draw(size_t n, const double* u = nullptr);  // u: the uniform, else the stream's next
+    // No truncation (top-k, top-p, min-p off; OpenAI's default): draw() over every token, without
+    // building the candidates first (about half the time on a 128k vocabulary).
+    int32_t draw_untruncated(const float* logits);
     double uniform01();
     void reseed();
 
@@ -135,7 +138,7 @@ class Sampler {
     std::deque<double> ahead_;  // uniforms drawn by peek_uniform, not yet used, in stream order
     float last_prob_ = 0.f;
 
-    std::vector<float> work_;       // penalised copy of the logits
+    std::vector<float> work_;       // penalised copy of the logits; draw_untruncated's probabilities
     std::vector<Candidate> cand_;   // candidate set; its first n entries are live
     std::vector<int32_t> cand_at_;  // n_vocab: a token's index in cand_ while a selection is
                                     // sampled, else -1

@@ -541,6 +541,29 @@ TEST(Sampler, LargeVocabularyMatchesBruteForce) {
     }
 }
 
+TEST(Sampler, UntruncatedDrawIsTheChainsDraw) {
+    // The untruncated draw skips building the candidates; a min-p too small to drop any token
+    // takes the chain's own path (select_all, apply_min_p, draw) over the same candidates, in
+    // the same order: every token and probability must be the same, bit for bit, including
+    // with -inf logits and the maximum held by both +0 and -0.
+    const int V = 128256;
+    auto l = random_logits(V, 3.f, 23);
+    for (float& x : l) x = std::min(x, 0.f);
+    l[7] = 0.f;
+    l[9] = -0.f;
+    l[11] = -INFINITY;
+    for (float t : {0.8f, 1.f, 1.7f}) {
+        SamplerParams fast = plain(t, 99), chain = fast;
+        chain.min_p = 1e-30f;  // floor at max - 69: keeps every token here
+        Sampler a(fast, V), b(chain, V);
+        for (int i = 0; i < 300; ++i) {
+            ASSERT_EQ(a.sample(l.data()), b.sample(l.data()))
+                << "temperature " << t << ", draw " << i;
+            ASSERT_EQ(a.last_prob(), b.last_prob()) << "temperature " << t << ", draw " << i;
+        }
+    }
+}
+
 TEST(Sampler, TopKBoundaryTiesKeepLowerIds) {
     // Six tokens tie at the top-3 boundary: ids 2, 4 (and the strictly larger 9) survive.
     std::vector<float> l = {0.f, 0.f, 1.f, 0.f, 1.f, 1.f, 1.f, 0.f, 1.f, 2.f};
