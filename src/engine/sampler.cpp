@@ -352,12 +352,17 @@ size_t Sampler::finish_top_k(size_t k) {
     return apply_top_p(k, max_l, z);
 }
 
-size_t Sampler::select_all(const float* logits) {
-    const size_t V = size_t(n_vocab_);
-    const MaxScan m = scan_max(logits, V);
+float Sampler::finite_max(const float* logits) const {
+    const MaxScan m = scan_max(logits, size_t(n_vocab_));
     if (m.nan) fail_nan();
     if (!std::isfinite(m.max))
         fail("sampler: the logits have no finite maximum; the model produced invalid values.");
+    return m.max;
+}
+
+size_t Sampler::select_all(const float* logits) {
+    const size_t V = size_t(n_vocab_);
+    const float max_l = finite_max(logits);
 
     // The first truncation's threshold is applied while filling the candidates, so that the
     // whole vocabulary is not moved around, and each keeps exactly the set the step would keep:
@@ -368,18 +373,18 @@ size_t Sampler::select_all(const float* logits) {
     float floor = -std::numeric_limits<float>::infinity();
     double z = 0.0;
     if (params_.top_p < 1.f) {
-        for (size_t i = 0; i < V; ++i) z += std::exp(logits[i] - m.max);
+        for (size_t i = 0; i < V; ++i) z += std::exp(logits[i] - max_l);
         const double eps = (1.0 - double(params_.top_p)) / double(V);
-        floor = float(double(m.max) + std::log(eps * z) - 1e-3);  // margin: keep a superset
+        floor = float(double(max_l) + std::log(eps * z) - 1e-3);  // margin: keep a superset
     } else if (params_.min_p > 0.f) {
-        floor = m.max + std::log(params_.min_p);
+        floor = max_l + std::log(params_.min_p);
     }
     size_t n = 0;
     for (size_t i = 0; i < V; ++i)
         if (logits[i] >= floor) cand_[n++] = {logits[i], 0.f, int32_t(i)};
     sorted_ = false;
     if (params_.top_p >= 1.f) return n;
-    return apply_top_p(n, m.max, z);
+    return apply_top_p(n, max_l, z);
 }
 
 size_t Sampler::apply_top_p(size_t n, float max_l, double z) {
@@ -432,10 +437,7 @@ size_t Sampler::apply_min_p(size_t n) {
 
 int32_t Sampler::draw_untruncated(const float* logits) {
     const size_t V = size_t(n_vocab_);
-    const MaxScan m = scan_max(logits, V);
-    if (m.nan) fail_nan();
-    if (!std::isfinite(m.max))
-        fail("sampler: the logits have no finite maximum; the model produced invalid values.");
+    const float max_l = finite_max(logits);
     // draw()'s arithmetic over select_all's candidates (every token, in id order): the same
     // maximum (of +0 and -0 either: x - 0 and x - -0 have one exp), the same exps and sums in
     // the same order. The probabilities go to work_ (in place when it holds penalised logits).
@@ -443,7 +445,7 @@ int32_t Sampler::draw_untruncated(const float* logits) {
     const float t = params_.temperature;
     double sum = 0.0;
     for (size_t i = 0; i < V; ++i) {
-        p[i] = std::exp((logits[i] - m.max) / t);
+        p[i] = std::exp((logits[i] - max_l) / t);
         sum += p[i];
     }
     const double target = sum * uniform01();

@@ -115,9 +115,10 @@ class Sampler {
     bool penalties_active() const;      // ... and the window holds a token
     int32_t sample_greedy(const float* logits);
     // Each fills cand_ with the candidates and returns their count.
-    size_t select_top_k(const float* logits);  // top-k (sorted), then top-p
-    size_t select_all(const float* logits);    // no top-k: top-p or min-p over the vocabulary
-    size_t finish_top_k(size_t k);             // cand_[0..k): the top k, sorted; then top-p
+    size_t select_top_k(const float* logits);     // top-k (sorted), then top-p
+    float finite_max(const float* logits) const;  // the row's maximum; throws on NaN or none finite
+    size_t select_all(const float* logits);       // no top-k: top-p or min-p over the vocabulary
+    size_t finish_top_k(size_t k);                // cand_[0..k): the top k, sorted; then top-p
     // sample(req, c, bias), drawing with *u when given, else with the stream's next uniform.
     int32_t sample_candidates(const LogitRequest& req, const LogitCandidates& c,
                               const std::vector<std::pair<int32_t, float>>& bias, const double* u);
@@ -138,8 +139,8 @@ class Sampler {
     std::deque<double> ahead_;  // uniforms drawn by peek_uniform, not yet used, in stream order
     float last_prob_ = 0.f;
 
-    std::vector<float> work_;       // penalised copy of the logits; draw_untruncated's probabilities
-    std::vector<Candidate> cand_;   // candidate set; its first n entries are live
+    std::vector<float> work_;      // penalised copy of the logits; draw_untruncated's probabilities
+    std::vector<Candidate> cand_;  // candidate set; its first n entries are live
     std::vector<int32_t> cand_at_;  // n_vocab: a token's index in cand_ while a selection is
                                     // sampled, else -1
     bool sorted_ = false;           // whether cand_[0..n) is in descending order
