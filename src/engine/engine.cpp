@@ -259,6 +259,38 @@ DrawnToken take_drawn(Backend& be, Sampler& sampler, const TokenDraw& draw) {
     return t;
 }
 
+TokenDraw FedSteps::next_draw() const {
+    TokenDraw d = draw_;
+    if (draw_.temperature > 0.f) d.u = sampler_.peek_uniform(size_t(queued_));
+    return d;
+}
+
+void FedSteps::enqueue(int32_t token, int pos) {
+    batch_.clear();
+    batch_.add(token, pos, seq_, true);
+    batch_.choose = true;
+    batch_.draw = next_draw();
+    eng_.forward(batch_);
+    queued_++;
+}
+
+DrawnToken FedSteps::take(int refeed_pos) {
+    queued_--;
+    const DrawnToken t = take_drawn(eng_.backend(), sampler_, draw_);
+    if (t.token != t.drawn) {
+        drop();
+        if (refeed_pos >= 0) enqueue(t.token, refeed_pos);
+    }
+    return t;
+}
+
+void FedSteps::drop() {
+    for (; queued_ > 0; queued_--) try {
+            eng_.backend().take_token();
+        } catch (const Error&) {
+        }
+}
+
 GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
                        const std::vector<int32_t>& prompt, int n_predict,
                        const std::function<bool(int32_t, const std::string&)>& on_token) {
@@ -276,39 +308,15 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
     // cell that the next step there rewrites.
     TokenDraw draw;
     const bool fed = eng.pipelines() && sampler.device_draw(draw);
+    FedSteps steps(eng, sampler, draw, seq);
     Backend& be = eng.backend();
-    struct Queue {  // choices enqueued and not yet taken; the rest dropped however the loop ends
-        Backend& be;
-        int n = 0;
-        void drop() {
-            for (; n > 0; n--) try {
-                    be.take_token();
-                } catch (const Error&) {  // a NaN in a step whose token nobody wants
-                }
-        }
-        ~Queue() { drop(); }
-    } chosen{be};
-    // The next choice's draw: its uniform is the one after those of the choices queued.
-    auto next_draw = [&] {
-        TokenDraw d = draw;
-        if (draw.temperature > 0.f) d.u = sampler.peek_uniform(size_t(chosen.n));
-        return d;
-    };
     Batch b;
-    auto enqueue = [&](int32_t token) {
-        b.clear();
-        b.add(token, pos, seq, true);
-        b.choose = true;
-        b.draw = next_draw();
-        eng.forward(b);
-        chosen.n++;
-    };
 
     auto t0 = clock::now();
     if (fed && n_predict != 0) {
-        const TokenDraw d = next_draw();
+        const TokenDraw d = steps.next_draw();
         eng.feed(seq, pos, prompt, &d);
-        chosen.n++;
+        steps.enqueued();
     } else {
         eng.feed(seq, pos, prompt);
     }
@@ -322,19 +330,14 @@ GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,
     for (int i = 0; n_predict < 0 || i < n_predict; i++) {
         // Whether this token is fed back: room in the context and more tokens wanted.
         const bool more = pos < eng.n_ctx() && (n_predict < 0 || i + 1 < n_predict);
-        if (fed && more) enqueue(kFedToken);
+        if (fed && more) steps.enqueue(kFedToken, pos);
         int32_t id;
         if (!fed) {
             id = eng.sample(sampler);
         } else {
-            chosen.n--;
-            const DrawnToken t = take_drawn(be, sampler, draw);
+            const DrawnToken t = steps.take(more ? pos : -1);
             id = t.token;
-            if (t.token != t.drawn) {
-                st.n_redrawn++;
-                chosen.drop();  // the step queued after it fed the other token
-                if (more) enqueue(id);
-            }
+            if (t.token != t.drawn) st.n_redrawn++;
         }
         sampler.accept(id);
         st.n_generated++;

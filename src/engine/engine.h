@@ -157,6 +157,42 @@ struct DrawnToken {
 };
 DrawnToken take_drawn(Backend& be, Sampler& sampler, const TokenDraw& draw);
 
+// Decoding fed on the device (Engine::pipelines()), shared by generate() and the scheduler:
+// one-row steps of sequence `seq` enqueued before the host has the token they feed, each ending
+// with a draw as `draw` says, and the drawn tokens taken in order and checked on the host.
+// Steps enqueued and never taken are dropped (drop(), or when the object goes).
+class FedSteps {
+  public:
+    FedSteps(Engine& eng, Sampler& sampler, const TokenDraw& draw, int seq)
+        : eng_(eng), sampler_(sampler), draw_(draw), seq_(seq) {}
+    ~FedSteps() { drop(); }
+    FedSteps(const FedSteps&) = delete;
+    FedSteps& operator=(const FedSteps&) = delete;
+
+    // The draw of the next step enqueued: its uniform is the one after those of the steps
+    // queued. A step that draws with it and goes in by other means (Engine::feed) is counted
+    // with enqueued().
+    TokenDraw next_draw() const;
+    void enqueued() { queued_++; }
+    // Enqueues a step feeding `token` (kFedToken: the one the step before draws) at `pos`.
+    void enqueue(int32_t token, int pos);
+    // Takes the oldest step's token (take_drawn). Where the host's draw differs, its token
+    // stands: the step queued after it, which fed the device's, is dropped, and when refeed_pos
+    // >= 0 enqueued again at refeed_pos with the host's token.
+    DrawnToken take(int refeed_pos);
+    // Takes and discards every step's token still queued (a NaN in a step nobody wants is not
+    // an error).
+    void drop();
+
+  private:
+    Engine& eng_;
+    Sampler& sampler_;
+    const TokenDraw draw_;
+    const int seq_;
+    int queued_ = 0;  // steps enqueued whose token is not taken yet
+    Batch batch_;
+};
+
 // Calls on_token(id, text) for each generated token (text is complete UTF-8, may be empty);
 // stops at end-of-generation, after n_predict tokens, or when on_token returns false.
 GenerateStats generate(Engine& eng, Sampler& sampler, int seq, int& pos,

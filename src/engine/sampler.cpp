@@ -61,6 +61,21 @@ MaxScan scan_max(const float* x, size_t n) {
     fail("sampler: the logits contain NaN; the model produced invalid values.");
 }
 
+// The draw's walk over n probabilities p(i) with the uniform's share `target` of their sum: the
+// first whose running sum reaches target and is positive (the last positive one where rounding
+// left target past the running sum).
+template <class P>
+size_t walk_to(const P& p, size_t n, double target) {
+    double run = 0.0;
+    size_t last_positive = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (p(i) > 0.f) last_positive = i;
+        run += p(i);
+        if (run >= target && p(i) > 0.f) return i;
+    }
+    return last_positive;
+}
+
 }  // namespace
 
 Sampler::Sampler(const SamplerParams& params, int n_vocab) : params_(params), n_vocab_(n_vocab) {
@@ -448,18 +463,7 @@ int32_t Sampler::draw_untruncated(const float* logits) {
         p[i] = std::exp((logits[i] - max_l) / t);
         sum += p[i];
     }
-    const double target = sum * uniform01();
-    double run = 0.0;
-    size_t sel = V, last_positive = 0;
-    for (size_t i = 0; i < V; ++i) {
-        if (p[i] > 0.f) last_positive = i;
-        run += p[i];
-        if (run >= target && p[i] > 0.f) {
-            sel = i;
-            break;
-        }
-    }
-    if (sel == V) sel = last_positive;
+    const size_t sel = walk_to([&](size_t i) { return p[i]; }, V, sum * uniform01());
     last_prob_ = float(double(p[sel]) / sum);
     return int32_t(sel);
 }
@@ -477,19 +481,8 @@ int32_t Sampler::draw(size_t n, const double* u) {
         cand_[i].p = std::exp((cand_[i].logit - max_l) / t);
         sum += cand_[i].p;
     }
-    const double target = sum * (u ? *u : uniform01());
-    double run = 0.0;
-    size_t sel = n;
-    size_t last_positive = 0;
-    for (size_t i = 0; i < n; ++i) {
-        if (cand_[i].p > 0.f) last_positive = i;
-        run += cand_[i].p;
-        if (run >= target && cand_[i].p > 0.f) {
-            sel = i;
-            break;
-        }
-    }
-    if (sel == n) sel = last_positive;  // only if rounding put target past the running sum
+    const size_t sel =
+        walk_to([&](size_t i) { return cand_[i].p; }, n, sum * (u ? *u : uniform01()));
     last_prob_ = float(double(cand_[sel].p) / sum);
     return cand_[sel].id;
 }

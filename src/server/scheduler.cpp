@@ -533,29 +533,11 @@ bool Scheduler::fed_run_interrupted(const Job& j) const {
 }
 
 void Scheduler::decode_fed(const std::shared_ptr<Job>& j, const TokenDraw& draw) {
-    Backend& be = eng_.backend();
-    Sampler& sampler = *j->sampler_;
-    int queued = 0;  // steps enqueued whose token is not taken yet
-    auto drop = [&] {
-        for (; queued > 0; queued--) try {
-                be.take_token();
-            } catch (const Error&) {  // a NaN in a step whose token nobody wants
-            }
-    };
-    // Step feeding `token` at `pos`, its token drawn with the uniform after those queued.
-    auto enqueue = [&](int32_t token, int pos) {
-        batch_.clear();
-        batch_.add(token, pos, j->slot_, true);
-        batch_.choose = true;
-        batch_.draw = draw;
-        if (draw.temperature > 0.f) batch_.draw.u = sampler.peek_uniform(size_t(queued));
-        eng_.forward(batch_);
-        queued++;
-    };
+    FedSteps steps(eng_, *j->sampler_, draw, j->slot_);
     const char* stage = "the forward step failed: ";
     try {
         auto t0 = clock::now();
-        enqueue(j->last_, j->pos_);
+        steps.enqueue(j->last_, j->pos_);
         for (;;) {
             // The token the queued step draws is fed back at pos_ + 1, in a step enqueued
             // before it is known here, unless it is the job's last or the run ends after it. A
@@ -564,15 +546,10 @@ void Scheduler::decode_fed(const std::shared_ptr<Job>& j, const TokenDraw& draw)
                 j->pos_ + 1 < n_ctx_ &&
                 (j->params_.max_tokens <= 0 || j->n_gen_ + 1 < j->params_.max_tokens) &&
                 !fed_run_interrupted(*j);
-            if (more) enqueue(kFedToken, j->pos_ + 1);
-            queued--;
+            if (more) steps.enqueue(kFedToken, j->pos_ + 1);
             stage = "sampling failed: ";
-            const DrawnToken t = take_drawn(be, sampler, draw);
+            const DrawnToken t = steps.take(more ? j->pos_ + 1 : -1);
             stage = "the forward step failed: ";
-            if (t.token != t.drawn) {  // the host's draw stands; the step after fed the other
-                drop();
-                if (more) enqueue(t.token, j->pos_ + 1);
-            }
             slots_[size_t(j->slot_)].cached.push_back(j->last_);
             j->pos_++;
             const auto now = clock::now();
@@ -582,11 +559,9 @@ void Scheduler::decode_fed(const std::shared_ptr<Job>& j, const TokenDraw& draw)
             if (dl != Delivery::Continues || !more) break;
         }
     } catch (const std::exception& e) {
-        drop();
+        steps.drop();
         finish(j, FinishReason::Error, stage + std::string(e.what()));
-        return;
     }
-    drop();
 }
 
 }  // namespace nt
