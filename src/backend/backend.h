@@ -29,7 +29,8 @@ constexpr int32_t kFedToken = -1;
 
 // How a step's token is drawn on the device (Batch::choose): the sampler's chain in llama.cpp's
 // order (top-k, top-p, min-p, temperature, draw) over the row's top_k best logits, as
-// Sampler::sample draws it; greedy (the best token) when temperature <= 0. log_min_p is the
+// Sampler::sample draws it; top_k 0 (top_p then 1): over the whole vocabulary, min-p a floor,
+// as vocab_draw.h says; greedy (the best token) when temperature <= 0. log_min_p is the
 // host's logf(min_p) (unused when min_p is 0); u the draw's uniform in [0, 1), drawn on the
 // host (Sampler::peek_uniform). Before the chain, bias[i] is added to the logit of token
 // bias_id[i] (i < n_bias, in order, as Sampler::sample adds a logit bias).
@@ -223,11 +224,12 @@ class Backend {
     // host. take_token() returns the oldest choice not yet taken, waiting for it (throws
     // nt::Error when its row held a NaN); `from`, when given, receives the candidates it was
     // drawn from (select_logits' answer to a request of k = the draw's top_k), so that the
-    // host can check the draw against its own sampler. At most kMaxChosen choices are
-    // outstanding.
+    // host can check the draw against its own sampler; a draw over the whole vocabulary
+    // (top_k 0) has no candidates: `row`, when given, receives the row instead (as the step
+    // produced it, before the draw's bias). At most kMaxChosen choices are outstanding.
     static constexpr int kMaxChosen = 4;
     virtual bool feeds_tokens() const { return false; }
-    virtual int32_t take_token(LogitCandidates* from = nullptr);
+    virtual int32_t take_token(LogitCandidates* from = nullptr, std::vector<float>* row = nullptr);
 
     // Measured streaming-read bandwidth of the memory the weights live in, GB/s (the decode
     // roofline's denominator); 0 when the backend cannot measure it.

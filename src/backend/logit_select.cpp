@@ -67,7 +67,7 @@ void Backend::select_logits(const float* logits, int n_vocab, const std::vector<
     }
 }
 
-int32_t Backend::take_token(LogitCandidates* /*from*/) {
+int32_t Backend::take_token(LogitCandidates* /*from*/, std::vector<float>* /*row*/) {
     fail("this backend does not choose tokens on the device.");
 }
 

@@ -48,9 +48,12 @@ int cmd_bench(int argc, char** argv) {
          "what a tg step copies back: fed (greedy generation as generate runs it: the token "
          "chosen on the device feeds the next step, queued before the host has it), drawn (the "
          "same with generate's default sampler, top-k 40, drawn on the device and checked on "
-         "the host), top (the greedy token, after each step), sampled (the default sampler's "
-         "candidates, drawn on the host after each step), row (the whole logit row, as "
-         "llama-bench does) or none (nothing: the steps queue back to back)",
+         "the host), whole (the same at temperature 1 over the whole vocabulary, OpenAI's "
+         "default, each draw checked on the host against the row), whole-host (the same drawn on the "
+         "host from the row copied back after each step), top (the greedy token, after "
+         "each step), sampled (the default sampler's candidates, drawn on the host after each "
+         "step), row (the whole logit row, as llama-bench does) or none (nothing: the steps "
+         "queue back to back)",
          "fed"});
     opts.push_back({"--json", "", "print the results as JSON", ""});
     Args a("bench", opts);
@@ -60,9 +63,11 @@ int cmd_bench(int argc, char** argv) {
     const int n_prompt = a.integer("--n-prompt", 512), n_gen = a.integer("--n-gen", 128);
     const int reps = a.integer("--repetitions", 3);
     std::string readback = a.str("--readback", "fed");
-    if (readback != "fed" && readback != "drawn" && readback != "top" && readback != "sampled" &&
+    if (readback != "fed" && readback != "drawn" && readback != "whole" &&
+        readback != "whole-host" && readback != "top" && readback != "sampled" &&
         readback != "row" && readback != "none")
-        fail("--readback takes fed, drawn, top, sampled, row or none, not '%s'.",
+        fail("--readback takes fed, drawn, whole, whole-host, top, sampled, row or none, not "
+             "'%s'.",
              readback.c_str());
     if (n_prompt < 0 || n_gen < 0 || reps < 1)
         fail("-p and -n must be 0 or more and -r at least 1.");
@@ -76,14 +81,22 @@ int cmd_bench(int argc, char** argv) {
         a.has("--ceiling") ? a.number("--ceiling", 0) : eng.backend().measure_read_bandwidth();
     std::mt19937 rng(1234);
     std::uniform_int_distribution<int32_t> tok_dist(0, eng.n_vocab() - 1);
-    std::vector<float> logits;
+    std::vector<float> logits, row;
     SamplerParams gp;
     gp.temperature = 0.f;
     Sampler greedy(gp, eng.n_vocab());
     Sampler chain(SamplerParams{}, eng.n_vocab());  // generate's default
+    SamplerParams wp;  // OpenAI's default: temperature 1 over the whole vocabulary
+    wp.temperature = 1.f;
+    wp.top_k = 0;
+    wp.top_p = 1.f;
+    wp.min_p = 0.f;
+    Sampler whole(wp, eng.n_vocab());
     // A backend that cannot feed tokens copies them back instead.
     if (readback == "fed" && !eng.pipelines()) readback = "top";
     if (readback == "drawn" && !eng.pipelines()) readback = "sampled";
+    if (readback == "whole" && !eng.pipelines()) readback = "whole-host";
+    const bool whole_on_host = readback == "whole-host";
     int redrawn = 0;  // drawn: device draws the host's sampler drew otherwise
 
     using clock = std::chrono::steady_clock;
@@ -108,16 +121,16 @@ int cmd_bench(int argc, char** argv) {
             if (ws) ws->reset_stats();
             Batch b;
             auto t0 = clock::now();
-            if (readback == "fed" || readback == "drawn") {
+            if (readback == "fed" || readback == "drawn" || readback == "whole") {
                 // Generation as generate() runs it: each step is enqueued before the host has
                 // the token it feeds, which the step before drew on the device (greedy, or
-                // the default sampler with each draw checked on the host).
+                // a sampler with each draw checked on the host).
                 Backend& be = eng.backend();
-                Sampler& s = readback == "fed" ? greedy : chain;
+                Sampler& s = readback == "fed" ? greedy : readback == "drawn" ? chain : whole;
                 TokenDraw d;
                 s.device_draw(d);
                 auto take = [&] {
-                    const DrawnToken t = take_drawn(be, s, d);
+                    const DrawnToken t = take_drawn(be, s, d, row);
                     if (t.token != t.drawn) redrawn++;
                 };
                 for (int i = 0; i < n_gen; i++) {
@@ -142,6 +155,7 @@ int cmd_bench(int argc, char** argv) {
                         // The token is not fed back.
                         if (readback == "top") eng.sample(greedy);
                         if (readback == "sampled") eng.sample(chain);
+                        if (whole_on_host) eng.sample(whole);
                     }
                 }
             }
@@ -197,6 +211,10 @@ int cmd_bench(int argc, char** argv) {
                     readback == "fed" ? "the greedy token, chosen and fed on the device"
                     : readback == "drawn"
                         ? "the default sampler's token and candidates, drawn and fed on the device"
+                    : readback == "whole"
+                        ? "the token drawn over the whole vocabulary and fed on the device, and "
+                          "the row"
+                    : whole_on_host ? "the whole logit row, drawn from on the host"
                     : readback == "top"     ? "the greedy token"
                     : readback == "sampled" ? "the default sampler's top-k candidates"
                     : readback == "row"     ? "the whole logit row"

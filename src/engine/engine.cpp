@@ -245,10 +245,17 @@ std::vector<float> Engine::prefill(int seq, int pos, const std::vector<int32_t>&
     return logits;
 }
 
-DrawnToken take_drawn(Backend& be, Sampler& sampler, const TokenDraw& draw) {
+DrawnToken take_drawn(Backend& be, Sampler& sampler, const TokenDraw& draw,
+                      std::vector<float>& row) {
     DrawnToken t;
     if (!(draw.temperature > 0.f)) {
         t.drawn = t.token = be.take_token();
+        return t;
+    }
+    if (draw.top_k == 0) {
+        t.drawn = be.take_token(nullptr, &row);
+        for (int i = 0; i < draw.n_bias; i++) row[size_t(draw.bias_id[i])] += draw.bias[i];
+        t.token = sampler.sample(row.data());  // uses the uniform the device drew with
         return t;
     }
     LogitCandidates from;
@@ -276,7 +283,7 @@ void FedSteps::enqueue(int32_t token, int pos) {
 
 DrawnToken FedSteps::take(int refeed_pos) {
     queued_--;
-    const DrawnToken t = take_drawn(eng_.backend(), sampler_, draw_);
+    const DrawnToken t = take_drawn(eng_.backend(), sampler_, draw_, row_);
     if (t.token != t.drawn) {
         drop();
         if (refeed_pos >= 0) enqueue(t.token, refeed_pos);

@@ -150,12 +150,14 @@ struct GenerateStats {
 };
 // The oldest token the backend drew at the end of a step (Batch::choose, as `draw` says) and
 // the token that stands: for a sampled draw, the one `sampler` draws from the same candidates
-// with the same uniform (they differ only where the device rounded otherwise); a greedy draw,
-// the best candidate, stands as it is.
+// (a draw over the whole vocabulary: from the row, which `row` holds after, with the draw's
+// bias) with the same uniform (they differ only where the device rounded otherwise); a greedy
+// draw, the best candidate, stands as it is.
 struct DrawnToken {
     int32_t drawn = -1, token = -1;
 };
-DrawnToken take_drawn(Backend& be, Sampler& sampler, const TokenDraw& draw);
+DrawnToken take_drawn(Backend& be, Sampler& sampler, const TokenDraw& draw,
+                      std::vector<float>& row);
 
 // Decoding fed on the device (Engine::pipelines()), shared by generate() and the scheduler:
 // one-row steps of sequence `seq` enqueued before the host has the token they feed, each ending
@@ -191,6 +193,7 @@ class FedSteps {
     const int seq_;
     int queued_ = 0;  // steps enqueued whose token is not taken yet
     Batch batch_;
+    std::vector<float> row_;  // a whole-vocabulary draw's row, for its check
 };
 
 // Calls on_token(id, text) for each generated token (text is complete UTF-8, may be empty);

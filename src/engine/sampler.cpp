@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "backend/vocab_draw.h"
 #include "core/error.h"
 
 namespace nt {
@@ -61,21 +62,6 @@ MaxScan scan_max(const float* x, size_t n) {
     fail("sampler: the logits contain NaN; the model produced invalid values.");
 }
 
-// The draw's walk over n probabilities p(i) with the uniform's share `target` of their sum: the
-// first whose running sum reaches target and is positive (the last positive one where rounding
-// left target past the running sum).
-template <class P>
-size_t walk_to(const P& p, size_t n, double target) {
-    double run = 0.0;
-    size_t last_positive = 0;
-    for (size_t i = 0; i < n; ++i) {
-        if (p(i) > 0.f) last_positive = i;
-        run += p(i);
-        if (run >= target && p(i) > 0.f) return i;
-    }
-    return last_positive;
-}
-
 }  // namespace
 
 Sampler::Sampler(const SamplerParams& params, int n_vocab) : params_(params), n_vocab_(n_vocab) {
@@ -104,6 +90,8 @@ Sampler::Sampler(const SamplerParams& params, int n_vocab) : params_(params), n_
             p.repeat_last_n);
 
     work_.resize(size_t(n_vocab));
+    run_sums_.resize((size_t(n_vocab) + kDrawRun - 1) / kDrawRun);
+    block_sums_.resize((size_t(n_vocab) + kDrawBlock - 1) / kDrawBlock);
     cand_.resize(size_t(n_vocab));
     cand_at_.assign(size_t(n_vocab), -1);
     count_.assign(size_t(n_vocab), 0);
@@ -170,8 +158,8 @@ bool Sampler::device_draw(TokenDraw& d) const {
     if (penalties_configured()) return false;
     d = TokenDraw{};
     if (params_.temperature <= 0.f) return true;  // greedy: top_k 1
-    if (!top_k_on() || params_.top_k > kMaxLogitCandidates) return false;
-    d.top_k = params_.top_k;
+    if (top_k_on() ? params_.top_k > kMaxLogitCandidates : params_.top_p < 1.f) return false;
+    d.top_k = top_k_on() ? params_.top_k : 0;  // 0: the whole vocabulary (draw_whole)
     d.temperature = params_.temperature;
     d.top_p = params_.top_p;
     d.min_p = params_.min_p;
@@ -297,6 +285,14 @@ int32_t Sampler::sample_candidates(const LogitRequest& req, const LogitCandidate
 }
 
 int32_t Sampler::sample(const float* logits) {
+    return sample_row(logits, nullptr);
+}
+
+int32_t Sampler::sample_with(const float* logits, double u) {
+    return sample_row(logits, &u);
+}
+
+int32_t Sampler::sample_row(const float* logits, const double* u) {
     const float* src = logits;
     if (penalties_active()) {
         std::copy(logits, logits + n_vocab_, work_.begin());
@@ -304,11 +300,11 @@ int32_t Sampler::sample(const float* logits) {
         src = work_.data();
     }
     if (params_.temperature <= 0.f) return sample_greedy(src);
-    if (!top_k_on() && params_.top_p >= 1.f && params_.min_p <= 0.f) return draw_untruncated(src);
+    if (!top_k_on() && params_.top_p >= 1.f) return draw_whole(src, u);
 
     size_t n = top_k_on() ? select_top_k(src) : select_all(src);
     n = apply_min_p(n);
-    return draw(n);
+    return draw(n, u);
 }
 
 int32_t Sampler::sample_greedy(const float* logits) {
@@ -450,22 +446,45 @@ size_t Sampler::apply_min_p(size_t n) {
     return kept;
 }
 
-int32_t Sampler::draw_untruncated(const float* logits) {
-    const size_t V = size_t(n_vocab_);
+int32_t Sampler::draw_whole(const float* logits, const double* u) {
+    const int V = n_vocab_;
     const float max_l = finite_max(logits);
-    // draw()'s arithmetic over select_all's candidates (every token, in id order): the same
-    // maximum (of +0 and -0 either: x - 0 and x - -0 have one exp), the same exps and sums in
-    // the same order. The probabilities go to work_ (in place when it holds penalised logits).
-    float* p = work_.data();
+    // vocab_draw.h's draw, which a device makes the same way: the weights (0 below min-p's
+    // floor; the maximum of +0 and -0 either: x - 0 and x - -0 have one exp), summed by runs,
+    // blocks and the total, then walked down the same hierarchy. The weights go to work_ (in
+    // place when it holds penalised logits).
+    const float floor = params_.min_p > 0.f ? max_l + std::log(params_.min_p)
+                                            : -std::numeric_limits<float>::infinity();
     const float t = params_.temperature;
-    double sum = 0.0;
-    for (size_t i = 0; i < V; ++i) {
-        p[i] = std::exp((logits[i] - max_l) / t);
-        sum += p[i];
+    float* p = work_.data();
+    const int n_runs = int(run_sums_.size()), n_blocks = int(block_sums_.size());
+    for (int r = 0; r < n_runs; ++r) {
+        double sum = 0.0;
+        for (int i = r * kDrawRun, e = std::min(V, i + kDrawRun); i < e; ++i) {
+            p[i] = logits[i] >= floor ? std::exp((logits[i] - max_l) / t) : 0.f;
+            sum += p[i];
+        }
+        run_sums_[size_t(r)] = sum;
     }
-    const size_t sel = walk_to([&](size_t i) { return p[i]; }, V, sum * uniform01());
-    last_prob_ = float(double(p[sel]) / sum);
-    return int32_t(sel);
+    double total = 0.0;
+    for (int b = 0; b < n_blocks; ++b) {
+        double sum = 0.0;
+        for (int r = b * kDrawBlockRuns, e = std::min(n_runs, r + kDrawBlockRuns); r < e; ++r)
+            sum += run_sums_[size_t(r)];
+        block_sums_[size_t(b)] = sum;
+        total += sum;
+    }
+    const double target = total * (u ? *u : uniform01());
+    double run = 0.0;
+    const int b = walk_level([&](int i) { return block_sums_[size_t(i)]; }, n_blocks, target, run);
+    const int r0 = b * kDrawBlockRuns;
+    const int r = r0 + walk_level([&](int i) { return run_sums_[size_t(r0 + i)]; },
+                                  std::min(kDrawBlockRuns, n_runs - r0), target, run);
+    const int i0 = r * kDrawRun;
+    const int sel = i0 + walk_level([&](int i) { return double(p[i0 + i]); },
+                                    std::min(kDrawRun, V - i0), target, run);
+    last_prob_ = float(double(p[sel]) / total);
+    return sel;
 }
 
 int32_t Sampler::draw(size_t n, const double* u) {
@@ -481,8 +500,9 @@ int32_t Sampler::draw(size_t n, const double* u) {
         cand_[i].p = std::exp((cand_[i].logit - max_l) / t);
         sum += cand_[i].p;
     }
-    const size_t sel =
-        walk_to([&](size_t i) { return cand_[i].p; }, n, sum * (u ? *u : uniform01()));
+    double run = 0.0;
+    const size_t sel = size_t(walk_level([&](int i) { return double(cand_[size_t(i)].p); },
+                                         int(n), sum * (u ? *u : uniform01()), run));
     last_prob_ = float(double(cand_[sel].p) / sum);
     return cand_[sel].id;
 }

@@ -53,6 +53,9 @@ class Sampler {
     // logits: n_vocab raw scores of the next token. Throws nt::Error when they contain NaN or
     // leave no finite candidate.
     int32_t sample(const float* logits);
+    // sample(logits) drawing with the uniform u instead of the next of this sampler's stream
+    // (see sample_with below).
+    int32_t sample_with(const float* logits, double u);
 
     // What the next draw needs of the logit row when the row stays where it was computed
     // (Backend::select_logits): the k best logits and the logits of the tokens this sampler's
@@ -68,8 +71,9 @@ class Sampler {
                    const std::vector<std::pair<int32_t, float>>& bias = {});
 
     // Whether a backend can draw this sampler's tokens by itself at the end of a step
-    // (Batch::choose), and how (`d`, all but its uniform): greedy, or the top-k chain with top-k
-    // at most kMaxLogitCandidates, and no penalty that could change a logit.
+    // (Batch::choose), and how (`d`, all but its uniform): greedy, the top-k chain with top-k
+    // at most kMaxLogitCandidates, or without top-k and top-p the whole vocabulary (top_k 0,
+    // vocab_draw.h); and no penalty that could change a logit.
     bool device_draw(TokenDraw& d) const;
     // The uniform of the draw `ahead` draws from now (0: the next sample() at a temperature
     // above 0), drawn from the stream now and kept until those draws use it: a token drawn
@@ -126,9 +130,11 @@ class Sampler {
     size_t apply_top_p(size_t n, float max_l, double z);  // z: sum of exp(logit - max_l)
     size_t apply_min_p(size_t n);
     int32_t draw(size_t n, const double* u = nullptr);  // u: the uniform, else the stream's next
-    // No truncation (top-k, top-p, min-p off; OpenAI's default): draw() over every token, without
-    // building the candidates first (about half the time on a 128k vocabulary).
-    int32_t draw_untruncated(const float* logits);
+    // sample(logits) drawing with *u when given, else with the stream's next uniform.
+    int32_t sample_row(const float* logits, const double* u);
+    // No top-k and no top-p (OpenAI's default; min-p as a floor): vocab_draw.h's draw over every
+    // token, summed in the hierarchy a device sums in, with no candidates built.
+    int32_t draw_whole(const float* logits, const double* u);
     double uniform01();
     void reseed();
 
@@ -139,7 +145,8 @@ class Sampler {
     std::deque<double> ahead_;  // uniforms drawn by peek_uniform, not yet used, in stream order
     float last_prob_ = 0.f;
 
-    std::vector<float> work_;      // penalised copy of the logits; draw_untruncated's probabilities
+    std::vector<float> work_;  // penalised copy of the logits; draw_whole's weights
+    std::vector<double> run_sums_, block_sums_;  // draw_whole's sums
     std::vector<Candidate> cand_;  // candidate set; its first n entries are live
     std::vector<int32_t> cand_at_;  // n_vocab: a token's index in cand_ while a selection is
                                     // sampled, else -1

@@ -22,6 +22,7 @@
 #include "backend/cuda/ops.cuh"
 #include "core/error.h"
 #include "core/f16.h"
+#include "engine/engine.h"
 #include "engine/sampler.h"
 #include "model/llama.h"
 #include "quant/quant.h"
@@ -1410,7 +1411,7 @@ TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
     const std::vector<std::pair<int32_t, float>> bias = {
         {11, 2.f}, {17, -100.f}, {23, 1.5f}, {101, -0.5f}, {11, 0.25f}};
     for (float temperature : {0.8f, 3.f})
-        for (int top_k : {40, 256})
+        for (int top_k : {40, 256, 0})  // 0: the whole vocabulary (no top-p)
             for (bool biased : {false, true}) {
                 const std::string what = "temperature " + std::to_string(temperature) + ", top-k " +
                                          std::to_string(top_k) + (biased ? ", biased" : "");
@@ -1418,6 +1419,7 @@ TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
                 sp.seed = 99;
                 sp.temperature = temperature;
                 sp.top_k = top_k;
+                if (top_k == 0) sp.top_p = 1.f;
                 Sampler hs(sp, V), fs(sp, V);
                 TokenDraw d;
                 ASSERT_TRUE(fs.device_draw(d));
@@ -1442,15 +1444,12 @@ TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
                     want.push_back(t = hs.sample(row.data()));
                 }
                 int queued = 0;
+                std::vector<float> drawn_row;
                 auto take = [&] {
-                    LogitCandidates from;
-                    const int32_t drawn = p.fed.take_token(&from);
+                    const DrawnToken t = take_drawn(p.fed, fs, d, drawn_row);
                     queued--;
-                    LogitRequest req;
-                    req.k = top_k;
-                    const int32_t id = fs.sample(req, from);
-                    EXPECT_EQ(drawn, id) << what;
-                    got.push_back(id);
+                    EXPECT_EQ(t.drawn, t.token) << what;
+                    got.push_back(t.token);
                 };
                 for (int i = 0; i < n; i++) {
                     b.clear();
@@ -1474,10 +1473,110 @@ TEST(CudaBackend, DrawnTokensMatchTheHostSampler) {
     b.draw.top_k = kMaxLogitCandidates + 1;
     b.draw.temperature = 1.f;
     EXPECT_THROW(p.fed.begin_step(b), Error);
+    b.draw.top_k = 0;  // top-p over the whole vocabulary
+    b.draw.top_p = 0.9f;
+    EXPECT_THROW(p.fed.begin_step(b), Error);
+    b.draw.top_p = 1.f;
+    b.draw.temperature = 0.f;  // greedy takes top-k 1
+    EXPECT_THROW(p.fed.begin_step(b), Error);
+    b.draw.temperature = 1.f;
     b.draw.top_k = 40;  // a bias on a token past the vocabulary
     b.draw.n_bias = 1;
     b.draw.bias_id[0] = V;
     EXPECT_THROW(p.fed.begin_step(b), Error);
+}
+
+// The draw over the whole vocabulary (vocab_draw.h) on the device is the host sampler's, bit
+// for bit, on rows of several blocks (the last one partial, a partial last run): random rows
+// with -inf, both zeros and subnormals, temperatures, min-p, a logit bias, uniforms at random,
+// at both ends and exactly at boundaries of the cumulative weights; the row comes back as the
+// step left it (unbiased), and a row with a NaN is refused. A step of no ops but the choice
+// draws from the logits uploaded before it.
+TEST(CudaBackend, WholeVocabularyDrawsAreTheHostSamplers) {
+    NT_REQUIRE_GPU();
+    std::mt19937 rng(77);
+    for (int V : {1000, 49157, 128256}) {
+        ModelShape s = make_shape(64, 4, 1);
+        s.n_vocab = V;
+        CudaBackend gpu;
+        gpu.init(s, 1, 1, 64);
+        std::vector<float> row = random_floats(size_t(V), rng(), -12.f, 12.f);
+        const float special[] = {-0.f, 0.f, -INFINITY, 1e-40f, -1e-40f};
+        for (int i = 0; i < V / 50; i++) row[rng() % uint32_t(V)] = special[rng() % 5];
+        row[size_t(V) - 1] = 12.5f;  // the maximum in the partial last block
+        int pos = 0, mismatches = 0, draws = 0;
+        for (float t : {0.6f, 1.f, 2.5f})
+            for (float min_p : {0.f, 0.001f})
+                for (bool biased : {false, true}) {
+                    SamplerParams sp;
+                    sp.temperature = t;
+                    sp.top_k = 0;
+                    sp.top_p = 1.f;
+                    sp.min_p = min_p;
+                    Sampler hs(sp, V);
+                    TokenDraw d;
+                    ASSERT_TRUE(hs.device_draw(d));
+                    ASSERT_EQ(d.top_k, 0);
+                    std::vector<float> biased_row = row;
+                    if (biased) {
+                        const std::pair<int32_t, float> bias[] = {
+                            {5, 30.f}, {V / 2, 14.f}, {V - 1, -100.f}, {5, -3.5f}};
+                        for (const auto& [id, v] : bias) {
+                            d.bias_id[d.n_bias] = id;
+                            d.bias[d.n_bias++] = v;
+                            biased_row[size_t(id)] += v;
+                        }
+                    }
+                    std::vector<double> us = {0.0, 1.0 - 0x1.0p-53};
+                    for (int i = 0; i < 8; i++) us.push_back(double(rng() >> 11) * 0x1.0p-53);
+                    for (int i = 0; i < 4; i++) {  // a boundary: the mass before a random token
+                        const int k = int(rng() % uint32_t(V));
+                        double before = 0, all = 0;
+                        const float mx =
+                            *std::max_element(biased_row.begin(), biased_row.end());
+                        for (int j = 0; j < V; j++) {
+                            const double w = std::exp(double(biased_row[size_t(j)] - mx) / t);
+                            all += w;
+                            if (j < k) before += w;
+                        }
+                        us.push_back(before / all);
+                    }
+                    for (double u : us) {
+                        gpu.upload(gpu.acts().logits, row.data(), row.size() * sizeof(float));
+                        Batch b;
+                        b.add(3, pos++ % 64, 0, true);
+                        b.choose = true;
+                        b.draw = d;
+                        b.draw.u = u;
+                        gpu.begin_step(b);
+                        gpu.end_step();
+                        std::vector<float> back;
+                        const int32_t got = gpu.take_token(nullptr, &back);
+                        ASSERT_EQ(back.size(), row.size());
+                        ASSERT_EQ(std::memcmp(back.data(), row.data(), row.size() * sizeof(float)),
+                                  0);
+                        const int32_t want = hs.sample_with(biased_row.data(), u);
+                        draws++;
+                        if (got != want) {
+                            mismatches++;
+                            ADD_FAILURE() << "V " << V << " t " << t << " min-p " << min_p
+                                          << (biased ? " biased" : "") << " u " << u << ": device "
+                                          << got << ", host " << want;
+                        }
+                    }
+                }
+        EXPECT_EQ(mismatches, 0) << "of " << draws << " draws, V " << V;
+        row[size_t(V) / 3] = NAN;  // refused: the row holds a NaN
+        gpu.upload(gpu.acts().logits, row.data(), row.size() * sizeof(float));
+        Batch b;
+        b.add(3, 0, 0, true);
+        b.choose = true;
+        b.draw.top_k = 0;
+        b.draw.temperature = 1.f;
+        gpu.begin_step(b);
+        gpu.end_step();
+        EXPECT_THROW(gpu.take_token(), Error);
+    }
 }
 
 // A step that leaves its recorded op sequence runs eagerly and still computes the right thing.

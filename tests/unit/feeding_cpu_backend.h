@@ -13,7 +13,8 @@ namespace nt {
 
 // The CPU backend with a token drawn at the end of each step that asks for one: from the
 // step's k best logits (select_logits_host) with the step's uniform, as Sampler::sample_with
-// draws. Every `wrong_every`-th sampled draw returns another candidate instead.
+// draws, or with top_k 0 from the whole row. Every `wrong_every`-th sampled draw returns
+// another candidate (another token) instead.
 class FeedingCpuBackend : public CpuBackend {
   public:
     FeedingCpuBackend(const SamplerParams& p, int n_vocab, int wrong_every)
@@ -36,27 +37,31 @@ class FeedingCpuBackend : public CpuBackend {
         if (!choose_) return;
         if (ring_.size() == size_t(kMaxChosen)) fail("the ring is full.");
         LogitRequest req;
-        req.k = draw_.top_k;
+        req.k = draw_.top_k > 0 ? draw_.top_k : 2;  // (the whole row: its best two, for a wrong token)
         Drawn d;
-        std::vector<float> row(acts().logits, acts().logits + n_vocab_);
+        d.row.assign(acts().logits, acts().logits + n_vocab_);
+        std::vector<float> row = d.row;
         for (int i = 0; i < draw_.n_bias; i++) row[size_t(draw_.bias_id[i])] += draw_.bias[i];
         select_logits_host(row.data(), n_vocab_, req, d.from);
-        d.token =
-            draw_.temperature > 0.f ? drawer_.sample_with(req, d.from, draw_.u) : d.from.top_id[0];
+        d.token = !(draw_.temperature > 0.f) ? d.from.top_id[0]
+                  : draw_.top_k > 0          ? drawer_.sample_with(req, d.from, draw_.u)
+                                             : drawer_.sample_with(row.data(), draw_.u);
         if (draw_.temperature > 0.f && ++draws_ % wrong_every_ == 0) {
             d.token = d.token == d.from.top_id[0] ? d.from.top_id[1] : d.from.top_id[0];
             wrong_++;
         }
+        if (draw_.top_k == 0) d.from = LogitCandidates{};
         ring_.push_back(d);
         last_ = d.token;
         fed_ = true;
         steps_chosen_++;
     }
-    int32_t take_token(LogitCandidates* from) override {
+    int32_t take_token(LogitCandidates* from, std::vector<float>* row) override {
         if (ring_.empty()) fail("take_token: no token was chosen.");
         const Drawn d = ring_.front();
         ring_.pop_front();
         if (from) *from = d.from;
+        if (row) *row = d.row;
         return d.token;
     }
     int wrong() const { return wrong_; }
@@ -67,6 +72,7 @@ class FeedingCpuBackend : public CpuBackend {
     struct Drawn {
         int32_t token = -1;
         LogitCandidates from;
+        std::vector<float> row;  // as the step produced it (before the bias)
     };
     Sampler drawer_;  // its own stream is never used: every draw comes with its uniform
     int n_vocab_, wrong_every_;

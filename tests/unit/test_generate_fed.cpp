@@ -88,6 +88,34 @@ TEST_F(FedGenerateTest, DrawsThatDifferAreCaughtAndRedrawn) {
     }
 }
 
+SamplerParams whole_vocabulary(uint64_t seed, float min_p) {
+    SamplerParams p;  // OpenAI's default: temperature 1 over every token (min-p a floor)
+    p.seed = seed;
+    p.temperature = 1.f;
+    p.top_k = 0;
+    p.top_p = 1.f;
+    p.min_p = min_p;
+    return p;
+}
+
+TEST_F(FedGenerateTest, WholeVocabularyDrawsAreTheHostLoops) {
+    for (float min_p : {0.f, 0.02f}) {
+        const Run host = run(whole_vocabulary(13, min_p), false, 0, 24);
+        int chosen = 0;
+        const Run fed = run(whole_vocabulary(13, min_p), true, 1 << 30, 24, 256, nullptr, &chosen);
+        EXPECT_EQ(fed.tokens, host.tokens) << "min-p " << min_p;
+        EXPECT_EQ(fed.st.n_redrawn, 0) << "min-p " << min_p;
+        EXPECT_EQ(fed.next_uniform, host.next_uniform) << "min-p " << min_p;
+        EXPECT_GE(chosen, int(host.tokens.size())) << "min-p " << min_p;
+        // A draw that differs is caught against the row and redrawn.
+        int wrong = 0;
+        const Run bad = run(whole_vocabulary(13, min_p), true, 2, 24, 256, &wrong);
+        EXPECT_EQ(bad.tokens, host.tokens) << "min-p " << min_p;
+        EXPECT_GT(bad.st.n_redrawn, 0) << "min-p " << min_p;
+        EXPECT_LE(bad.st.n_redrawn, wrong) << "min-p " << min_p;
+    }
+}
+
 TEST_F(FedGenerateTest, GreedyAndTheContextsEnd) {
     SamplerParams g;
     g.temperature = 0.f;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/vocab_draw.h"
 #include "core/error.h"
 #include "engine/sampler.h"
 
@@ -541,27 +542,77 @@ TEST(Sampler, LargeVocabularyMatchesBruteForce) {
     }
 }
 
-TEST(Sampler, UntruncatedDrawIsTheChainsDraw) {
-    // The untruncated draw skips building the candidates; a min-p too small to drop any token
-    // takes the chain's own path (select_all, apply_min_p, draw) over the same candidates, in
-    // the same order: every token and probability must be the same, bit for bit, including
-    // with -inf logits and the maximum held by both +0 and -0.
-    const int V = 128256;
-    auto l = random_logits(V, 3.f, 23);
-    for (float& x : l) x = std::min(x, 0.f);
-    l[7] = 0.f;
-    l[9] = -0.f;
-    l[11] = -INFINITY;
-    for (float t : {0.8f, 1.f, 1.7f}) {
-        SamplerParams fast = plain(t, 99), chain = fast;
-        chain.min_p = 1e-30f;  // floor at max - 69: keeps every token here
-        Sampler a(fast, V), b(chain, V);
-        for (int i = 0; i < 300; ++i) {
-            ASSERT_EQ(a.sample(l.data()), b.sample(l.data()))
-                << "temperature " << t << ", draw " << i;
-            ASSERT_EQ(a.last_prob(), b.last_prob()) << "temperature " << t << ", draw " << i;
-        }
+// The draw over the whole vocabulary sums in vocab_draw.h's hierarchy; whatever the order, it
+// is the inverse of the weights' cumulative distribution: the token t drawn with uniform u has
+// S(t) <= u * S(V) <= S(t + 1), S(i) the exact sum of the first i weights (long double here,
+// a relative slack of 1e-12 for the rounding of double sums), and a positive weight. Rows of
+// 128k and of a vocabulary with a partial last run and block, -inf logits, the maximum held by
+// both +0 and -0, min-p's floor; uniforms at random, at both ends and exactly at boundaries.
+TEST(Sampler, WholeVocabularyDrawInvertsTheCumulativeWeights) {
+    for (int V : {128256, 100003, 40}) {
+        auto l = random_logits(V, 3.f, uint32_t(V));
+        for (float& x : l) x = std::min(x, 0.f);
+        l[7] = 0.f;
+        l[9] = -0.f;
+        l[11] = -INFINITY;
+        for (float t : {0.8f, 1.f, 1.7f})
+            for (float min_p : {0.f, 0.01f}) {
+                SamplerParams p = plain(t, 99);
+                p.min_p = min_p;
+                Sampler s(p, V);
+                const float floor = min_p > 0.f ? std::log(min_p) : -INFINITY;  // max is 0
+                std::vector<float> w(static_cast<size_t>(V));
+                std::vector<long double> cum(size_t(V) + 1, 0.L);
+                for (int i = 0; i < V; ++i) {
+                    w[size_t(i)] = l[size_t(i)] >= floor ? std::exp(l[size_t(i)] / t) : 0.f;
+                    cum[size_t(i) + 1] = cum[size_t(i)] + w[size_t(i)];
+                }
+                const long double total = cum[size_t(V)];
+                std::mt19937_64 rng(uint64_t(V) + uint64_t(t * 10));
+                std::vector<double> us = {0.0, 1.0 - 0x1.0p-53};
+                for (int i = 0; i < 200; ++i) us.push_back(double(rng() >> 11) * 0x1.0p-53);
+                for (int i = 0; i < 40; ++i)  // exactly at (or a rounding from) a boundary
+                    us.push_back(double(cum[size_t(rng() % uint64_t(V))] / total));
+                for (double u : us) {
+                    const std::string what = "V " + std::to_string(V) + " t " +
+                                             std::to_string(t) + " min-p " +
+                                             std::to_string(min_p) + " u " + std::to_string(u);
+                    const int32_t tok = s.sample_with(l.data(), u);
+                    ASSERT_GE(tok, 0) << what;
+                    ASSERT_LT(tok, V) << what;
+                    ASSERT_GT(w[size_t(tok)], 0.f) << what;
+                    const long double target = total * u, slack = total * 1e-12L;
+                    ASSERT_LE(cum[size_t(tok)], target + slack) << what << " token " << tok;
+                    ASSERT_GE(cum[size_t(tok) + 1], target - slack) << what << " token " << tok;
+                    ASSERT_NEAR(s.last_prob(), double(w[size_t(tok)] / total),
+                                1e-6 * double(w[size_t(tok)] / total))
+                        << what;
+                }
+            }
     }
+}
+
+// The walk of vocab_draw.h at one level: the first positive weight whose running sum reaches
+// the target, and the running sum before it; where rounding leaves the target past the running
+// sum (1 + 2^-53 rounds back to 1), the last positive weight and the sum before that.
+TEST(Sampler, WalkLevelFallsBackToTheLastPositiveWeight) {
+    const std::vector<double> w = {0.0, 0.5, 0.0, 0.25, 0.25, 0.0};
+    auto at = [&](int i) { return w[size_t(i)]; };
+    double run = 0.0;
+    EXPECT_EQ(walk_level(at, 6, 0.0, run), 1);  // a zero target: the first positive weight
+    EXPECT_EQ(run, 0.0);
+    run = 0.0;
+    EXPECT_EQ(walk_level(at, 6, 0.5, run), 1);  // a running sum equal to the target reaches it
+    run = 0.0;
+    EXPECT_EQ(walk_level(at, 6, 0.6, run), 3);
+    EXPECT_EQ(run, 0.5);
+    run = 1.0;  // a level below starts from the sum before its parent
+    EXPECT_EQ(walk_level(at, 6, 1.8, run), 4);
+    EXPECT_EQ(run, 1.75);
+    const std::vector<double> tiny = {0x1.0p-53, 0x1.0p-53, 0.0};
+    run = 1.0;
+    EXPECT_EQ(walk_level([&](int i) { return tiny[size_t(i)]; }, 3, 1.0 + 0x1.0p-52, run), 1);
+    EXPECT_EQ(run, 1.0);
 }
 
 TEST(Sampler, TopKBoundaryTiesKeepLowerIds) {
@@ -851,7 +902,7 @@ TEST(SamplerDeviceDraw, DrawWithAGivenUniform) {
 }
 
 // Which samplers a backend can draw for by itself, and with what.
-TEST(SamplerDeviceDraw, GreedyAndTheTopKChainWithoutPenalties) {
+TEST(SamplerDeviceDraw, GreedyTheTopKChainAndTheWholeVocabularyWithoutPenalties) {
     TokenDraw d;
     EXPECT_TRUE(Sampler(plain(0.f), 1000).device_draw(d));
     EXPECT_EQ(d.top_k, 1);
@@ -865,6 +916,15 @@ TEST(SamplerDeviceDraw, GreedyAndTheTopKChainWithoutPenalties) {
     EXPECT_EQ(d.log_min_p, std::log(0.05f));
     p.top_k = 0;  // top-p over the whole row
     EXPECT_FALSE(Sampler(p, 1000).device_draw(d));
+    p.top_p = 1.f;  // the whole vocabulary, min-p its floor (vocab_draw.h)
+    ASSERT_TRUE(Sampler(p, 1000).device_draw(d));
+    EXPECT_EQ(d.top_k, 0);
+    EXPECT_EQ(d.top_p, 1.f);
+    EXPECT_EQ(d.min_p, 0.05f);
+    p.top_k = 1000;  // top-k of the whole vocabulary is off
+    ASSERT_TRUE(Sampler(p, 1000).device_draw(d));
+    EXPECT_EQ(d.top_k, 0);
+    p.top_p = 0.95f;
     p.top_k = kMaxLogitCandidates + 1;
     EXPECT_FALSE(Sampler(p, 1000).device_draw(d));
     p.top_k = 40;

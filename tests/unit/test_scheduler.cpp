@@ -543,32 +543,40 @@ TEST_F(SchedulerFedTest, GreedyOnAReservedSlotToAFullContext) {
     EXPECT_EQ(kv_end[1], kv_end[0]);
 }
 
+// The top-k chain and (OpenAI's default request) the draw over the whole vocabulary.
 TEST_F(SchedulerFedTest, ALogitBiasGoesWithTheDraw) {
-    const SamplerParams p = sampled(13);
-    const std::vector<int32_t> prompt = tokens(kPrompts[3]);
-    std::vector<int32_t> got[2];
-    // End of generation banned (the prompt ends in 36 tokens greedily), one token pushed up,
-    // one given twice.
-    GenerationParams gp = params(p, 40);
-    gp.logit_bias = no_eog();
-    ASSERT_LE(gp.logit_bias.size() + 2, size_t(kMaxDrawBias));
-    const int32_t up = tokens(" blue").back();
-    gp.logit_bias.emplace_back(up, 6.f);
-    gp.logit_bias.emplace_back(up, -0.75f);
-    for (int feeds : {0, 1}) {
-        FeedingCpuBackend* fb = nullptr;
-        auto eng = engine_on(feeds, p, 3, &fb);
-        auto sched = std::make_unique<Scheduler>(*eng, SchedulerOptions{2, 4, 0});
-        auto job = sched->submit(prompt, gp, sampler_for(p, prompt));
-        got[feeds] = collect(*job);
-        EXPECT_EQ(job->finish_reason(), FinishReason::Length);
-        sched.reset();
-        if (fb) {
-            EXPECT_GE(fb->steps_chosen(), int(got[feeds].size()) - 1);
+    SamplerParams whole = sampled(13);
+    whole.temperature = 1.f;
+    whole.top_k = 0;
+    whole.top_p = 1.f;
+    whole.min_p = 0.f;
+    for (const SamplerParams& p : {sampled(13), whole}) {
+        const std::string what = p.top_k == 0 ? "whole vocabulary" : "top-k";
+        const std::vector<int32_t> prompt = tokens(kPrompts[3]);
+        std::vector<int32_t> got[2];
+        // End of generation banned (the prompt ends in 36 tokens greedily), one token pushed
+        // up, one given twice.
+        GenerationParams gp = params(p, 40);
+        gp.logit_bias = no_eog();
+        ASSERT_LE(gp.logit_bias.size() + 2, size_t(kMaxDrawBias));
+        const int32_t up = tokens(" blue").back();
+        gp.logit_bias.emplace_back(up, 9.f);
+        gp.logit_bias.emplace_back(up, -0.75f);
+        for (int feeds : {0, 1}) {
+            FeedingCpuBackend* fb = nullptr;
+            auto eng = engine_on(feeds, p, 3, &fb);
+            auto sched = std::make_unique<Scheduler>(*eng, SchedulerOptions{2, 4, 0});
+            auto job = sched->submit(prompt, gp, sampler_for(p, prompt));
+            got[feeds] = collect(*job);
+            EXPECT_EQ(job->finish_reason(), FinishReason::Length) << what;
+            sched.reset();
+            if (fb) {
+                EXPECT_GE(fb->steps_chosen(), int(got[feeds].size()) - 1) << what;
+            }
         }
+        EXPECT_EQ(got[1], got[0]) << what;
+        EXPECT_GT(std::count(got[0].begin(), got[0].end(), up), 0) << what;
     }
-    EXPECT_EQ(got[1], got[0]);
-    EXPECT_GT(std::count(got[0].begin(), got[0].end(), up), 0);
 }
 
 TEST_F(SchedulerFedTest, LogprobsPenaltiesOrALongBiasKeepTheHostLoop) {

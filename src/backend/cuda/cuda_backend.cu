@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/ops.cuh"
+#include "backend/vocab_draw.h"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -110,7 +111,11 @@ void CudaBackend::release() {
     if (h_sel_) cudaFreeHost(h_sel_);
     if (h_asks_) cudaFreeHost(h_asks_);
     if (h_chosen_) cudaFreeHost(h_chosen_);
+    if (h_row_) cudaFreeHost(h_row_);
     h_chosen_ = nullptr;
+    h_row_ = nullptr;
+    whole_run_sums_ = whole_block_sums_ = nullptr;
+    whole_rows_ = nullptr;
     scratch_ = kv_ = nullptr;
     h_step_ = nullptr;
     h_download_ = nullptr;
@@ -222,7 +227,12 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     const size_t sel_row_bytes =
         align_up(size_t(cuda::kMergeKeys) * sizeof(unsigned long long)) +
         align_up(size_t(cuda::logit_select_nan_stride(shape.n_vocab)) * sizeof(int));
-    const size_t sel_bytes = size_t(sel_rows_) * sel_row_bytes +
+    // The draw over the whole vocabulary: its run and block sums, and a ring of rows.
+    const size_t draw_blocks = (size_t(shape.n_vocab) + kDrawBlock - 1) / kDrawBlock;
+    const size_t whole_bytes = align_up(draw_blocks * kDrawBlockRuns * sizeof(double)) +
+                               align_up(draw_blocks * sizeof(double)) +
+                               align_up(size_t(kMaxChosen) * size_t(shape.n_vocab) * sizeof(float));
+    const size_t sel_bytes = size_t(sel_rows_) * sel_row_bytes + whole_bytes +
                              align_up(size_t(sel_rows_) * sizeof(cuda::LogitAsk)) +
                              align_up(size_t(sel_rows_) * sizeof(cuda::LogitSelection)) +
                              2 * align_up(sizeof(int32_t));
@@ -270,6 +280,10 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     sel_asks_ = reinterpret_cast<cuda::LogitAsk*>(take(size_t(sel_rows_) * sizeof(cuda::LogitAsk)));
     sel_out_ = reinterpret_cast<cuda::LogitSelection*>(
         take(size_t(sel_rows_) * sizeof(cuda::LogitSelection)));
+    whole_run_sums_ = reinterpret_cast<double*>(take(draw_blocks * kDrawBlockRuns * sizeof(double)));
+    whole_block_sums_ = reinterpret_cast<double*>(take(draw_blocks * sizeof(double)));
+    whole_rows_ = reinterpret_cast<float*>(
+        take(size_t(kMaxChosen) * size_t(shape.n_vocab) * sizeof(float)));
     fed_token_ = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
     chosen_on_device_ = reinterpret_cast<int*>(take(sizeof(int)));
     NT_CUDA_CHECK(cudaMemsetAsync(fed_token_, 0, sizeof(int32_t), stream_), "cudaMemsetAsync");
@@ -299,6 +313,7 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
                   "cudaMallocHost");
     NT_CUDA_CHECK(cudaMallocHost(&h_asks_, size_t(sel_rows_) * sizeof(cuda::LogitAsk)),
                   "cudaMallocHost");
+    NT_CUDA_CHECK(cudaMallocHost(&h_row_, size_t(shape.n_vocab) * sizeof(float)), "cudaMallocHost");
     NT_CUDA_CHECK(cudaHostAlloc(&h_chosen_, size_t(kMaxChosen) * sizeof(cuda::LogitSelection),
                                 cudaHostAllocMapped),
                   "cudaHostAlloc chosen tokens");
@@ -352,12 +367,16 @@ void CudaBackend::begin_step(const Batch& batch) {
         if (chosen_count_ == kMaxChosen)
             fail("%d tokens chosen on the device were never taken.", kMaxChosen);
         const TokenDraw& d = batch.draw;
-        if (!cuda::logit_select_fits(shape_.n_vocab, d.top_k) || d.top_k > shape_.n_vocab ||
+        // top_k 0: over the whole vocabulary (no top-p), at a temperature above 0.
+        const bool whole = d.top_k == 0 && d.temperature > 0.f && d.top_p == 1.f;
+        if (!cuda::logit_select_fits(shape_.n_vocab, whole ? 1 : d.top_k) ||
+            d.top_k > shape_.n_vocab ||
             !(d.u >= 0.0 && d.u < 1.0) || !(d.top_p >= 0.f && d.top_p <= 1.f) ||
             !(d.min_p >= 0.f && d.min_p <= 1.f) || std::isnan(d.temperature) || d.n_bias < 0 ||
             d.n_bias > kMaxDrawBias)
-            fail("a token drawn on the device needs top-k 1 to %d within the vocabulary and "
-                 "sampler settings in range.",
+            fail("a token drawn on the device needs top-k 1 to %d within the vocabulary (or 0, "
+                 "the whole vocabulary, at a temperature above 0 without top-p) and sampler "
+                 "settings in range.",
                  kMaxLogitCandidates);
         for (int i = 0; i < d.n_bias; i++)
             if (d.bias_id[i] < 0 || d.bias_id[i] >= shape_.n_vocab || !std::isfinite(d.bias[i]))
@@ -407,7 +426,7 @@ void CudaBackend::begin_step(const Batch& batch) {
     splits_ = decode_splits(n_dec_);
     n_rows_ = n;
     stride_ = int(S);
-    choose_k_ = batch.choose ? batch.draw.top_k : 0;
+    choose_k_ = !batch.choose ? 0 : batch.draw.top_k > 0 ? batch.draw.top_k : kChooseWhole;
     staged_.resize(5 * S + kDrawInts + 4 * size_t(n_tiles_));
     const bool held = tables_known_ && staged_ == tables_;
     tables_known_ = false;  // until the step has been enqueued whole (end_step)
@@ -708,8 +727,14 @@ void CudaBackend::run(const Op& op) {
                                       .ring_size = kMaxChosen,
                                       .pos = d_pos,
                                       .draw = d_draw};
-            cuda::logit_choose(acts_.logits, shape_.n_vocab, op.i0, sel_keys_, sel_nan_, c,
-                               stream_);
+            if (op.i0 == kChooseWhole)
+                cuda::logit_choose_whole(
+                    acts_.logits, shape_.n_vocab, sel_keys_, sel_nan_,
+                    cuda::WholeDrawScratch{whole_run_sums_, whole_block_sums_, whole_rows_}, c,
+                    stream_);
+            else
+                cuda::logit_choose(acts_.logits, shape_.n_vocab, op.i0, sel_keys_, sel_nan_, c,
+                                   stream_);
             return;
         }
     }
@@ -957,7 +982,7 @@ void CudaBackend::select_logits(const float* logits, int n_vocab,
     }
 }
 
-int32_t CudaBackend::take_token(LogitCandidates* from) {
+int32_t CudaBackend::take_token(LogitCandidates* from, std::vector<float>* row) {
     require_init("take_token");
     if (chosen_count_ == 0) fail("take_token: no token was chosen.");
     const int slot = int((chosen_made_ - chosen_count_) % kMaxChosen);
@@ -966,7 +991,20 @@ int32_t CudaBackend::take_token(LogitCandidates* from) {
     const cuda::LogitSelection& sel = h_chosen_[slot];
     if (sel.nan || sel.key[0] == 0)
         fail("the logits contain NaN; the model produced invalid values.");
-    if (from) cuda::logit_selection_unpack(sel, chosen_k_[slot], 0, *from);
+    if (chosen_k_[slot] == kChooseWhole) {
+        if (from) *from = LogitCandidates{};
+        if (row) {
+            // The row this choice copied into its slot, which no step rewrites until it is taken.
+            const size_t V = size_t(shape_.n_vocab);
+            NT_CUDA_CHECK(cudaMemcpyAsync(h_row_, whole_rows_ + size_t(slot) * V, V * sizeof(float),
+                                          cudaMemcpyDeviceToHost, copy_stream_),
+                          "cudaMemcpyAsync drawn row");
+            NT_CUDA_CHECK(cudaStreamSynchronize(copy_stream_), "cudaStreamSynchronize drawn row");
+            row->assign(h_row_, h_row_ + V);
+        }
+    } else if (from) {
+        cuda::logit_selection_unpack(sel, chosen_k_[slot], 0, *from);
+    }
     return sel.token;
 }
 

@@ -75,7 +75,8 @@ class CudaBackend : public Backend {
     void end_step() override;
     void wait() override;
     bool feeds_tokens() const override { return true; }
-    int32_t take_token(LogitCandidates* from = nullptr) override;
+    int32_t take_token(LogitCandidates* from = nullptr,
+                       std::vector<float>* row = nullptr) override;
     double measure_read_bandwidth() override;
     // Reserves device memory for all weights at once (the sum of their sizes, plus slack for
     // rounding each tensor up to 256 bytes); throws nt::Error naming both sizes when it does
@@ -195,7 +196,10 @@ class CudaBackend : public Backend {
     bool tables_known_ = false;
     int stride_ = 0;
     int n_rows_ = 0, n_logits_ = 0, n_dec_ = 0, n_tiles_ = 0, splits_ = 1;
-    int choose_k_ = 0;  // the step open now ends with a draw from its choose_k_ best logits
+    // The step open now ends with a draw from its choose_k_ best logits, or (kChooseWhole) over
+    // the whole vocabulary.
+    static constexpr int kChooseWhole = -1;
+    int choose_k_ = 0;
 
     float* h_download_ = nullptr;  // pinned bounce buffer for download()
 
@@ -216,7 +220,13 @@ class CudaBackend : public Backend {
     cuda::LogitSelection* h_chosen_on_device_ = nullptr;  // the same ring, as the kernel sees it
     int* chosen_on_device_ = nullptr;                      // the device's count of choices
     cudaEvent_t chosen_ready_[kMaxChosen] = {};
-    int chosen_k_[kMaxChosen] = {};  // each answer's candidates
+    int chosen_k_[kMaxChosen] = {};  // each answer's candidates (kChooseWhole: a row)
+    // The draw over the whole vocabulary: its sums, and its rows, ring slot for slot with the
+    // answers (cuda::WholeDrawScratch).
+    double* whole_run_sums_ = nullptr;
+    double* whole_block_sums_ = nullptr;
+    float* whole_rows_ = nullptr;
+    float* h_row_ = nullptr;         // pinned: a row on its way to take_token's caller
     int64_t chosen_made_ = 0;
     int chosen_count_ = 0;  // made and not yet taken
     int32_t* fed_token_ = nullptr;

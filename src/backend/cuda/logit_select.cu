@@ -29,6 +29,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/ops.cuh"
+#include "backend/vocab_draw.h"
 
 namespace nt::cuda {
 
@@ -293,18 +294,8 @@ __device__ int32_t draw_chain(const unsigned long long* best, int m, const Token
     }
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum = __dadd_rn(sum, double(pt[i]));
-    const double target = __dmul_rn(sum, d.u);
     double run = 0.0;
-    int sel = -1, last_positive = 0;
-    for (int i = 0; i < n; i++) {
-        if (pt[i] > 0.f) last_positive = i;
-        run = __dadd_rn(run, double(pt[i]));
-        if (run >= target && pt[i] > 0.f) {
-            sel = i;
-            break;
-        }
-    }
-    return key_id(best[sel < 0 ? last_positive : sel]);
+    return key_id(best[walk_level([&](int i) { return double(pt[i]); }, n, __dmul_rn(sum, d.u), run)]);
 }
 
 // Kernel 2, block y: row y's m best of its n_blocks blocks' candidates, best first, the logits of
@@ -350,6 +341,113 @@ __global__ void __launch_bounds__(kMergeThreads)
     }
     __syncthreads();
     for (int i = threadIdx.x; i < m; i += blockDim.x) out->key[i] = best[i];
+}
+
+// ---- The draw over the whole vocabulary (TokenDraw::top_k 0), as vocab_draw.h defines it ----
+// Kernel 1 (select_block_best, one best per block of kDrawBlock ids) leaves each block's
+// maximum and NaN flag; whole_sums (a block per kDrawBlock ids) takes the row's maximum from
+// those, its ids' weights, its run sums and its block sum, and copies the row into the ring for
+// the host's check; whole_pick (one warp) sums the blocks, walks block -> run -> id and answers.
+
+// Token id's weight: its logit, biased as kernel 1 biased it, at the host's roundings.
+__device__ __forceinline__ float whole_weight(const SelectRows& r, int id, float max_l, float floor,
+                                              float temperature) {
+    const TokenDraw& d = *r.draw;
+    float v = r.logits[id];
+    for (int j = 0; j < d.n_bias; j++)
+        if (d.bias_id[j] == id) v = __fadd_rn(v, d.bias[j]);
+    if (!(v >= floor)) return 0.f;  // (a NaN, flagged by kernel 1, too)
+    return __double2float_rn(exp(double(__fdiv_rn(__fsub_rn(v, max_l), temperature))));
+}
+
+// The row's maximum and min-p's floor from kernel 1's block maxima; every thread of the block
+// calls it (a single warp, or a block of whole warps).
+struct WholeMax {
+    unsigned long long key;
+    float logit, floor;
+};
+__device__ WholeMax whole_max(const SelectRows& r, int n_blocks) {
+    unsigned long long k = 0;
+    for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) k = max(k, r.row_keys(0)[i]);
+    if (blockDim.x == 32) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
+    } else {
+        k = block_max_key(k);
+    }
+    const TokenDraw& d = *r.draw;
+    const float m = key_logit(k);
+    return {k, m, d.min_p > 0.f ? __fadd_rn(m, d.log_min_p) : -INFINITY};
+}
+
+__global__ void __launch_bounds__(kDrawBlock)
+    whole_sums(SelectRows r, int n_blocks, WholeDrawScratch w, LogitChoice c) {
+    __shared__ float p[kDrawBlock];
+    __shared__ double run_sum[kDrawBlockRuns];
+    const WholeMax m = whole_max(r, n_blocks);
+    const int id = blockIdx.x * kDrawBlock + threadIdx.x;
+    float x = 0.f;
+    if (id < r.n_vocab) {
+        // The row as the step left it, for the host's check (the slot this choice answers in).
+        w.rows[size_t(*c.count % c.ring_size) * size_t(r.n_vocab) + size_t(id)] = r.logits[id];
+        x = whole_weight(r, id, m.logit, m.floor, r.draw->temperature);
+    }
+    p[threadIdx.x] = x;
+    __syncthreads();
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+        double s = 0.0;
+        for (int i = 0; i < kDrawRun; i++) s = __dadd_rn(s, double(p[warp * kDrawRun + i]));
+        run_sum[warp] = s;
+        w.run_sums[blockIdx.x * kDrawBlockRuns + warp] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int i = 0; i < kDrawBlockRuns; i++) s = __dadd_rn(s, run_sum[i]);
+        w.block_sums[blockIdx.x] = s;
+    }
+}
+
+__global__ void __launch_bounds__(32)
+    whole_pick(SelectRows r, int n_blocks, WholeDrawScratch w, LogitChoice c) {
+    const TokenDraw& d = *c.draw;
+    const WholeMax m = whole_max(r, n_blocks);
+    bool nan = false;
+    for (int i = threadIdx.x; i < n_blocks; i += 32) nan |= r.row_nan(0)[i] != 0;
+    nan = __any_sync(0xffffffffu, nan);
+    const bool finite = isfinite(m.logit);
+    // Lane 0 walks the blocks and the block's runs; the run's weights are the lanes'.
+    int run_index = 0;
+    double run = 0.0, target = 0.0;
+    if (threadIdx.x == 0 && finite) {
+        double total = 0.0;
+        for (int b = 0; b < n_blocks; b++) total = __dadd_rn(total, w.block_sums[b]);
+        target = __dmul_rn(total, d.u);
+        const int b = walk_level([&](int i) { return w.block_sums[i]; }, n_blocks, target, run);
+        const double* runs = w.run_sums + b * kDrawBlockRuns;
+        run_index = b * kDrawBlockRuns +
+                    walk_level([&](int i) { return runs[i]; }, kDrawBlockRuns, target, run);
+    }
+    run_index = __shfl_sync(0xffffffffu, run_index, 0);
+    const int id = run_index * kDrawRun + int(threadIdx.x);
+    const float x = finite && id < r.n_vocab ? whole_weight(r, id, m.logit, m.floor, d.temperature) : 0.f;
+    float weights[kDrawRun];
+#pragma unroll
+    for (int i = 0; i < kDrawRun; i++) weights[i] = __shfl_sync(0xffffffffu, x, i);
+    if (threadIdx.x != 0) return;
+    const int token =
+        finite ? run_index * kDrawRun +
+                     walk_level([&](int i) { return double(weights[i]); }, kDrawRun, target, run)
+               : 0;  // no finite logit: the host's check says so
+    const int count = *c.count;
+    LogitSelection* out = c.ring + count % c.ring_size;
+    out->nan = nan;
+    out->token = token;
+    out->key[0] = m.key;
+    *c.fed = token;
+    *c.count = count + 1;
+    *c.pos += 1;
 }
 
 // Positions a block of kernel 1 takes: the smallest power of two from kMinChunk whose blocks'
@@ -423,6 +521,21 @@ void logit_choose(const float* row, int n_vocab, int top_k, unsigned long long* 
     choose_merge<<<1, kMergeThreads, size_t(blocks) * size_t(top_k) * sizeof(unsigned long long),
                    stream>>>(r, blocks, choice);
     NT_CUDA_CHECK(cudaGetLastError(), "token choice kernel (merge)");
+}
+
+void logit_choose_whole(const float* row, int n_vocab, unsigned long long* scratch_keys,
+                        int* scratch_nan, const WholeDrawScratch& w, const LogitChoice& choice,
+                        cudaStream_t stream) {
+    static_assert(kMinChunk == kDrawBlock, "kernel 1's one-best blocks are the draw's blocks");
+    const SelectRows r{row,         n_vocab,     1, nullptr, scratch_keys,
+                       scratch_nan, logit_select_nan_stride(n_vocab), choice.draw};
+    const int blocks = select_blocks(r, 1, 1, stream);
+    if (blocks != (n_vocab + kDrawBlock - 1) / kDrawBlock)
+        fail("token choice: %d logits are too many for a draw over the whole vocabulary.", n_vocab);
+    whole_sums<<<blocks, kDrawBlock, 0, stream>>>(r, blocks, w, choice);
+    NT_CUDA_CHECK(cudaGetLastError(), "token choice kernel (whole vocabulary, sums)");
+    whole_pick<<<1, 32, 0, stream>>>(r, blocks, w, choice);
+    NT_CUDA_CHECK(cudaGetLastError(), "token choice kernel (whole vocabulary, draw)");
 }
 
 void logit_selection_unpack(const LogitSelection& sel, int m, int n_ids, LogitCandidates& out) {

@@ -114,6 +114,17 @@ void logit_select(const float* logits, int n_vocab, const LogitAsk* asks, int n_
 // must equal choice.draw's, which the launch cannot read; 0 when the row has no candidate).
 void logit_choose(const float* row, int n_vocab, int top_k, unsigned long long* scratch_keys,
                   int* scratch_nan, const LogitChoice& choice, cudaStream_t stream);
+// The draw over the whole vocabulary (vocab_draw.h; choice.draw's top_k 0): its sums, and a ring
+// of ring_size rows into which each choice copies the row it drew from, in its ring slot, for
+// the host's check.
+struct WholeDrawScratch {
+    double* run_sums = nullptr;    // one a kDrawRun ids
+    double* block_sums = nullptr;  // one a kDrawBlock ids
+    float* rows = nullptr;         // ring_size * n_vocab
+};
+void logit_choose_whole(const float* row, int n_vocab, unsigned long long* scratch_keys,
+                        int* scratch_nan, const WholeDrawScratch& w, const LogitChoice& choice,
+                        cudaStream_t stream);
 // A selection copied to the host, as Backend::select_logits answers.
 void logit_selection_unpack(const LogitSelection& sel, int m, int n_ids, LogitCandidates& out);
 
