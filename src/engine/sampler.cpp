@@ -58,6 +58,13 @@ MaxScan scan_max(const float* x, size_t n) {
     return r;
 }
 
+// exp of a float, rounded to float from the double exp: a device that draws (logit_select.cu)
+// computes its weights so, and a float exp is not correctly rounded everywhere (glibc's is
+// within 0.502 ulp), which at a boundary of the cumulative weights could draw another token.
+inline float exp_rounded(float x) {
+    return float(std::exp(double(x)));
+}
+
 [[noreturn]] void fail_nan() {
     fail("sampler: the logits contain NaN; the model produced invalid values.");
 }
@@ -359,7 +366,7 @@ size_t Sampler::finish_top_k(size_t k) {
     if (params_.top_p >= 1.f) return k;
     const float max_l = cand_[0].logit;
     double z = 0.0;
-    for (size_t i = 0; i < k; ++i) z += std::exp(cand_[i].logit - max_l);
+    for (size_t i = 0; i < k; ++i) z += exp_rounded(cand_[i].logit - max_l);
     return apply_top_p(k, max_l, z);
 }
 
@@ -401,7 +408,7 @@ size_t Sampler::select_all(const float* logits) {
 size_t Sampler::apply_top_p(size_t n, float max_l, double z) {
     // Probabilities at temperature 1: top-p runs before the temperature in llama.cpp's chain.
     const double inv_z = 1.0 / z;
-    for (size_t i = 0; i < n; ++i) cand_[i].p = std::exp(cand_[i].logit - max_l);
+    for (size_t i = 0; i < n; ++i) cand_[i].p = exp_rounded(cand_[i].logit - max_l);
 
     // Sort only as far as the walk needs: [0, sorted_prefix) is sorted and everything after
     // ranks below it. The prefix starts at 256 and doubles, each step one nth_element over the
@@ -461,7 +468,7 @@ int32_t Sampler::draw_whole(const float* logits, const double* u) {
     for (int r = 0; r < n_runs; ++r) {
         double sum = 0.0;
         for (int i = r * kDrawRun, e = std::min(V, i + kDrawRun); i < e; ++i) {
-            p[i] = logits[i] >= floor ? std::exp((logits[i] - max_l) / t) : 0.f;
+            p[i] = logits[i] >= floor ? exp_rounded((logits[i] - max_l) / t) : 0.f;
             sum += p[i];
         }
         run_sums_[size_t(r)] = sum;
@@ -497,7 +504,7 @@ int32_t Sampler::draw(size_t n, const double* u) {
     const float t = params_.temperature;
     double sum = 0.0;
     for (size_t i = 0; i < n; ++i) {
-        cand_[i].p = std::exp((cand_[i].logit - max_l) / t);
+        cand_[i].p = exp_rounded((cand_[i].logit - max_l) / t);
         sum += cand_[i].p;
     }
     double run = 0.0;
