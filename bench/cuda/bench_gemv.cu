@@ -88,6 +88,7 @@ std::string describe(const GemvConfig& c) {
     std::snprintf(b, sizeof b, "%s nx%d rw%d k%d",
                   c.kernel == GemvKernel::Direct   ? "direct"
                   : c.kernel == GemvKernel::Stream ? "stream"
+                  : c.kernel == GemvKernel::Mma    ? "mma"
                   : c.kernel == GemvKernel::Pipe   ? (!c.tma    ? "pipe-r"
                                                       : c.split ? "pipe-s"
                                                                 : "pipe")
@@ -195,7 +196,7 @@ int main(int argc, char** argv) try {
                 }
                 if (quantized && opt.all_variants) {
                     for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream,
-                                      GemvKernel::Pipe})
+                                      GemvKernel::Pipe, GemvKernel::Mma})
                         for (int rw : {1, 2})
                             for (int ks : {1, 2, 4})
                                 for (bool pers : {true, false}) {

@@ -460,6 +460,7 @@ bool gemv_config_available(GgmlType t, const GemvConfig& c) {
         const bool aligned = t == GgmlType::Q4_K || t == GgmlType::Q5_K;  // direct_compiled<T>()
         return aligned && direct_pair_compiled(c.nx, c.rows_per_warp);
     }
+    if (c.kernel == GemvKernel::Mma) return t == GgmlType::Q4_K && c.rows_per_warp == 1;
     return true;
 }
 
@@ -470,16 +471,19 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
     // Two weight rows per warp halve the activation reads from L1 where the registers allow it
     // (nx = 8 with two rows would spill).
     // Measured on the H200 (docs/BENCHMARKS.md): two rows per warp is faster at nx = 1 too.
-    if (c.rows_per_warp == 0) c.rows_per_warp = c.nx <= 4 ? 2 : 1;
+    if (c.rows_per_warp == 0) c.rows_per_warp = c.nx <= 4 && c.kernel != GemvKernel::Mma ? 2 : 1;
     if (c.ksplit == 0) {
         // More warps per row group when the row groups alone would not give every
         // multiprocessor 16 warps, but never more than there are column chunks to share.
+        // (The mma kernel's warps take tiles of 16 rows and share them block by block.)
         const TypeTraits& tr = traits(t);
-        const int64_t chunk = chunk_blocks(t);
+        const bool mma = c.kernel == GemvKernel::Mma;
+        const int64_t chunk = mma ? 1 : chunk_blocks(t);
         const int64_t chunks = (cols / tr.block_elems + chunk - 1) / chunk;
+        const int64_t warp_rows = mma ? 16 : c.rows_per_warp;
         const int64_t warps_wanted = int64_t(16) * (sm_count > 0 ? sm_count : 132);
         c.ksplit = 1;
-        while (c.ksplit < 4 && (rows / c.rows_per_warp) * c.ksplit < warps_wanted &&
+        while (c.ksplit < 4 && (rows + warp_rows - 1) / warp_rows * c.ksplit < warps_wanted &&
                chunks >= 2 * c.ksplit)
             c.ksplit *= 2;
     }
@@ -498,6 +502,7 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
                : v == "direct" ? int(GemvKernel::Direct)
                : v == "stream" ? int(GemvKernel::Stream)
                : v == "pipe"   ? int(GemvKernel::Pipe)
+               : v == "mma"    ? int(GemvKernel::Mma)
                                : -1;
     }();
     if (forced >= 0) {
@@ -505,6 +510,7 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
         want.kernel = GemvKernel(forced);
         if (want.kernel == GemvKernel::Pipe || want.kernel == GemvKernel::Stream)
             want.rows_per_warp = 1, want.ksplit = 1;
+        if (want.kernel == GemvKernel::Mma) want.rows_per_warp = 1;
         const GemvConfig c = gemv_config(t, rows, cols, n, sm_count, want);
         if (c.kernel == want.kernel) return c;
     }
@@ -531,6 +537,13 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
         want.kernel = GemvKernel::Pipe;
         want.rows_per_warp = 1;
         want.ksplit = 1;
+    }
+    // Q4_K at 2..8 activation rows: the tensor-core kernel, where the CUDA-core ones are bound
+    // by their dp4a arithmetic (NT_GEMV_MMA=0 keeps those, for A/B runs).
+    static const bool mma = env_switch("NT_GEMV_MMA");
+    if (n >= 2 && t == GgmlType::Q4_K && mma) {
+        want.kernel = GemvKernel::Mma;
+        want.rows_per_warp = 1;
     }
     return gemv_config(t, rows, cols, n, sm_count, want);
 }

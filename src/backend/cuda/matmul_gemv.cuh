@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/matmul_gemv_mma.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
 #include "backend/cuda/matmul_gemv_stream.cuh"
 #include "backend/cuda/matmul_gemv_tma.cuh"
@@ -390,6 +391,10 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
     if constexpr (stream_compiled<T>()) {
         if (c.kernel == GemvKernel::Stream)
             return launch_stream_nx<T>(w, rows, cols, xq, xd, n, y, c.nx, stream);
+    }
+    if constexpr (T == GgmlType::Q4_K) {
+        if (c.kernel == GemvKernel::Mma)
+            return launch_q4k_mma(w, rows, cols, xq, xd, n, y, c.ksplit, c.pdl, stream);
     }
     if constexpr (pipe_compiled<T>()) {
         if (c.kernel == GemvKernel::Pipe) {
