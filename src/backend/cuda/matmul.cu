@@ -538,10 +538,15 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
         want.rows_per_warp = 1;
         want.ksplit = 1;
     }
-    // Q4_K at 2..8 activation rows: the tensor-core kernel, where the CUDA-core ones are bound
-    // by their dp4a arithmetic (NT_GEMV_MMA=0 keeps those, for A/B runs).
+    // Q4_K at several activation rows: the tensor-core kernel, where the CUDA-core ones are
+    // bound by their dp4a arithmetic (NT_GEMV_MMA=0 keeps those, for A/B runs). bench_gemv
+    // --pdl, 8B shapes, us, mma against staged-p: at 8 rows 4096x4096 9.1 vs 26.9, 14336x4096
+    // 23.2 vs 87.3, 4096x14336 25.1 vs 86.7, 1024x4096 6.9 vs 9.6; at 4 rows 7.9 vs 10.2, 19.4
+    // vs 30.3, 22.8 vs 32.3, but 1024x4096 6.3 vs 3.8; at 2 rows only 128256x4096 (120.6 vs
+    // 140.1), the others 7.6 vs 6.5, 17.5 vs 19.4, 22.0 vs 18.0, 6.2 vs 3.0.
     static const bool mma = env_switch("NT_GEMV_MMA");
-    if (n >= 2 && t == GgmlType::Q4_K && mma) {
+    const bool mma_wins = n >= 8 || (n >= 3 && rows >= 2048) || (n == 2 && rows >= 32768);
+    if (t == GgmlType::Q4_K && mma && mma_wins) {
         want.kernel = GemvKernel::Mma;
         want.rows_per_warp = 1;
     }
