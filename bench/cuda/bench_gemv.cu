@@ -198,7 +198,7 @@ int main(int argc, char** argv) try {
                     for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream,
                                       GemvKernel::Pipe, GemvKernel::Mma})
                         for (int rw : {1, 2})
-                            for (int ks : {1, 2, 4})
+                            for (int ks : {1, 2, 4, 8})
                                 for (bool pers : {true, false}) {
                                     if (kern != GemvKernel::Staged && kern != GemvKernel::Pipe &&
                                         pers)

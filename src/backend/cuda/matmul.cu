@@ -445,7 +445,9 @@ int64_t chunk_blocks(GgmlType t) {
 
 bool gemv_config_available(GgmlType t, const GemvConfig& c) {
     if (!is_quantized(t) || !gemv_pair_compiled(c.nx, c.rows_per_warp)) return false;
-    if (c.ksplit != 1 && c.ksplit != 2 && c.ksplit != 4) return false;
+    if (c.ksplit != 1 && c.ksplit != 2 && c.ksplit != 4 &&
+        !(c.ksplit == 8 && c.kernel == GemvKernel::Mma))
+        return false;
     if (c.kernel == GemvKernel::Stream) {
         // stream_compiled<T>(); one row per warp at a time, no column split
         const bool typed = t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K ||
@@ -483,7 +485,8 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
         const int64_t warp_rows = mma ? 16 : c.rows_per_warp;
         const int64_t warps_wanted = int64_t(16) * (sm_count > 0 ? sm_count : 132);
         c.ksplit = 1;
-        while (c.ksplit < 4 && (rows + warp_rows - 1) / warp_rows * c.ksplit < warps_wanted &&
+        while (c.ksplit < (mma ? 8 : 4) &&
+               (rows + warp_rows - 1) / warp_rows * c.ksplit < warps_wanted &&
                chunks >= 2 * c.ksplit)
             c.ksplit *= 2;
     }

@@ -15,21 +15,20 @@
 // sub-block's elements 8t4 .. 8t4 + 7 as k 4t4..+3 and 16 + 4t4..+3: one 8-byte load of the
 // quants (the low nibbles are sub-block 2c, the high ones 2c + 1) and one of the activations.
 //
-// A CTA of kMmaWarps warps covers kMmaWarps / KS tiles of 16 rows; the KS warps of a tile
-// take alternate blocks and meet in shared memory (a fixed order: the same bits every run).
-// Each warp loads the next block while it multiplies the one it holds.
+// The KS warps of a tile (1 to 8) take alternate blocks and meet in shared memory (a fixed
+// order: the same bits every run). Each warp loads the blocks ahead while it multiplies the
+// one it holds.
 #pragma once
 #include <cstdint>
 
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "core/env.h"
 
 namespace nt::cuda::detail {
 
 constexpr int kMmaTileRows = 16;
-constexpr int kMmaWarps = 4;
-constexpr int kMmaThreads = kMmaWarps * 32;
 
 __device__ __forceinline__ void mma_s8_16832(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                              uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -40,16 +39,18 @@ __device__ __forceinline__ void mma_s8_16832(int (&d)[4], uint32_t a0, uint32_t 
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
 
-// One Q4_K block of a lane's two weight rows and its activation row, as loaded.
-struct MmaQ4kRaw {
-    uint4 h0, h1;                // headers: d, dmin, scales
-    uint2 q0[4], q1[4];          // quants 8t4..8t4+7 of each 32-byte group
-    uint2 xa[4], xb[4];          // activations: sub-blocks 2c and 2c + 1, elements 8t4..+7
+// One Q4_K block of a lane's two weight rows, as loaded.
+struct MmaQ4kW {
+    uint4 h0, h1;        // headers: d, dmin, scales
+    uint2 q0[4], q1[4];  // quants 8t4..8t4+7 of each 32-byte group
+};
+// The lane's activations of one block: sub-blocks 2c and 2c + 1, elements 8t4..8t4+7.
+struct MmaQ4kX {
+    uint2 a[4], b[4];
 };
 
-__device__ __forceinline__ void mma_q4k_load(const uint8_t* w0, const uint8_t* w1,
-                                             const int8_t* xr, bool has_x, int64_t kb, int t4,
-                                             MmaQ4kRaw& r) {
+__device__ __forceinline__ void mma_q4k_load_w(const uint8_t* w0, const uint8_t* w1, int64_t kb,
+                                               int t4, MmaQ4kW& r) {
     const uint8_t* b0 = w0 + kb * 144;
     const uint8_t* b1 = w1 + kb * 144;
     r.h0 = __ldg(reinterpret_cast<const uint4*>(b0));
@@ -59,21 +60,33 @@ __device__ __forceinline__ void mma_q4k_load(const uint8_t* w0, const uint8_t* w
         r.q0[c] = __ldg(reinterpret_cast<const uint2*>(b0 + 16 + 32 * c + 8 * t4));
         r.q1[c] = __ldg(reinterpret_cast<const uint2*>(b1 + 16 + 32 * c + 8 * t4));
     }
+}
+
+__device__ __forceinline__ void mma_q4k_load_x(const int8_t* xr, bool has_x, int64_t kb, int t4,
+                                               MmaQ4kX& r) {
     const int8_t* x = xr + kb * 256 + 8 * t4;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-        r.xa[c] = has_x ? *reinterpret_cast<const uint2*>(x + 64 * c) : make_uint2(0, 0);
-        r.xb[c] = has_x ? *reinterpret_cast<const uint2*>(x + 64 * c + 32) : make_uint2(0, 0);
+        r.a[c] = has_x ? *reinterpret_cast<const uint2*>(x + 64 * c) : make_uint2(0, 0);
+        r.b[c] = has_x ? *reinterpret_cast<const uint2*>(x + 64 * c + 32) : make_uint2(0, 0);
     }
 }
 
-template <int KS>
-__global__ void __launch_bounds__(kMmaThreads, 4)
+// KS warps share a tile (a CTA of WARPS warps covers WARPS / KS tiles); each warp holds the
+// weights of DEPTH blocks ahead of the one it multiplies (the activations one block ahead).
+// Resident CTAs a multiprocessor asks of the registers: 16 warps at one block ahead (128
+// registers), 12 at two (168, where 128 would spill).
+constexpr int mma_min_blocks(int warps, int depth) {
+    return depth == 1 ? 16 / warps : (12 / warps > 0 ? 12 / warps : 1);
+}
+
+template <int KS, int WARPS, int DEPTH>
+__global__ void __launch_bounds__(WARPS * 32, mma_min_blocks(WARPS, DEPTH))
     gemv_q4k_mma(const uint8_t* __restrict__ w, int64_t rows, int64_t cols,
                  const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
                  float* __restrict__ y) {
     using Q = Quant<GgmlType::Q4_K>;
-    constexpr int kTiles = kMmaWarps / KS;
+    constexpr int kTiles = WARPS / KS;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t tile = int64_t(blockIdx.x) * kTiles + warp / KS;
     const int kpart = warp % KS;
@@ -81,6 +94,10 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
     const int64_t r0 = tile * kMmaTileRows + g, r1 = r0 + 8;
     const uint8_t* w0 = w + (r0 < rows ? r0 : rows - 1) * row_bytes;
     const uint8_t* w1 = w + (r1 < rows ? r1 : rows - 1) * row_bytes;
+    MmaQ4kW ring[DEPTH + 1];
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d)
+        if (kpart + d * KS < nb) mma_q4k_load_w(w0, w1, kpart + d * KS, t4, ring[d]);
     pdl_wait(xq, xd);
     // Activation row g is B's column g; C's columns are activation rows 2t4 and 2t4 + 1.
     const bool has_x = g < n;
@@ -91,11 +108,13 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
     const float2* xd1 = xd + int64_t(c1 < n ? c1 : 0) * xd_stride;
 
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    MmaQ4kRaw cur;
-    if (kpart < nb) mma_q4k_load(w0, w1, xr, has_x, kpart, t4, cur);
+    MmaQ4kX x;
+    if (kpart < nb) mma_q4k_load_x(xr, has_x, kpart, t4, x);
     for (int64_t kb = kpart; kb < nb; kb += KS) {
-        MmaQ4kRaw next;
-        if (kb + KS < nb) mma_q4k_load(w0, w1, xr, has_x, kb + KS, t4, next);
+        if (kb + DEPTH * KS < nb) mma_q4k_load_w(w0, w1, kb + DEPTH * KS, t4, ring[DEPTH]);
+        MmaQ4kX x_next;
+        if (kb + KS < nb) mma_q4k_load_x(xr, has_x, kb + KS, t4, x_next);
+        const MmaQ4kW& cur = ring[0];
         const uint32_t hw0[4] = {cur.h0.x, cur.h0.y, cur.h0.z, cur.h0.w};
         const uint32_t hw1[4] = {cur.h1.x, cur.h1.y, cur.h1.z, cur.h1.w};
 #pragma unroll
@@ -103,10 +122,9 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
             constexpr uint32_t M = 0x0F0F0F0Fu;
             int lo[4], hi[4];
             mma_s8_16832(lo, cur.q0[c].x & M, cur.q1[c].x & M, cur.q0[c].y & M, cur.q1[c].y & M,
-                         cur.xa[c].x, cur.xa[c].y);
+                         x.a[c].x, x.a[c].y);
             mma_s8_16832(hi, (cur.q0[c].x >> 4) & M, (cur.q1[c].x >> 4) & M,
-                         (cur.q0[c].y >> 4) & M, (cur.q1[c].y >> 4) & M, cur.xb[c].x,
-                         cur.xb[c].y);
+                         (cur.q0[c].y >> 4) & M, (cur.q1[c].y >> 4) & M, x.b[c].x, x.b[c].y);
             Q::W s0, s1;
             Q::scales_from_header(hw0, c, s0);
             Q::scales_from_header(hw1, c, s1);
@@ -121,10 +139,12 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
             acc[3] += s1.d1 * a1.x * float(lo[3]) + s1.d2 * b1.x * float(hi[3]) -
                       (s1.m1 * a1.y + s1.m2 * b1.y);
         }
-        cur = next;
+#pragma unroll
+        for (int d = 0; d < DEPTH; ++d) ring[d] = ring[d + 1];
+        x = x_next;
     }
     if constexpr (KS > 1) {
-        __shared__ float red[kMmaWarps][4][32];
+        __shared__ float red[WARPS][4][32];
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
         __syncthreads();
@@ -144,23 +164,33 @@ __global__ void __launch_bounds__(kMmaThreads, 4)
     }
 }
 
+// Weight blocks each warp holds ahead (NT_MMA_DEPTH, for A/B runs: 1 or 2).
+inline int mma_depth() {
+    static const int d = int(env_int("NT_MMA_DEPTH", 1));
+    return d;
+}
+
 inline void launch_q4k_mma(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                            const float2* xd, int n, float* y, int ksplit, bool pdl,
                            cudaStream_t stream) {
     const int64_t tiles = (rows + kMmaTileRows - 1) / kMmaTileRows;
-    auto go = [&](auto kernel, int ks) {
-        const int tiles_per_cta = kMmaWarps / ks;
+    auto go = [&](auto kernel, int ks, int warps) {
+        const int tiles_per_cta = warps / ks;
         const dim3 grid(unsigned((tiles + tiles_per_cta - 1) / tiles_per_cta));
-        launch_kernel(pdl, kernel, grid, dim3(kMmaThreads), 0, stream, "gemv (Q4_K, mma)",
-                      static_cast<const uint8_t*>(w), rows, cols, xq, xd, n, y);
+        launch_kernel(pdl, kernel, grid, dim3(unsigned(warps * 32)), 0, stream,
+                      "gemv (Q4_K, mma)", static_cast<const uint8_t*>(w), rows, cols, xq, xd, n,
+                      y);
     };
+    const bool deep = mma_depth() >= 2;
     switch (ksplit) {
         case 1:
-            return go(gemv_q4k_mma<1>, 1);
+            return deep ? go(gemv_q4k_mma<1, 4, 2>, 1, 4) : go(gemv_q4k_mma<1, 4, 1>, 1, 4);
         case 2:
-            return go(gemv_q4k_mma<2>, 2);
+            return deep ? go(gemv_q4k_mma<2, 4, 2>, 2, 4) : go(gemv_q4k_mma<2, 4, 1>, 2, 4);
         case 4:
-            return go(gemv_q4k_mma<4>, 4);
+            return deep ? go(gemv_q4k_mma<4, 4, 2>, 4, 4) : go(gemv_q4k_mma<4, 4, 1>, 4, 4);
+        case 8:
+            return deep ? go(gemv_q4k_mma<8, 8, 2>, 8, 8) : go(gemv_q4k_mma<8, 8, 1>, 8, 8);
         default:
             nt::fail("gemv (Q4_K, mma): no kernel for ksplit %d.", ksplit);
     }

@@ -69,6 +69,7 @@ struct GemvConfig {
     int nx = 0;             // activation rows per pass over the weights: 1, 2, 4 or 8 (>= n)
     int rows_per_warp = 0;  // weight rows a warp holds at once: 1, 2 or 4
     int ksplit = 0;  // warps of the 4-warp CTA that share rows, splitting the columns: 1, 2, 4
+                     // (Mma: 8 too, in a CTA of 8 warps)
     bool persistent = true;  // Staged only: a GPU-filling grid whose CTAs loop over row tiles
                              // (false: one CTA per tile)
     bool pdl = false;  // programmatic dependent launch (pdl.cuh): weight loads start while the
