@@ -16,15 +16,16 @@
 // quants (the low nibbles are sub-block 2c, the high ones 2c + 1) and one of the activations.
 //
 // The KS warps of a tile (1 to 8) take alternate blocks and meet in shared memory (a fixed
-// order: the same bits every run). Each warp loads the blocks ahead while it multiplies the
-// one it holds.
+// order: the same bits every run); KS 8 gives matrices of few rows (1024 or 4096) enough warps.
+// bench_gemv, 8B shapes, 8 rows: 4096x4096 8.5 us (26.9 on the CUDA cores), 1024x4096 5.1
+// (9.6), 14336x4096 23.2 (87.3), 4096x14336 22.8 (86.7), 128256x4096 159 (693): 24-35% of HBM,
+// bound by the one block each warp holds in flight.
 #pragma once
 #include <cstdint>
 
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
-#include "core/env.h"
 
 namespace nt::cuda::detail {
 
@@ -73,15 +74,10 @@ __device__ __forceinline__ void mma_q4k_load_x(const int8_t* xr, bool has_x, int
 }
 
 // KS warps share a tile (a CTA of WARPS warps covers WARPS / KS tiles); each warp holds the
-// weights of DEPTH blocks ahead of the one it multiplies (the activations one block ahead).
-// Resident CTAs a multiprocessor asks of the registers: 16 warps at one block ahead (128
-// registers), 12 at two (168, where 128 would spill).
-constexpr int mma_min_blocks(int warps, int depth) {
-    return depth == 1 ? 16 / warps : (12 / warps > 0 ? 12 / warps : 1);
-}
-
-template <int KS, int WARPS, int DEPTH>
-__global__ void __launch_bounds__(WARPS * 32, mma_min_blocks(WARPS, DEPTH))
+// next block while it multiplies one. 16 warps a multiprocessor (128 registers). Two blocks
+// ahead (168 registers, 12 warps) measured slower on every 8B shape at 4 and 8 rows.
+template <int KS, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
     gemv_q4k_mma(const uint8_t* __restrict__ w, int64_t rows, int64_t cols,
                  const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
                  float* __restrict__ y) {
@@ -94,10 +90,8 @@ __global__ void __launch_bounds__(WARPS * 32, mma_min_blocks(WARPS, DEPTH))
     const int64_t r0 = tile * kMmaTileRows + g, r1 = r0 + 8;
     const uint8_t* w0 = w + (r0 < rows ? r0 : rows - 1) * row_bytes;
     const uint8_t* w1 = w + (r1 < rows ? r1 : rows - 1) * row_bytes;
-    MmaQ4kW ring[DEPTH + 1];
-#pragma unroll
-    for (int d = 0; d < DEPTH; ++d)
-        if (kpart + d * KS < nb) mma_q4k_load_w(w0, w1, kpart + d * KS, t4, ring[d]);
+    MmaQ4kW cur;
+    if (kpart < nb) mma_q4k_load_w(w0, w1, kpart, t4, cur);
     pdl_wait(xq, xd);
     // Activation row g is B's column g; C's columns are activation rows 2t4 and 2t4 + 1.
     const bool has_x = g < n;
@@ -111,10 +105,12 @@ __global__ void __launch_bounds__(WARPS * 32, mma_min_blocks(WARPS, DEPTH))
     MmaQ4kX x;
     if (kpart < nb) mma_q4k_load_x(xr, has_x, kpart, t4, x);
     for (int64_t kb = kpart; kb < nb; kb += KS) {
-        if (kb + DEPTH * KS < nb) mma_q4k_load_w(w0, w1, kb + DEPTH * KS, t4, ring[DEPTH]);
+        MmaQ4kW next;
         MmaQ4kX x_next;
-        if (kb + KS < nb) mma_q4k_load_x(xr, has_x, kb + KS, t4, x_next);
-        const MmaQ4kW& cur = ring[0];
+        if (kb + KS < nb) {
+            mma_q4k_load_w(w0, w1, kb + KS, t4, next);
+            mma_q4k_load_x(xr, has_x, kb + KS, t4, x_next);
+        }
         const uint32_t hw0[4] = {cur.h0.x, cur.h0.y, cur.h0.z, cur.h0.w};
         const uint32_t hw1[4] = {cur.h1.x, cur.h1.y, cur.h1.z, cur.h1.w};
 #pragma unroll
@@ -139,8 +135,7 @@ __global__ void __launch_bounds__(WARPS * 32, mma_min_blocks(WARPS, DEPTH))
             acc[3] += s1.d1 * a1.x * float(lo[3]) + s1.d2 * b1.x * float(hi[3]) -
                       (s1.m1 * a1.y + s1.m2 * b1.y);
         }
-#pragma unroll
-        for (int d = 0; d < DEPTH; ++d) ring[d] = ring[d + 1];
+        cur = next;
         x = x_next;
     }
     if constexpr (KS > 1) {
@@ -164,12 +159,6 @@ __global__ void __launch_bounds__(WARPS * 32, mma_min_blocks(WARPS, DEPTH))
     }
 }
 
-// Weight blocks each warp holds ahead (NT_MMA_DEPTH, for A/B runs: 1 or 2).
-inline int mma_depth() {
-    static const int d = int(env_int("NT_MMA_DEPTH", 1));
-    return d;
-}
-
 inline void launch_q4k_mma(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                            const float2* xd, int n, float* y, int ksplit, bool pdl,
                            cudaStream_t stream) {
@@ -181,16 +170,15 @@ inline void launch_q4k_mma(const void* w, int64_t rows, int64_t cols, const int8
                       "gemv (Q4_K, mma)", static_cast<const uint8_t*>(w), rows, cols, xq, xd, n,
                       y);
     };
-    const bool deep = mma_depth() >= 2;
     switch (ksplit) {
         case 1:
-            return deep ? go(gemv_q4k_mma<1, 4, 2>, 1, 4) : go(gemv_q4k_mma<1, 4, 1>, 1, 4);
+            return go(gemv_q4k_mma<1, 4>, 1, 4);
         case 2:
-            return deep ? go(gemv_q4k_mma<2, 4, 2>, 2, 4) : go(gemv_q4k_mma<2, 4, 1>, 2, 4);
+            return go(gemv_q4k_mma<2, 4>, 2, 4);
         case 4:
-            return deep ? go(gemv_q4k_mma<4, 4, 2>, 4, 4) : go(gemv_q4k_mma<4, 4, 1>, 4, 4);
+            return go(gemv_q4k_mma<4, 4>, 4, 4);
         case 8:
-            return deep ? go(gemv_q4k_mma<8, 8, 2>, 8, 8) : go(gemv_q4k_mma<8, 8, 1>, 8, 8);
+            return go(gemv_q4k_mma<8, 8>, 8, 8);
         default:
             nt::fail("gemv (Q4_K, mma): no kernel for ksplit %d.", ksplit);
     }
