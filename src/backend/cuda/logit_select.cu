@@ -28,6 +28,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/ieee_float.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/vocab_draw.h"
 
@@ -50,37 +51,10 @@ __device__ __forceinline__ unsigned long long logit_key(uint32_t u, int32_t id) 
     return (static_cast<unsigned long long>(ord) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(id));
 }
 
-// The host's float arithmetic, subnormals kept: this file is compiled with --use_fast_math,
-// whose -ftz flushes them in float operations and conversions (a weight of exp(-88) or less is
-// one, at a low temperature, and the host's sums count it).
-__device__ __forceinline__ float f_add(float a, float b) {
-    float r;
-    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f_sub(float a, float b) {
-    float r;
-    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float f_div(float a, float b) {
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ double f_wide(float a) {
-    double r;
-    asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(a));
-    return r;
-}
-__device__ __forceinline__ float f_narrow(double a) {
-    float r;
-    asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(a));
-    return r;
-}
-__device__ __forceinline__ bool f_ge(float a, float b) {  // false when either is a NaN
-    return f_wide(a) >= f_wide(b);
-}
+// The draw's float arithmetic is the host's (ieee_float.cuh): this file is compiled with
+// --use_fast_math, whose -ftz would flush subnormals in float operations and conversions (a
+// weight of exp(-88) or less is one, at a low temperature, and the host's sums count it).
+
 // Sorts s[0..n) (n a power of two) into descending order; every thread of the block calls it.
 __device__ void bitonic_sort_desc(unsigned long long* s, int n) {
     __syncthreads();
@@ -237,7 +211,7 @@ __global__ void __launch_bounds__(kBlockThreads) select_block_best(SelectRows r,
             } else {
                 // The bias in the host sampler's order and rounding (a NaN is flagged unbiased).
                 for (int j = 0; j < n_bias; j++)
-                    if (bias_id[j] == id) v = f_add(v, bias[j]);
+                    if (bias_id[j] == id) v = add_rn(v, bias[j]);
                 key = logit_key(__float_as_uint(v), id);
             }
         }
@@ -283,7 +257,7 @@ __device__ __forceinline__ int32_t key_id(unsigned long long key) {
 // exp of a float rounded to float, from the double exp: the library's float exp is the fast
 // approximation in this file, and the host's sampler rounds exp exactly.
 __device__ __forceinline__ float exp_rounded(float x) {
-    return f_narrow(exp(f_wide(x)));
+    return narrow_rn(exp(widen(x)));
 }
 
 // Sampler::sample's chain over the sorted candidates best[0..m) (top-k done): top-p at
@@ -295,9 +269,9 @@ __device__ int32_t draw_chain(const unsigned long long* best, int m, const Token
                               float* p1, float* pt) {
     const float max_l = key_logit(best[0]);
     for (int i = threadIdx.x; i < m; i += blockDim.x) {
-        const float x = f_sub(key_logit(best[i]), max_l);
+        const float x = sub_rn(key_logit(best[i]), max_l);
         p1[i] = exp_rounded(x);
-        pt[i] = exp_rounded(f_div(x, d.temperature));
+        pt[i] = exp_rounded(div_rn(x, d.temperature));
     }
     __syncthreads();
     if (threadIdx.x != 0) return 0;
@@ -306,11 +280,11 @@ __device__ int32_t draw_chain(const unsigned long long* best, int m, const Token
     if (n == 0) return 0;
     if (d.top_p < 1.f) {
         double z = 0.0;
-        for (int i = 0; i < n; i++) z = __dadd_rn(z, f_wide(p1[i]));
+        for (int i = 0; i < n; i++) z = __dadd_rn(z, widen(p1[i]));
         const double inv_z = __ddiv_rn(1.0, z);
         double cum = 0.0;
         for (int i = 0; i < n; i++) {
-            cum = __dadd_rn(cum, __dmul_rn(f_wide(p1[i]), inv_z));
+            cum = __dadd_rn(cum, __dmul_rn(widen(p1[i]), inv_z));
             if (cum >= double(d.top_p)) {
                 n = i + 1;
                 break;
@@ -318,16 +292,16 @@ __device__ int32_t draw_chain(const unsigned long long* best, int m, const Token
         }
     }
     if (d.min_p > 0.f) {
-        const float min_logit = f_add(max_l, d.log_min_p);
+        const float min_logit = add_rn(max_l, d.log_min_p);
         int i = 1;  // the most likely token always stays
-        while (i < n && f_ge(key_logit(best[i]), min_logit)) i++;
+        while (i < n && ge_exact(key_logit(best[i]), min_logit)) i++;
         n = i;
     }
     double sum = 0.0;
-    for (int i = 0; i < n; i++) sum = __dadd_rn(sum, f_wide(pt[i]));
+    for (int i = 0; i < n; i++) sum = __dadd_rn(sum, widen(pt[i]));
     double run = 0.0;
     return key_id(
-        best[walk_level([&](int i) { return f_wide(pt[i]); }, n, __dmul_rn(sum, d.u), run)]);
+        best[walk_level([&](int i) { return widen(pt[i]); }, n, __dmul_rn(sum, d.u), run)]);
 }
 
 // Kernel 2, block y: row y's m best of its n_blocks blocks' candidates, best first, the logits of
@@ -387,9 +361,9 @@ __device__ __forceinline__ float whole_weight(const SelectRows& r, int id, float
     const TokenDraw& d = *r.draw;
     float v = r.logits[id];
     for (int j = 0; j < d.n_bias; j++)
-        if (d.bias_id[j] == id) v = f_add(v, d.bias[j]);
-    if (!f_ge(v, floor)) return 0.f;  // (a NaN, flagged by kernel 1, too)
-    return exp_rounded(f_div(f_sub(v, max_l), temperature));
+        if (d.bias_id[j] == id) v = add_rn(v, d.bias[j]);
+    if (!ge_exact(v, floor)) return 0.f;  // (a NaN, flagged by kernel 1, too)
+    return exp_rounded(div_rn(sub_rn(v, max_l), temperature));
 }
 
 // The row's maximum and min-p's floor from kernel 1's block maxima; every thread of the block
@@ -409,7 +383,7 @@ __device__ WholeMax whole_max(const SelectRows& r, int n_blocks) {
     }
     const TokenDraw& d = *r.draw;
     const float m = key_logit(k);
-    return {k, m, d.min_p > 0.f ? f_add(m, d.log_min_p) : -INFINITY};
+    return {k, m, d.min_p > 0.f ? add_rn(m, d.log_min_p) : -INFINITY};
 }
 
 __global__ void __launch_bounds__(kDrawBlock)
@@ -429,7 +403,7 @@ __global__ void __launch_bounds__(kDrawBlock)
     const int warp = threadIdx.x / 32;
     if (threadIdx.x % 32 == 0) {
         double s = 0.0;
-        for (int i = 0; i < kDrawRun; i++) s = __dadd_rn(s, f_wide(p[warp * kDrawRun + i]));
+        for (int i = 0; i < kDrawRun; i++) s = __dadd_rn(s, widen(p[warp * kDrawRun + i]));
         run_sum[warp] = s;
         w.run_sums[blockIdx.x * kDrawBlockRuns + warp] = s;
     }
@@ -470,7 +444,7 @@ __global__ void __launch_bounds__(32)
     if (threadIdx.x != 0) return;
     const int token =
         finite ? run_index * kDrawRun +
-                     walk_level([&](int i) { return f_wide(weights[i]); }, kDrawRun, target, run)
+                     walk_level([&](int i) { return widen(weights[i]); }, kDrawRun, target, run)
                : 0;  // no finite logit: the host's check says so
     const int count = *c.count;
     LogitSelection* out = c.ring + count % c.ring_size;

@@ -8,20 +8,10 @@
 
 #include <cstdint>
 
+#include "backend/cuda/ieee_float.cuh"
+
 namespace nt::cuda::detail {
 
-// IEEE single-precision division and product, rounded to nearest even and without flushing
-// subnormals, whatever --use_fast_math makes of '/' and '*': the scales must be the CPU's bits.
-__device__ __forceinline__ float div_rn(float a, float b) {
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float mul_rn(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
 __device__ __forceinline__ float f16_round(float v) {
     return __half2float(__float2half_rn(v));
 }
