@@ -465,13 +465,28 @@ int32_t Sampler::draw_whole(const float* logits, const double* u) {
     const float t = params_.temperature;
     float* p = work_.data();
     const int n_runs = int(run_sums_.size()), n_blocks = int(block_sums_.size());
-    for (int r = 0; r < n_runs; ++r) {
-        double sum = 0.0;
-        for (int i = r * kDrawRun, e = std::min(V, i + kDrawRun); i < e; ++i) {
-            p[i] = logits[i] >= floor ? exp_rounded((logits[i] - max_l) / t) : 0.f;
-            sum += p[i];
+    for (int i = 0; i < V; ++i)
+        p[i] = logits[i] >= floor ? exp_rounded((logits[i] - max_l) / t) : 0.f;
+    // Four runs at a time: each its own chain of adds in id order, the four side by side.
+    int rs = 0;
+    for (; rs + 4 <= n_runs && (rs + 4) * kDrawRun <= V; rs += 4) {
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+        const float* q = p + size_t(rs) * kDrawRun;
+        for (int i = 0; i < kDrawRun; ++i) {
+            s0 += q[i];
+            s1 += q[kDrawRun + i];
+            s2 += q[2 * kDrawRun + i];
+            s3 += q[3 * kDrawRun + i];
         }
-        run_sums_[size_t(r)] = sum;
+        run_sums_[size_t(rs)] = s0;
+        run_sums_[size_t(rs) + 1] = s1;
+        run_sums_[size_t(rs) + 2] = s2;
+        run_sums_[size_t(rs) + 3] = s3;
+    }
+    for (; rs < n_runs; ++rs) {
+        double sum = 0.0;
+        for (int i = rs * kDrawRun, e = std::min(V, i + kDrawRun); i < e; ++i) sum += p[i];
+        run_sums_[size_t(rs)] = sum;
     }
     double total = 0.0;
     for (int b = 0; b < n_blocks; ++b) {
