@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/threadpool.h"
 #include "memory/layer_blob.h"
 #include "memory/streamer.h"
 #include "memory/sysinfo.h"
@@ -191,6 +192,10 @@ void Engine::sample_rows(std::vector<Draw>& draws) {
         } catch (const std::exception& e) {
             select_error = e.what();
         }
+    // The draws that need their whole row: the rows copied back here, then each drawn on a
+    // thread of its own (a draw over a 128k vocabulary takes about a millisecond on the host,
+    // and a server step's rows would queue behind one another); each sampler is its row's.
+    std::vector<size_t> whole;
     for (size_t i = 0; i < draws.size(); i++) {
         Draw& d = draws[i];
         try {
@@ -198,17 +203,39 @@ void Engine::sample_rows(std::vector<Draw>& draws) {
                 if (!select_error.empty()) throw Error(select_error);
                 const size_t q = size_t(asked[i]);
                 d.token = d.sampler->sample(reqs[q], selected_[q], bias_of(d));
-            } else {
-                std::vector<float>& row = d.whole_row ? d.logits : row_;
-                logits_row(d.row, row);
-                for (const auto& [id, b] : bias_of(d))
-                    if (id >= 0 && id < n_vocab()) row[size_t(id)] += b;
-                d.token = d.sampler->sample(row.data());
+                continue;
             }
+            if (rows_.size() <= whole.size()) rows_.resize(whole.size() + 1);
+            std::vector<float>& row = d.whole_row ? d.logits : rows_[whole.size()];
+            logits_row(d.row, row);
+            for (const auto& [id, b] : bias_of(d))
+                if (id >= 0 && id < n_vocab()) row[size_t(id)] += b;
+            whole.push_back(i);
         } catch (const std::exception& e) {
             d.error = e.what();
         }
     }
+    auto draw = [&](size_t k) {
+        Draw& d = draws[whole[k]];
+        try {
+            d.token = d.sampler->sample((d.whole_row ? d.logits : rows_[k]).data());
+        } catch (const std::exception& e) {
+            d.error = e.what();
+        }
+    };
+    bool shared = false;  // a sampler drawing twice: in order, on this thread
+    for (size_t a = 0; a < whole.size() && !shared; a++)
+        for (size_t b = a + 1; b < whole.size(); b++)
+            shared |= draws[whole[a]].sampler == draws[whole[b]].sampler;
+    if (whole.size() < 2 || shared) {
+        for (size_t k = 0; k < whole.size(); k++) draw(k);
+        return;
+    }
+    if (!draw_pool_)
+        draw_pool_ = std::make_unique<ThreadPool>(std::min(8, ThreadPool::default_threads()));
+    draw_pool_->parallel_for(int64_t(whole.size()), 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t k = b; k < e; k++) draw(size_t(k));
+    });
 }
 
 bool Engine::pipelines() const {

@@ -69,6 +69,8 @@ struct MemoryReport {
     std::string text;      // describe_plan() and the fallback notices
 };
 
+class ThreadPool;
+
 class Engine {
   public:
     Engine(Model& model, std::unique_ptr<Backend> backend, const EngineOptions& opt);
@@ -135,8 +137,9 @@ class Engine {
     mem::WeightStreamer* streamer_ = nullptr;  // source_, when it streams
     MemoryReport memory_;
     int n_ctx_ = 0, max_batch_ = 0, n_seq_ = 0;
-    std::vector<float> row_;                 // sample(): a row the sampler needs whole
-    std::vector<LogitCandidates> selected_;  // sample(): the backend's answer
+    std::vector<std::vector<float>> rows_;   // sample_rows(): the rows draws need whole
+    std::vector<LogitCandidates> selected_;  // sample_rows(): the backend's answer
+    std::unique_ptr<ThreadPool> draw_pool_;  // sample_rows(): whole-row draws side by side
 };
 
 // Greedy or sampled generation for a single sequence: the loop the CLI's generate and chat

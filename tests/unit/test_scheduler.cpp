@@ -141,6 +141,43 @@ TEST_F(SchedulerTest, ConcurrentGreedyOutputsEqualSingleRuns) {
     EXPECT_EQ(st.jobs_finished, 4u);
 }
 
+// Jobs drawing over the whole vocabulary (OpenAI's default) in shared steps: their rows are
+// drawn side by side on the host's threads (Engine::sample_rows), each with its own sampler;
+// every job's tokens must be those it draws alone (the CPU backend is batch-invariant).
+TEST_F(SchedulerTest, ConcurrentWholeVocabularyDrawsEqualSingleRuns) {
+    auto eng = engine(4);
+    const int n = 20;
+    auto run = [&](const std::vector<size_t>& which) {
+        SchedulerOptions so;
+        so.n_slots = 4;
+        Scheduler sched(*eng, so);
+        std::vector<std::shared_ptr<Job>> jobs;
+        for (size_t i : which) {
+            GenerationParams gp;
+            gp.sampling.temperature = 1.f;
+            gp.sampling.top_k = 0;
+            gp.sampling.top_p = 1.f;
+            gp.sampling.min_p = i == 2 ? 0.01f : 0.f;
+            gp.sampling.seed = 40 + i;
+            gp.max_tokens = n;
+            gp.logit_bias = no_eog();
+            const std::vector<int32_t> prompt = tokens(kPrompts[i]);
+            auto s = std::make_unique<Sampler>(gp.sampling, model_->hp.shape.n_vocab);
+            for (int32_t t : prompt) s->accept(t);
+            jobs.push_back(sched.submit(prompt, gp, std::move(s)));
+        }
+        std::vector<std::vector<int32_t>> got;
+        for (auto& j : jobs) got.push_back(collect(*j));
+        return got;
+    };
+    const auto together = run({0, 1, 2, 3});
+    for (size_t i = 0; i < 4; i++) {
+        const auto alone = run({i});
+        ASSERT_EQ(together[i].size(), size_t(n)) << "job " << i;
+        EXPECT_EQ(together[i], alone[0]) << "job " << i;
+    }
+}
+
 TEST_F(SchedulerTest, MoreJobsThanSlotsQueueReuseSlotsAndPrefixes) {
     auto eng = engine(2);
     const int n = 12;
