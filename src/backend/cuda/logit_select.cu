@@ -51,10 +51,6 @@ __device__ __forceinline__ unsigned long long logit_key(uint32_t u, int32_t id) 
     return (static_cast<unsigned long long>(ord) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(id));
 }
 
-// The draw's float arithmetic is the host's (ieee_float.cuh): this file is compiled with
-// --use_fast_math, whose -ftz would flush subnormals in float operations and conversions (a
-// weight of exp(-88) or less is one, at a low temperature, and the host's sums count it).
-
 // Sorts s[0..n) (n a power of two) into descending order; every thread of the block calls it.
 __device__ void bitonic_sort_desc(unsigned long long* s, int n) {
     __syncthreads();
@@ -254,8 +250,11 @@ __device__ __forceinline__ float key_logit(unsigned long long key) {
 __device__ __forceinline__ int32_t key_id(unsigned long long key) {
     return int32_t(0xFFFFFFFFu - uint32_t(key & 0xFFFFFFFFu));
 }
-// exp of a float rounded to float, from the double exp: the library's float exp is the fast
-// approximation in this file, and the host's sampler rounds exp exactly.
+// The draws' float arithmetic is the host's (ieee_float.cuh): this file is compiled with
+// --use_fast_math, whose -ftz would flush subnormals in float operations and conversions (a
+// weight of exp(-88) or less is one, at a low temperature, and the host's sums count it).
+// exp of a float, rounded to float from the double exp, as the host's sampler computes it
+// (the library's float exp is the fast approximation here).
 __device__ __forceinline__ float exp_rounded(float x) {
     return narrow_rn(exp(widen(x)));
 }
