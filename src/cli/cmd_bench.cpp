@@ -81,7 +81,7 @@ int cmd_bench(int argc, char** argv) {
         a.has("--ceiling") ? a.number("--ceiling", 0) : eng.backend().measure_read_bandwidth();
     std::mt19937 rng(1234);
     std::uniform_int_distribution<int32_t> tok_dist(0, eng.n_vocab() - 1);
-    std::vector<float> logits, row;
+    std::vector<float> logits;
     SamplerParams gp;
     gp.temperature = 0.f;
     Sampler greedy(gp, eng.n_vocab());
@@ -122,28 +122,22 @@ int cmd_bench(int argc, char** argv) {
             Batch b;
             auto t0 = clock::now();
             if (readback == "fed" || readback == "drawn" || readback == "whole") {
-                // Generation as generate() runs it: each step is enqueued before the host has
-                // the token it feeds, which the step before drew on the device (greedy, or
-                // a sampler with each draw checked on the host).
-                Backend& be = eng.backend();
+                // Generation as generate() runs it (FedSteps): each step is enqueued before
+                // the host has the token it feeds, which the step before drew on the device
+                // (greedy, or a sampler with each draw checked on the host).
                 Sampler& s = readback == "fed" ? greedy : readback == "drawn" ? chain : whole;
                 TokenDraw d;
                 s.device_draw(d);
-                auto take = [&] {
-                    const DrawnToken t = take_drawn(be, s, d, row);
+                FedSteps steps(eng, s, d, 0);
+                auto take = [&](int refeed_pos) {
+                    const DrawnToken t = steps.take(refeed_pos);
                     if (t.token != t.drawn) redrawn++;
                 };
                 for (int i = 0; i < n_gen; i++) {
-                    b.clear();
-                    b.add(i == 0 ? tok_dist(rng) : kFedToken, i, 0, true);
-                    b.choose = true;
-                    b.draw = d;
-                    // The uniform after that of the choice still queued (none at first).
-                    if (d.temperature > 0.f) b.draw.u = s.peek_uniform(i == 0 ? 0 : 1);
-                    eng.forward(b);
-                    if (i > 0) take();
+                    steps.enqueue(i == 0 ? tok_dist(rng) : kFedToken, i);
+                    if (i > 0) take(i);
                 }
-                take();
+                take(-1);
             } else {
                 for (int i = 0; i < n_gen; i++) {
                     b.clear();
