@@ -337,7 +337,9 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulTypes, ::testing::ValuesIn(all_cases())
 
 // Every compiled GEMV variant (kernel, rows per warp, column split, persistent grid or not) on
 // every quantized type: row and column tails, chunks split unevenly between warps, (with 9001
-// rows) persistent CTAs that loop over several row tiles, and the pipe kernel in both forms.
+// rows) persistent CTAs that loop over several row tiles, the pipe kernel in both forms, and
+// the tensor-core kernel at every column split (rows of 2-byte aligned blocks whose alignment
+// alternates: Q6_K 19 blocks, Q8_0 9).
 TEST(MatmulVariants, EveryGemvConfigMatches) {
     SKIP_WITHOUT_GPU();
     using ncu::detail::GemvConfig;
@@ -395,10 +397,10 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                 const int nx = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
                 int tried = 0;
                 std::vector<float> pipe_out[2];  // the pipe kernel's two forms (TMA ring or not)
-                for (auto kern :
-                     {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream, GemvKernel::Pipe})
+                for (auto kern : {GemvKernel::Staged, GemvKernel::Direct, GemvKernel::Stream,
+                                  GemvKernel::Pipe, GemvKernel::Mma})
                     for (int rw : {1, 2})
-                        for (int ks : {1, 2, 4})
+                        for (int ks : {1, 2, 4, 8})
                             for (bool pers : {true, false}) {
                                 GemvConfig c{kern, nx, rw, ks, pers};
                                 // The pipe kernel's TMA form, where it can run, and its
@@ -417,6 +419,7 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
                                         << (kern == GemvKernel::Direct   ? " direct"
                                             : kern == GemvKernel::Stream ? " stream"
                                             : kern == GemvKernel::Pipe   ? " pipe"
+                                            : kern == GemvKernel::Mma    ? " mma"
                                                                          : " staged")
                                         << (pers ? "-p" : "") << " nx" << nx << " rw" << rw << " k"
                                         << ks << " " << rows << "x" << cols << " n=" << n << " row "

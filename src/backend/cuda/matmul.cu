@@ -462,7 +462,7 @@ bool gemv_config_available(GgmlType t, const GemvConfig& c) {
         const bool aligned = t == GgmlType::Q4_K || t == GgmlType::Q5_K;  // direct_compiled<T>()
         return aligned && direct_pair_compiled(c.nx, c.rows_per_warp);
     }
-    if (c.kernel == GemvKernel::Mma) return t == GgmlType::Q4_K && c.rows_per_warp == 1;
+    if (c.kernel == GemvKernel::Mma) return mma_compiled(t) && c.rows_per_warp == 1;
     return true;
 }
 
@@ -480,7 +480,7 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
         // (The mma kernel's warps take tiles of 16 rows and share them block by block.)
         const TypeTraits& tr = traits(t);
         const bool mma = c.kernel == GemvKernel::Mma;
-        const int64_t chunk = mma ? 1 : chunk_blocks(t);
+        const int64_t chunk = mma ? mma_blocks_per_step(t) : chunk_blocks(t);
         const int64_t chunks = (cols / tr.block_elems + chunk - 1) / chunk;
         const int64_t warp_rows = mma ? 16 : c.rows_per_warp;
         const int64_t warps_wanted = int64_t(16) * (sm_count > 0 ? sm_count : 132);
@@ -549,7 +549,7 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
     // 140.1), the others 7.6 vs 6.5, 17.5 vs 19.4, 22.0 vs 18.0, 6.2 vs 3.0.
     static const bool mma = env_switch("NT_GEMV_MMA");
     const bool mma_wins = n >= 8 || (n >= 3 && rows >= 2048) || (n == 2 && rows >= 32768);
-    if (t == GgmlType::Q4_K && mma && mma_wins) {
+    if (mma_compiled(t) && mma && mma_wins) {
         want.kernel = GemvKernel::Mma;
         want.rows_per_warp = 1;
     }

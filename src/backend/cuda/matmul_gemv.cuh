@@ -392,9 +392,9 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
         if (c.kernel == GemvKernel::Stream)
             return launch_stream_nx<T>(w, rows, cols, xq, xd, n, y, c.nx, stream);
     }
-    if constexpr (T == GgmlType::Q4_K) {
+    if constexpr (mma_compiled(T)) {
         if (c.kernel == GemvKernel::Mma)
-            return launch_q4k_mma(w, rows, cols, xq, xd, n, y, c.ksplit, c.pdl, stream);
+            return launch_mma<T>(w, rows, cols, xq, xd, n, y, c.ksplit, c.pdl, stream);
     }
     if constexpr (pipe_compiled<T>()) {
         if (c.kernel == GemvKernel::Pipe) {

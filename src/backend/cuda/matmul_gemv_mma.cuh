@@ -1,25 +1,38 @@
-// Tensor-core GEMV for Q4_K weights at several activation rows (GemvKernel::Mma; internal,
-// included by matmul_gemv.cuh).
+// Tensor-core GEMV for Q4_K, Q6_K and Q8_0 weights at several activation rows
+// (GemvKernel::Mma; internal, included by matmul_gemv.cuh).
 //
 // At 2..8 activation rows the CUDA-core kernels are bound by their dp4a arithmetic, not by the
-// weight bytes: 8 rows of an 8B Q4_K matrix run at 8-9% of HBM against 52-92% for one row
-// (bench_gemv). Here a warp multiplies 16 weight rows by all (up to 8) activation rows with
-// the integer mma.m16n8k32: each 32-element sub-block is one mma, whose 16 x 8 integer dot
-// products then take the sub-block's scales as the CUDA-core kernels apply them:
-// d * sc * dx * dot - dmin * m * (dx * sum(qx)) (Quant<Q4_K>::dot; xd holds (dx, dx * sum qx)).
+// weight bytes: 8 rows of an 8B matrix ran at 8-10% of HBM (Q4_K), 7-13% (Q6_K) and 21-30%
+// (Q8_0) against 52-92% for one row (bench_gemv). Here a warp multiplies 16 weight rows by all
+// (up to 8) activation rows with the integer mma, one per run of elements that share a weight
+// scale, and applies the scales to the 16 x 8 integer dot products:
+//   Q4_K  mma.m16n8k32 per 32-element sub-block: d * sc * dx * dot - dmin * m * (dx * sum qx)
+//         (Quant<Q4_K>::dot; xd holds (dx, dx * sum qx));
+//   Q6_K  mma.m16n8k16 per 16-element sub-block on the signed quants (q - 32):
+//         d * dx * (sc * dot);
+//   Q8_0  mma.m16n8k32 per block: d * dx * dot.
 //
-// Fragments (PTX ISA, mma.m16n8k32 .s8): lane = 4 * g + t4; A a0 (row g, k 4t4..+3), a1 (row
-// g + 8, the same k), a2 and a3 (k 16 + 4t4..+3); B b0 (k 4t4..+3, column g), b1 (k 16 +
-// 4t4..+3); C c0, c1 (row g, columns 2t4, 2t4 + 1), c2, c3 (row g + 8). The dot product does
-// not care which element sits at which k as long as A and B agree, so lane t4 takes the
-// sub-block's elements 8t4 .. 8t4 + 7 as k 4t4..+3 and 16 + 4t4..+3: one 8-byte load of the
-// quants (the low nibbles are sub-block 2c, the high ones 2c + 1) and one of the activations.
+// Fragments (PTX ISA, .s8): lane = 4 * g + t4; C c0, c1 (row g, columns 2t4, 2t4 + 1), c2, c3
+// (row g + 8). k16: A a0 (row g, k 4t4..+3), a1 (row g + 8); B b0 (k 4t4..+3, column g). k32:
+// A a0, a1 as k16, a2 and a3 (k 16 + 4t4..+3); B b0, b1 (k 16 + 4t4..+3). The dot product does
+// not care which element sits at which k as long as A and B agree, so each lane takes the
+// elements whose bytes are contiguous in the block:
+//   Q4_K  lane t4 takes a sub-block's elements 8t4..8t4+7 (k 4t4..+3 and 16 + 4t4..+3): one
+//         8-byte load of quants (low nibbles sub-block 2c, high 2c + 1) and one of activations;
+//   Q6_K  lane t4 takes a sub-block's elements 4t4..4t4+3: one word of low bits (ql) and one
+//         of high bits (qh), each shared by two (ql) or four (qh) sub-blocks;
+//   Q8_0  as Q4_K, 8 bytes at 2 + 8t4.
 //
-// The KS warps of a tile (1 to 8) take alternate blocks and meet in shared memory (a fixed
-// order: the same bits every run); KS 8 gives matrices of few rows (1024 or 4096) enough warps.
-// bench_gemv, 8B shapes, 8 rows: 4096x4096 8.5 us (26.9 on the CUDA cores), 1024x4096 5.1
-// (9.6), 14336x4096 23.2 (87.3), 4096x14336 22.8 (86.7), 128256x4096 159 (693): 24-35% of HBM,
-// bound by the one block each warp holds in flight.
+// Q6_K's 210-byte and Q8_0's 34-byte blocks are only 2-byte aligned. A lane loads the aligned
+// word at or below each of its words (a lane's words, and the four lanes of a row, lie 4 or 16
+// bytes apart), takes the next aligned word from the lane that loaded it (one shuffle) and
+// shifts the pair; no load reaches past its block.
+//
+// The KS warps of a tile (1 to 8) take alternate steps (Q4_K, Q6_K: one block; Q8_0: four) and
+// meet in shared memory (a fixed order: the same bits every run); KS 8 gives matrices of few
+// rows (1024 or 4096) enough warps. bench_gemv, 8B Q4_K shapes, 8 rows: 4096x4096 8.5 us (26.9
+// on the CUDA cores), 1024x4096 5.1 (9.6), 14336x4096 23.2 (87.3), 4096x14336 22.8 (86.7),
+// 128256x4096 159 (693): 24-35% of HBM, bound by the one step each warp holds in flight.
 #pragma once
 #include <cstdint>
 
@@ -39,93 +52,80 @@ __device__ __forceinline__ void mma_s8_16832(int (&d)[4], uint32_t a0, uint32_t 
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
 }
-
-// One Q4_K block of a lane's two weight rows, as loaded.
-struct MmaQ4kW {
-    uint4 h0, h1;        // headers: d, dmin, scales
-    uint2 q0[4], q1[4];  // quants 8t4..8t4+7 of each 32-byte group
-};
-// The lane's activations of one block: sub-blocks 2c and 2c + 1, elements 8t4..8t4+7.
-struct MmaQ4kX {
-    uint2 a[4], b[4];
-};
-
-__device__ __forceinline__ void mma_q4k_load_w(const uint8_t* w0, const uint8_t* w1, int64_t kb,
-                                               int t4, MmaQ4kW& r) {
-    const uint8_t* b0 = w0 + kb * 144;
-    const uint8_t* b1 = w1 + kb * 144;
-    r.h0 = __ldg(reinterpret_cast<const uint4*>(b0));
-    r.h1 = __ldg(reinterpret_cast<const uint4*>(b1));
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        r.q0[c] = __ldg(reinterpret_cast<const uint2*>(b0 + 16 + 32 * c + 8 * t4));
-        r.q1[c] = __ldg(reinterpret_cast<const uint2*>(b1 + 16 + 32 * c + 8 * t4));
-    }
+__device__ __forceinline__ void mma_s8_16816(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%7,%7,%7};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
-__device__ __forceinline__ void mma_q4k_load_x(const int8_t* xr, bool has_x, int64_t kb, int t4,
-                                               MmaQ4kX& r) {
-    const int8_t* x = xr + kb * 256 + 8 * t4;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        r.a[c] = has_x ? *reinterpret_cast<const uint2*>(x + 64 * c) : make_uint2(0, 0);
-        r.b[c] = has_x ? *reinterpret_cast<const uint2*>(x + 64 * c + 32) : make_uint2(0, 0);
-    }
+// The aligned word at or below p (p 2-byte aligned) and the shift that, with the next aligned
+// word, makes the word at p: __funnelshift_r(lo, hi, sh).
+__device__ __forceinline__ uint32_t mma_ld_floor(const uint8_t* p) {
+    return __ldg(reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3)));
+}
+__device__ __forceinline__ uint32_t mma_shift(const uint8_t* p) {
+    return uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
 }
 
-// KS warps share a tile (a CTA of WARPS warps covers WARPS / KS tiles); each warp holds the
-// next block while it multiplies one. 16 warps a multiprocessor (128 registers). Two blocks
-// ahead (168 registers, 12 warps) measured slower on every 8B shape at 4 and 8 rows.
-template <int KS, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
-    gemv_q4k_mma(const uint8_t* __restrict__ w, int64_t rows, int64_t cols,
-                 const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
-                 float* __restrict__ y) {
-    using Q = Quant<GgmlType::Q4_K>;
-    constexpr int kTiles = WARPS / KS;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const int64_t tile = int64_t(blockIdx.x) * kTiles + warp / KS;
-    const int kpart = warp % KS;
-    const int64_t nb = cols / 256, row_bytes = nb * 144;
-    const int64_t r0 = tile * kMmaTileRows + g, r1 = r0 + 8;
-    const uint8_t* w0 = w + (r0 < rows ? r0 : rows - 1) * row_bytes;
-    const uint8_t* w1 = w + (r1 < rows ? r1 : rows - 1) * row_bytes;
-    MmaQ4kW cur;
-    if (kpart < nb) mma_q4k_load_w(w0, w1, kpart, t4, cur);
-    pdl_wait(xq, xd);
-    // Activation row g is B's column g; C's columns are activation rows 2t4 and 2t4 + 1.
-    const bool has_x = g < n;
-    const int8_t* xr = xq + int64_t(has_x ? g : 0) * cols;
-    const int64_t xd_stride = cols / 32;
-    const int c0 = 2 * t4, c1 = 2 * t4 + 1;
-    const float2* xd0 = xd + int64_t(c0 < n ? c0 : 0) * xd_stride;
-    const float2* xd1 = xd + int64_t(c1 < n ? c1 : 0) * xd_stride;
+// Where a warp's lanes find their data: row g's and row g + 8's weights, activation row g
+// (B's column g) and the scales of activation rows 2t4 and 2t4 + 1 (C's columns).
+struct MmaLane {
+    const uint8_t *w0, *w1;
+    const int8_t* xr;
+    bool has_x;
+    const float2 *xd0, *xd1;
+    int lane, t4;
+};
 
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    MmaQ4kX x;
-    if (kpart < nb) mma_q4k_load_x(xr, has_x, kpart, t4, x);
-    for (int64_t kb = kpart; kb < nb; kb += KS) {
-        MmaQ4kW next;
-        MmaQ4kX x_next;
-        if (kb + KS < nb) {
-            mma_q4k_load_w(w0, w1, kb + KS, t4, next);
-            mma_q4k_load_x(xr, has_x, kb + KS, t4, x_next);
+// ---- Q4_K: 144-byte blocks (16-byte aligned), one block a step ------------------------------
+struct MmaQ4k {
+    static constexpr int kBlockElems = 256, kBlockBytes = 144, kBlocksPerStep = 1;
+    struct W {
+        uint4 h0, h1;        // headers: d, dmin, scales
+        uint2 q0[4], q1[4];  // quants 8t4..8t4+7 of each 32-byte group
+    };
+    struct X {  // sub-blocks 2c and 2c + 1, elements 8t4..8t4+7
+        uint2 a[4], b[4];
+    };
+    __device__ static void load_w(const MmaLane& l, int64_t kb, int64_t /*nb*/, W& r) {
+        const uint8_t* b0 = l.w0 + kb * kBlockBytes;
+        const uint8_t* b1 = l.w1 + kb * kBlockBytes;
+        r.h0 = __ldg(reinterpret_cast<const uint4*>(b0));
+        r.h1 = __ldg(reinterpret_cast<const uint4*>(b1));
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            r.q0[c] = __ldg(reinterpret_cast<const uint2*>(b0 + 16 + 32 * c + 8 * l.t4));
+            r.q1[c] = __ldg(reinterpret_cast<const uint2*>(b1 + 16 + 32 * c + 8 * l.t4));
         }
-        const uint32_t hw0[4] = {cur.h0.x, cur.h0.y, cur.h0.z, cur.h0.w};
-        const uint32_t hw1[4] = {cur.h1.x, cur.h1.y, cur.h1.z, cur.h1.w};
+    }
+    __device__ static void load_x(const MmaLane& l, int64_t kb, int64_t /*nb*/, X& r) {
+        const int8_t* x = l.xr + kb * 256 + 8 * l.t4;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            r.a[c] = l.has_x ? *reinterpret_cast<const uint2*>(x + 64 * c) : make_uint2(0, 0);
+            r.b[c] = l.has_x ? *reinterpret_cast<const uint2*>(x + 64 * c + 32) : make_uint2(0, 0);
+        }
+    }
+    __device__ static void step(const MmaLane& l, const W& w, const X& x, int64_t kb,
+                                int64_t /*nb*/, float (&acc)[4]) {
+        using Q = Quant<GgmlType::Q4_K>;
+        const uint32_t hw0[4] = {w.h0.x, w.h0.y, w.h0.z, w.h0.w};
+        const uint32_t hw1[4] = {w.h1.x, w.h1.y, w.h1.z, w.h1.w};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             constexpr uint32_t M = 0x0F0F0F0Fu;
             int lo[4], hi[4];
-            mma_s8_16832(lo, cur.q0[c].x & M, cur.q1[c].x & M, cur.q0[c].y & M, cur.q1[c].y & M,
+            mma_s8_16832(lo, w.q0[c].x & M, w.q1[c].x & M, w.q0[c].y & M, w.q1[c].y & M,
                          x.a[c].x, x.a[c].y);
-            mma_s8_16832(hi, (cur.q0[c].x >> 4) & M, (cur.q1[c].x >> 4) & M,
-                         (cur.q0[c].y >> 4) & M, (cur.q1[c].y >> 4) & M, x.b[c].x, x.b[c].y);
+            mma_s8_16832(hi, (w.q0[c].x >> 4) & M, (w.q1[c].x >> 4) & M, (w.q0[c].y >> 4) & M,
+                         (w.q1[c].y >> 4) & M, x.b[c].x, x.b[c].y);
             Q::W s0, s1;
             Q::scales_from_header(hw0, c, s0);
             Q::scales_from_header(hw1, c, s1);
             const int64_t sb = kb * 8 + 2 * c;
-            const float2 a0 = xd0[sb], b0 = xd0[sb + 1], a1 = xd1[sb], b1 = xd1[sb + 1];
+            const float2 a0 = l.xd0[sb], b0 = l.xd0[sb + 1], a1 = l.xd1[sb], b1 = l.xd1[sb + 1];
             acc[0] += s0.d1 * a0.x * float(lo[0]) + s0.d2 * b0.x * float(hi[0]) -
                       (s0.m1 * a0.y + s0.m2 * b0.y);
             acc[1] += s0.d1 * a1.x * float(lo[1]) + s0.d2 * b1.x * float(hi[1]) -
@@ -135,6 +135,208 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
             acc[3] += s1.d1 * a1.x * float(lo[3]) + s1.d2 * b1.x * float(hi[3]) -
                       (s1.m1 * a1.y + s1.m2 * b1.y);
         }
+    }
+};
+
+// ---- Q6_K: 210-byte blocks (2-byte aligned), one block a step -------------------------------
+// ql[128] @0, qh[64] @128, scales[16] @192, d @208. Element 128n + 32t + 16s + e (e < 16) is
+// the nibble t >> 1 of ql[64n + 32(t & 1) + 16s + e] with bits 2t of qh[32n + 16s + e] above it,
+// scale 8n + 2t + s. A lane's 12 words of a row lie 16 bytes apart: ql words m = 4n + 2(t & 1)
+// + s, then qh words 8 + 2n + s; the aligned word after the last is the scales' first.
+struct MmaQ6k {
+    static constexpr int kBlockElems = 256, kBlockBytes = 210, kBlocksPerStep = 1;
+    struct W {
+        uint32_t q[2][12];  // the aligned words at or below the lane's words, rows g and g + 8
+        A2x4 s[2];          // the 16 scales
+        uint32_t d[2];
+    };
+    // The activations are read as each sub-block needs them (element 4t4..4t4+3 of each:
+    // 128n + 32t + 16s + 4t4), not a step ahead: 16 more registers a lane would spill.
+    struct X {};
+    __device__ static void load_w(const MmaLane& l, int64_t kb, int64_t /*nb*/, W& r) {
+        const uint8_t* b[2] = {l.w0 + kb * kBlockBytes, l.w1 + kb * kBlockBytes};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+            for (int m = 0; m < 12; ++m) r.q[i][m] = mma_ld_floor(b[i] + 16 * m + 4 * l.t4);
+            ld_a2x4_raw(b[i] + 192, r.s[i]);
+            r.d[i] = ld_u16(b[i] + 208);
+        }
+    }
+    __device__ static void load_x(const MmaLane&, int64_t, int64_t, X&) {}
+    __device__ static void step(const MmaLane& l, const W& w, const X&, int64_t kb,
+                                int64_t /*nb*/, float (&acc)[4]) {
+        // Word m of row i: lane t4's aligned word after it is lane t4 + 1's word m (lane 3:
+        // lane 0's word m + 1; after word 11, the scales' first aligned word). Each word is
+        // made where it is first used, so that few are held at once.
+        const int src = (l.lane & ~3) | ((l.t4 + 1) & 3);
+        uint32_t sh[2], sc[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            sh[i] = mma_shift((i ? l.w1 : l.w0) + kb * kBlockBytes);
+            a2x4_words(w.s[i], sc[i]);
+        }
+        auto word = [&](int i, int m) {
+            const uint32_t send = l.t4 != 0 ? w.q[i][m] : m < 11 ? w.q[i][m + 1] : w.s[i].w[0];
+            return __funnelshift_r(w.q[i][m], __shfl_sync(0xFFFFFFFFu, send, src), sh[i]);
+        };
+        const int8_t* x = l.xr + kb * 256 + 4 * l.t4;
+        float blk[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int s = 0; s < 2; ++s) {
+                const uint32_t h[2] = {word(0, 8 + 2 * n + s), word(1, 8 + 2 * n + s)};
+#pragma unroll
+                for (int tb = 0; tb < 2; ++tb) {
+                    const uint32_t ql[2] = {word(0, 4 * n + 2 * tb + s),
+                                            word(1, 4 * n + 2 * tb + s)};
+#pragma unroll
+                    for (int nib = 0; nib < 2; ++nib) {
+                        const int t = tb + 2 * nib;
+                        uint32_t a[2];
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) {
+                            const uint32_t lo = (ql[i] >> (4 * nib)) & 0x0F0F0F0Fu;
+                            const uint32_t hi = (t == 0   ? h[i] << 4
+                                                 : t == 1 ? h[i] << 2
+                                                 : t == 2 ? h[i]
+                                                          : h[i] >> 2) &
+                                                0x30303030u;
+                            a[i] = sub_bytes(lo | hi, 0x20202020u);
+                        }
+                        const uint32_t b =
+                            l.has_x ? *reinterpret_cast<const uint32_t*>(
+                                          x + 128 * n + 32 * t + 16 * s)
+                                    : 0u;
+                        int dot[4];
+                        mma_s8_16816(dot, a[0], a[1], b);
+                        // Scale 8n + 2t + s: byte 2(t & 1) + s of word 2n + (t >> 1).
+                        const int j = int(kb) * 8 + 4 * n + t;
+                        const float dx0 = l.xd0[j].x, dx1 = l.xd1[j].x;
+#pragma unroll
+                        for (int i = 0; i < 2; ++i) {
+                            const int sv = int8_t(uint8_t(
+                                sc[i][2 * n + (t >> 1)] >> (16 * (t & 1) + 8 * s)));
+                            blk[2 * i] += dx0 * float(sv * dot[2 * i]);
+                            blk[2 * i + 1] += dx1 * float(sv * dot[2 * i + 1]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i] += h2f(w.d[i >> 1]) * blk[i];
+    }
+};
+
+// ---- Q8_0: 34-byte blocks (2-byte aligned), four blocks a step -------------------------------
+struct MmaQ80 {
+    static constexpr int kBlockElems = 32, kBlockBytes = 34, kBlocksPerStep = 4;
+    struct W {
+        // Per block and row: the aligned words at or below quants 8t4 and 8t4 + 4, lane 3's
+        // last two bytes where the quants are not 4-byte aligned, and d.
+        uint32_t lo[kBlocksPerStep][2][2], tail[kBlocksPerStep][2], d[kBlocksPerStep][2];
+    };
+    struct X {
+        uint2 v[kBlocksPerStep];
+    };
+    __device__ static void load_w(const MmaLane& l, int64_t st, int64_t nb, W& r) {
+#pragma unroll
+        for (int u = 0; u < kBlocksPerStep; ++u) {
+            const int64_t kb = st * kBlocksPerStep + u;
+            if (kb >= nb) continue;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const uint8_t* b = (i ? l.w1 : l.w0) + kb * kBlockBytes;
+                const uint8_t* p = b + 2 + 8 * l.t4;
+                r.lo[u][i][0] = mma_ld_floor(p);
+                r.lo[u][i][1] = mma_ld_floor(p + 4);
+                r.tail[u][i] = l.t4 == 3 && mma_shift(p) ? ld_u16(b + 32) : 0u;
+                r.d[u][i] = ld_u16(b);
+            }
+        }
+    }
+    __device__ static void load_x(const MmaLane& l, int64_t st, int64_t nb, X& r) {
+#pragma unroll
+        for (int u = 0; u < kBlocksPerStep; ++u) {
+            const int64_t kb = st * kBlocksPerStep + u;
+            r.v[u] = l.has_x && kb < nb
+                         ? *reinterpret_cast<const uint2*>(l.xr + kb * 32 + 8 * l.t4)
+                         : make_uint2(0, 0);
+        }
+    }
+    __device__ static void step(const MmaLane& l, const W& w, const X& x, int64_t st, int64_t nb,
+                                float (&acc)[4]) {
+        const int src = (l.lane & ~3) | ((l.t4 + 1) & 3);
+#pragma unroll
+        for (int u = 0; u < kBlocksPerStep; ++u) {
+            const int64_t kb = st * kBlocksPerStep + u;
+            if (kb >= nb) break;  // the same for the whole warp
+            uint32_t q[2][2];
+            float d[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const uint32_t sh = mma_shift((i ? l.w1 : l.w0) + kb * kBlockBytes + 2);
+                const uint32_t next = __shfl_sync(0xFFFFFFFFu, w.lo[u][i][0], src);
+                const uint32_t hi = l.t4 == 3 ? w.tail[u][i] : next;
+                q[i][0] = __funnelshift_r(w.lo[u][i][0], w.lo[u][i][1], sh);
+                q[i][1] = __funnelshift_r(w.lo[u][i][1], hi, sh);
+                d[i] = h2f(w.d[u][i]);
+            }
+            int dot[4];
+            mma_s8_16832(dot, q[0][0], q[1][0], q[0][1], q[1][1], x.v[u].x, x.v[u].y);
+            const float dx0 = l.xd0[kb].x, dx1 = l.xd1[kb].x;
+            acc[0] += d[0] * dx0 * float(dot[0]);
+            acc[1] += d[0] * dx1 * float(dot[1]);
+            acc[2] += d[1] * dx0 * float(dot[2]);
+            acc[3] += d[1] * dx1 * float(dot[3]);
+        }
+    }
+};
+
+// KS warps share a tile (a CTA of WARPS warps covers WARPS / KS tiles); each warp holds the
+// next step while it multiplies one. 16 warps a multiprocessor (128 registers). Two blocks
+// ahead (Q4_K: 168 registers, 12 warps) measured slower on every 8B shape at 4 and 8 rows.
+// early: the first step's weights are loaded before waiting for the kernel before
+// (NT_PDL_PREFETCH=0 waits first).
+template <class P, int KS, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
+    gemv_mma(const uint8_t* __restrict__ w, int64_t rows, int64_t cols,
+             const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
+             float* __restrict__ y, bool early) {
+    constexpr int kTiles = WARPS / KS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t tile = int64_t(blockIdx.x) * kTiles + warp / KS;
+    const int kpart = warp % KS;
+    const int64_t nb = cols / P::kBlockElems, row_bytes = nb * P::kBlockBytes;
+    const int64_t steps = (nb + P::kBlocksPerStep - 1) / P::kBlocksPerStep;
+    const int64_t r0 = tile * kMmaTileRows + g, r1 = r0 + 8;
+    MmaLane l;
+    l.w0 = w + (r0 < rows ? r0 : rows - 1) * row_bytes;
+    l.w1 = w + (r1 < rows ? r1 : rows - 1) * row_bytes;
+    l.lane = lane, l.t4 = t4;
+    typename P::W cur;
+    if (!early) pdl_wait(xq, xd);
+    if (kpart < steps) P::load_w(l, kpart, nb, cur);
+    if (early) pdl_wait(xq, xd);
+    l.has_x = g < n;
+    l.xr = xq + int64_t(l.has_x ? g : 0) * cols;
+    const int64_t xd_stride = cols / 32;
+    const int c0 = 2 * t4, c1 = 2 * t4 + 1;
+    l.xd0 = xd + int64_t(c0 < n ? c0 : 0) * xd_stride;
+    l.xd1 = xd + int64_t(c1 < n ? c1 : 0) * xd_stride;
+
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    typename P::X x;
+    if (kpart < steps) P::load_x(l, kpart, nb, x);
+    for (int64_t st = kpart; st < steps; st += KS) {
+        typename P::W next;
+        typename P::X x_next;
+        if (st + KS < steps) {
+            P::load_w(l, st + KS, nb, next);
+            P::load_x(l, st + KS, nb, x_next);
+        }
+        P::step(l, cur, x, st, nb, acc);
         cur = next;
         x = x_next;
     }
@@ -159,29 +361,52 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
     }
 }
 
-inline void launch_q4k_mma(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-                           const float2* xd, int n, float* y, int ksplit, bool pdl,
-                           cudaStream_t stream) {
+template <class P>
+void launch_mma_as(const char* what, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+                   const float2* xd, int n, float* y, int ksplit, bool pdl, cudaStream_t stream) {
     const int64_t tiles = (rows + kMmaTileRows - 1) / kMmaTileRows;
+    const bool early = pdl && pdl_prefetch_enabled();
     auto go = [&](auto kernel, int ks, int warps) {
         const int tiles_per_cta = warps / ks;
         const dim3 grid(unsigned((tiles + tiles_per_cta - 1) / tiles_per_cta));
-        launch_kernel(pdl, kernel, grid, dim3(unsigned(warps * 32)), 0, stream,
-                      "gemv (Q4_K, mma)", static_cast<const uint8_t*>(w), rows, cols, xq, xd, n,
-                      y);
+        launch_kernel(pdl, kernel, grid, dim3(unsigned(warps * 32)), 0, stream, what,
+                      static_cast<const uint8_t*>(w), rows, cols, xq, xd, n, y, early);
     };
     switch (ksplit) {
         case 1:
-            return go(gemv_q4k_mma<1, 4>, 1, 4);
+            return go(gemv_mma<P, 1, 4>, 1, 4);
         case 2:
-            return go(gemv_q4k_mma<2, 4>, 2, 4);
+            return go(gemv_mma<P, 2, 4>, 2, 4);
         case 4:
-            return go(gemv_q4k_mma<4, 4>, 4, 4);
+            return go(gemv_mma<P, 4, 4>, 4, 4);
         case 8:
-            return go(gemv_q4k_mma<8, 8>, 8, 8);
+            return go(gemv_mma<P, 8, 8>, 8, 8);
         default:
-            nt::fail("gemv (Q4_K, mma): no kernel for ksplit %d.", ksplit);
+            nt::fail("%s: no kernel for ksplit %d.", what, ksplit);
     }
+}
+
+// The types with a tensor-core GEMV, and the blocks of a step (what its warps share out).
+constexpr bool mma_compiled(GgmlType t) {
+    return t == GgmlType::Q4_K || t == GgmlType::Q6_K || t == GgmlType::Q8_0;
+}
+constexpr int mma_blocks_per_step(GgmlType t) {
+    return t == GgmlType::Q8_0 ? MmaQ80::kBlocksPerStep : 1;
+}
+
+template <GgmlType T>
+void launch_mma(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
+                int n, float* y, int ksplit, bool pdl, cudaStream_t stream) {
+    static_assert(mma_compiled(T));
+    if constexpr (T == GgmlType::Q4_K)
+        launch_mma_as<MmaQ4k>("gemv (Q4_K, mma)", w, rows, cols, xq, xd, n, y, ksplit, pdl,
+                              stream);
+    else if constexpr (T == GgmlType::Q6_K)
+        launch_mma_as<MmaQ6k>("gemv (Q6_K, mma)", w, rows, cols, xq, xd, n, y, ksplit, pdl,
+                              stream);
+    else
+        launch_mma_as<MmaQ80>("gemv (Q8_0, mma)", w, rows, cols, xq, xd, n, y, ksplit, pdl,
+                              stream);
 }
 
 }  // namespace nt::cuda::detail

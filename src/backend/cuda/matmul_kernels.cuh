@@ -60,7 +60,7 @@ enum class GemvKernel : int {
                  // weight registers in flight per warp (Q4_K, Q6_K, Q8_0; rows_per_warp 1,
                  // ksplit 1; see matmul_gemv_pipe.cuh)
     Mma = 4,     // tensor cores: a warp takes 16 weight rows and every activation row with the
-                 // integer mma (Q4_K; rows_per_warp 1; see matmul_gemv_mma.cuh)
+                 // integer mma (Q4_K, Q6_K, Q8_0; rows_per_warp 1; see matmul_gemv_mma.cuh)
 };
 
 // A GEMV launch shape. Zeros mean "choose": gemv_config() fills them in.
