@@ -240,7 +240,7 @@ double check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, uint64_t seed
     const std::vector<float> y = dy.get();
 
     // What the GPU multiplies.
-    const bool gemv = n <= ncu::kGemvMaxBatch;
+    const bool gemv = ncu::matmul_takes_gemv(t, n);
     const bool quantized = !is_float_type(t);
     ActRef act;
     if (quantized) act = act_roundtrip(t, x, cols);

@@ -10,7 +10,9 @@
 //  - n > kGemvMaxBatch (prompt): the weight is dequantized to FP16 into the workspace (in row
 //    slices when it does not fit whole), x is converted to FP16, and cuBLAS multiplies on the
 //    tensor cores with FP32 accumulation. F16 and BF16 weights are used in place (x converted
-//    to the weight's type), F32 weights go through an FP32 cuBLAS GEMM.
+//    to the weight's type), F32 weights go through an FP32 cuBLAS GEMM. Short batches of the
+//    types with a tensor-core GEMV (Q4_K, Q6_K, Q8_0) take the GEMV path in chunks of
+//    kGemvMaxBatch rows instead (matmul_takes_gemv).
 //
 // Host-only header: the CUDA backend and tests include it from plain C++.
 #pragma once
@@ -25,6 +27,10 @@
 namespace nt::cuda {
 
 constexpr int kGemvMaxBatch = 8;
+
+// Whether matmul() multiplies a batch of n rows of type t on the GEMV path (int8 activations,
+// quantized weights as they are), in chunks of kGemvMaxBatch rows, rather than the GEMM path.
+bool matmul_takes_gemv(GgmlType t, int n);
 
 // Which activations the workspace holds quantized (GEMV path): x, batch, columns and the
 // activation quantization (detail::ActQuant). x == nullptr: none.
