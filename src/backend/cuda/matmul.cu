@@ -576,14 +576,23 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
         want.rows_per_warp = 1;
         want.ksplit = 1;
     }
-    // Q4_K at several activation rows: the tensor-core kernel, where the CUDA-core ones are
-    // bound by their dp4a arithmetic (NT_GEMV_MMA=0 keeps those, for A/B runs). bench_gemv
-    // --pdl, 8B shapes, us, mma against staged-p: at 8 rows 4096x4096 9.1 vs 26.9, 14336x4096
-    // 23.2 vs 87.3, 4096x14336 25.1 vs 86.7, 1024x4096 6.9 vs 9.6; at 4 rows 7.9 vs 10.2, 19.4
-    // vs 30.3, 22.8 vs 32.3, but 1024x4096 6.3 vs 3.8; at 2 rows only 128256x4096 (120.6 vs
-    // 140.1), the others 7.6 vs 6.5, 17.5 vs 19.4, 22.0 vs 18.0, 6.2 vs 3.0.
+    // Several activation rows: the tensor-core kernel, where the CUDA-core ones are bound by
+    // their dp4a arithmetic (NT_GEMV_MMA=0 keeps those, for A/B runs). bench_gemv --pdl
+    // --variants all, 8B shapes, us, best mma against the best CUDA-core variant:
+    //   Q4_K at 8 rows 4096x4096 8.5 vs 18.1, 14336x4096 22.9 vs 49.3, 4096x14336 22.7 vs
+    //   53.5, 1024x4096 5.0 vs 8.9; at 4 rows 7.3 vs 9.8, 19.3 vs 25.3, 18.8 vs 29.8, but
+    //   1024x4096 4.7 vs 3.8; at 2 rows only 128256x4096 (120.9 vs 119.0, 140 for staged-p),
+    //   the others 6.8 vs 5.9, 17.9 vs 17.1, 17.1 vs 16.9, 4.5 vs 3.0.
+    //   Q6_K the same way: at 8 rows 10.5 vs 21.2, 31.5 vs 57.6, 29.9 vs 63.5, 6.3 vs 9.5,
+    //   221 vs 464; at 4 rows 9.7 vs 11.7, 27.7 vs 33.5, 26.4 vs 35.6, 184 vs 260, but 5.9 vs
+    //   4.6 on 1024x4096; at 2 rows 176 vs 176 on the output matrix, slower on the others.
+    //   Q8_0 (whose dp4a needs no unpacking) only at 8 rows and 2048-8191 weight rows: 13.6 vs
+    //   15.0 (4096x4096), 42.2 vs 50.5 (4096x14336); 46.7 vs 42.3 (14336x4096), 361 vs 340
+    //   (128256x4096), 9.3 vs 4.6 (1024x4096).
     static const bool mma = env_switch("NT_GEMV_MMA");
-    const bool mma_wins = n >= 8 || (n >= 3 && rows >= 2048) || (n == 2 && rows >= 32768);
+    const bool mma_wins =
+        t == GgmlType::Q8_0 ? n >= 8 && rows >= 2048 && rows < 8192
+                            : n >= 8 || (n >= 3 && rows >= 2048) || (n == 2 && rows >= 32768);
     if (mma_compiled(t) && mma && mma_wins) {
         want.kernel = GemvKernel::Mma;
         want.rows_per_warp = 1;

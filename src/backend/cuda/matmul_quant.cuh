@@ -711,9 +711,12 @@ struct Quant<GgmlType::Q6_K> {
         ld_a2x4_raw(b + 64 * n + 32 + 16 * hf, r.lb);
         ld_a2x4_raw(b + 128 + 32 * n + 16 * hf, r.h);
 #ifdef __CUDA_ARCH__
+        // The third word only where the 8 scale bytes are not 4-byte aligned, and only its
+        // half inside the block (a whole word would read past a matrix's last block).
         const uint32_t* sw = reinterpret_cast<const uint32_t*>(
             reinterpret_cast<uintptr_t>(b + 192 + 8 * n) & ~uintptr_t(3));
-        r.s[0] = sw[0], r.s[1] = sw[1], r.s[2] = sw[2];
+        r.s[0] = sw[0], r.s[1] = sw[1];
+        r.s[2] = r.la.sh ? ld_u16(reinterpret_cast<const uint8_t*>(sw + 2)) : 0u;
 #else
         std::memcpy(r.s, b + 192 + 8 * n, 8);
         r.s[2] = 0;
