@@ -88,7 +88,7 @@ std::string describe(const GemvConfig& c) {
     std::snprintf(b, sizeof b, "%s nx%d rw%d k%d",
                   c.kernel == GemvKernel::Direct   ? "direct"
                   : c.kernel == GemvKernel::Stream ? "stream"
-                  : c.kernel == GemvKernel::Mma    ? (c.tma ? "mma-r" : "mma")
+                  : c.kernel == GemvKernel::Mma    ? "mma"
                   : c.kernel == GemvKernel::Pipe   ? (!c.tma    ? "pipe-r"
                                                       : c.split ? "pipe-s"
                                                                 : "pipe")
@@ -102,8 +102,7 @@ bool same(const GemvConfig& a, const GemvConfig& b) {
     return a.kernel == b.kernel && a.nx == b.nx && a.rows_per_warp == b.rows_per_warp &&
            a.ksplit == b.ksplit &&
            (a.kernel != GemvKernel::Staged || a.persistent == b.persistent) &&
-           (a.kernel != GemvKernel::Pipe || (a.tma == b.tma && a.split == b.split)) &&
-           (a.kernel != GemvKernel::Mma || a.tma == b.tma);
+           (a.kernel != GemvKernel::Pipe || (a.tma == b.tma && a.split == b.split));
 }
 
 }  // namespace
@@ -202,9 +201,8 @@ int main(int argc, char** argv) try {
                             for (int ks : {1, 2, 4, 8})
                                 for (bool pers : {true, false}) {
                                     if (kern != GemvKernel::Staged && kern != GemvKernel::Pipe &&
-                                        kern != GemvKernel::Mma && pers)
-                                        continue;  // only Staged has it (Pipe, Mma: their
-                                                   // forms with shared-memory rings)
+                                        pers)
+                                        continue;  // only Staged has it (Pipe: its TMA form)
                                     GemvConfig c{kern, def.nx, rw, ks, pers};
                                     c.tma = pers;
                                     if (!same(c, def) &&

@@ -497,8 +497,7 @@ bool gemv_config_available(GgmlType t, const GemvConfig& c) {
         const bool aligned = t == GgmlType::Q4_K || t == GgmlType::Q5_K;  // direct_compiled<T>()
         return aligned && direct_pair_compiled(c.nx, c.rows_per_warp);
     }
-    if (c.kernel == GemvKernel::Mma)  // tma: its shared-memory ring form
-        return mma_compiled(t) && c.rows_per_warp == 1 && (!c.tma || mma_ring_compiled(t));
+    if (c.kernel == GemvKernel::Mma) return mma_compiled(t) && c.rows_per_warp == 1;
     return true;
 }
 
@@ -530,17 +529,6 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
     return c;
 }
 
-namespace {
-
-// The tensor-core GEMV's weights in flight through a shared-memory ring where the type has
-// that form (NT_MMA_RING=0: in registers, for A/B runs).
-bool mma_ring(GgmlType t) {
-    static const bool on = env_switch("NT_MMA_RING");
-    return on && mma_ring_compiled(t);
-}
-
-}  // namespace
-
 GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_count) {
     // NT_GEMV_KERNEL=staged|direct|stream|pipe forces a kernel where the type has it (A/B
     // measurements of whole models; bench_gemv compares kernels one matrix at a time).
@@ -560,7 +548,7 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
         want.kernel = GemvKernel(forced);
         if (want.kernel == GemvKernel::Pipe || want.kernel == GemvKernel::Stream)
             want.rows_per_warp = 1, want.ksplit = 1;
-        if (want.kernel == GemvKernel::Mma) want.rows_per_warp = 1, want.tma = mma_ring(t);
+        if (want.kernel == GemvKernel::Mma) want.rows_per_warp = 1;
         const GemvConfig c = gemv_config(t, rows, cols, n, sm_count, want);
         if (c.kernel == want.kernel) return c;
     }
@@ -608,7 +596,6 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
     if (mma_compiled(t) && mma && mma_wins) {
         want.kernel = GemvKernel::Mma;
         want.rows_per_warp = 1;
-        want.tma = mma_ring(t);
     }
     return gemv_config(t, rows, cols, n, sm_count, want);
 }

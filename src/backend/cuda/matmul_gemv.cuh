@@ -59,6 +59,19 @@ struct Staging {
     static constexpr int kStageBytes = (kChunkBytes / 16 + 2) * 16;
 };
 
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+                 "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -381,7 +394,7 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
     }
     if constexpr (mma_compiled(T)) {
         if (c.kernel == GemvKernel::Mma)
-            return launch_mma<T>(w, rows, cols, xq, xd, n, y, c.ksplit, c.tma, c.pdl, stream);
+            return launch_mma<T>(w, rows, cols, xq, xd, n, y, c.ksplit, c.pdl, stream);
     }
     if constexpr (pipe_compiled<T>()) {
         if (c.kernel == GemvKernel::Pipe) {

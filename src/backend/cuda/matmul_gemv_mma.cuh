@@ -100,22 +100,6 @@ struct MmaQ4k {
             r.q1[c] = __ldg(reinterpret_cast<const uint2*>(b1 + 16 + 32 * c + 8 * l.t4));
         }
     }
-    // The shared-memory ring's form (gemv_mma_ring): a step's 16 rows staged kRingRowBytes
-    // apart, 144 bytes copied of each as nine 16-byte vectors. 160 bytes apart, the 8-byte
-    // quant loads of a half-warp (rows g..g+3) fall in distinct banks.
-    static constexpr int kRingRowBytes = 160, kRingVectors = kBlockBytes / 16;
-    __device__ static void copy_row(uint8_t* dst, const uint8_t* row, int64_t kb, int v) {
-        cp_async16(dst + 16 * v, row + kb * kBlockBytes + 16 * v, 16);
-    }
-    __device__ static void read_w(const uint8_t* s0, const uint8_t* s1, int t4, W& r) {
-        r.h0 = *reinterpret_cast<const uint4*>(s0);
-        r.h1 = *reinterpret_cast<const uint4*>(s1);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            r.q0[c] = *reinterpret_cast<const uint2*>(s0 + 16 + 32 * c + 8 * t4);
-            r.q1[c] = *reinterpret_cast<const uint2*>(s1 + 16 + 32 * c + 8 * t4);
-        }
-    }
     __device__ static void load_x(const MmaLane& l, int64_t kb, int64_t /*nb*/, X& r) {
         const int8_t* x = l.xr + kb * 256 + 8 * l.t4;
 #pragma unroll
@@ -161,7 +145,6 @@ struct MmaQ4k {
 // + s, then qh words 8 + 2n + s; the aligned word after the last is the scales' first.
 struct MmaQ6k {
     static constexpr int kBlockElems = 256, kBlockBytes = 210, kBlocksPerStep = 1;
-    static constexpr int kRingRowBytes = 0;  // no shared-memory ring form
     struct W {
         uint32_t q[2][12];  // the aligned words at or below the lane's words, rows g and g + 8
         A2x4 s[2];          // the 16 scales
@@ -249,7 +232,6 @@ struct MmaQ6k {
 // ---- Q8_0: 34-byte blocks (2-byte aligned), four blocks a step -------------------------------
 struct MmaQ80 {
     static constexpr int kBlockElems = 32, kBlockBytes = 34, kBlocksPerStep = 4;
-    static constexpr int kRingRowBytes = 0;  // no shared-memory ring form
     struct W {
         // Per block and row: the aligned words at or below quants 8t4 and 8t4 + 4, lane 3's
         // last two bytes where the quants are not 4-byte aligned, and d.
@@ -379,136 +361,26 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
     }
 }
 
-// The same with the weights in flight in shared memory rather than registers: each warp keeps
-// a ring of S steps (16 rows each, P::kRingRowBytes apart) filled by cp.async, S - 1 steps
-// ahead of the one it multiplies. The register form holds one step in flight per warp, which
-// bounds it at 24-44% of HBM; the ring holds S - 1 without registers.
-template <class P, int KS, int WARPS, int S>
-__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
-    gemv_mma_ring(const uint8_t* __restrict__ w, int64_t rows, int64_t cols,
-                  const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
-                  float* __restrict__ y, bool early) {
-    extern __shared__ __align__(16) uint8_t ring_smem[];
-    constexpr int kTiles = WARPS / KS;
-    constexpr int kStageBytes = kMmaTileRows * P::kRingRowBytes;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-    const int64_t tile = int64_t(blockIdx.x) * kTiles + warp / KS;
-    const int kpart = warp % KS;
-    const int64_t nb = cols / P::kBlockElems, row_bytes = nb * P::kBlockBytes;
-    const int64_t steps = (nb + P::kBlocksPerStep - 1) / P::kBlocksPerStep;
-    uint8_t* ring = ring_smem + size_t(warp) * S * kStageBytes;
-    // Copy step st into its slot: the 16 rows' vectors spread over the lanes.
-    auto issue = [&](int64_t st) {
-        if (st < steps) {
-            uint8_t* stage = ring + (st / KS % S) * kStageBytes;
-            for (int c = lane; c < kMmaTileRows * P::kRingVectors; c += 32) {
-                const int r = c / P::kRingVectors, v = c % P::kRingVectors;
-                const int64_t row = tile * kMmaTileRows + r;
-                P::copy_row(stage + r * P::kRingRowBytes,
-                            w + (row < rows ? row : rows - 1) * row_bytes, st, v);
-            }
-        }
-        cp_async_commit();  // empty groups too: the count of groups in flight stays S - 1
-    };
-    if (!early) pdl_wait(xq, xd);
-#pragma unroll
-    for (int i = 0; i < S - 1; ++i) issue(kpart + int64_t(i) * KS);
-    if (early) pdl_wait(xq, xd);
-    const int64_t r0 = tile * kMmaTileRows + g, r1 = r0 + 8;
-    MmaLane l;
-    l.w0 = w + (r0 < rows ? r0 : rows - 1) * row_bytes;
-    l.w1 = w + (r1 < rows ? r1 : rows - 1) * row_bytes;
-    l.lane = lane, l.t4 = t4;
-    l.has_x = g < n;
-    l.xr = xq + int64_t(l.has_x ? g : 0) * cols;
-    const int64_t xd_stride = cols / 32;
-    const int c0 = 2 * t4, c1 = 2 * t4 + 1;
-    l.xd0 = xd + int64_t(c0 < n ? c0 : 0) * xd_stride;
-    l.xd1 = xd + int64_t(c1 < n ? c1 : 0) * xd_stride;
-
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    typename P::X x;
-    if (kpart < steps) P::load_x(l, kpart, nb, x);
-    for (int64_t st = kpart; st < steps; st += KS) {
-        issue(st + int64_t(S - 1) * KS);  // into the slot the step before emptied
-        cp_async_wait<S - 1>();           // this lane's copies of step st have landed
-        __syncwarp();                     // and every other lane's
-        const uint8_t* stage = ring + (st / KS % S) * kStageBytes;
-        typename P::W cur;
-        P::read_w(stage + g * P::kRingRowBytes, stage + (g + 8) * P::kRingRowBytes, t4, cur);
-        typename P::X x_next;
-        if (st + KS < steps) P::load_x(l, st + KS, nb, x_next);
-        __syncwarp();  // the slot is read before the next issue refills it
-        P::step(l, cur, x, st, nb, acc);
-        x = x_next;
-    }
-    cp_async_wait<0>();
-    if constexpr (KS > 1) {
-        __shared__ float red[WARPS][4][32];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
-        __syncthreads();
-        if (kpart != 0) return;
-#pragma unroll
-        for (int j = 1; j < KS; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) acc[i] += red[warp + j][i][lane];
-    }
-    const int64_t rr[2] = {r0, r1};
-    const int cc[2] = {c0, c1};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int64_t row = rr[i >> 1];
-        const int col = cc[i & 1];
-        if (row < rows && col < n) y[int64_t(col) * rows + row] = acc[i];
-    }
-}
-
-// Stages of the ring: 4 (a CTA of 4 warps: 40 KB of shared memory; 16 warps a multiprocessor
-// hold 160 KB), 2 in a CTA of 8 warps.
-template <class P, int WARPS>
-constexpr int mma_ring_stages() {
-    return WARPS == 8 ? 2 : 4;
-}
-template <class P, int WARPS>
-constexpr size_t mma_ring_smem() {
-    return size_t(WARPS) * mma_ring_stages<P, WARPS>() * kMmaTileRows * P::kRingRowBytes;
-}
-
-template <class P, int KS, int WARPS>
-void launch_mma_ks(const char* what, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-                   const float2* xd, int n, float* y, bool ring, bool pdl, cudaStream_t stream) {
-    constexpr int kTilesPerCta = WARPS / KS;
-    const int64_t tiles = (rows + kMmaTileRows - 1) / kMmaTileRows;
-    const dim3 grid(unsigned((tiles + kTilesPerCta - 1) / kTilesPerCta));
-    const bool early = pdl && pdl_prefetch_enabled();
-    if constexpr (P::kRingRowBytes > 0) {
-        if (ring) {
-            constexpr int kS = mma_ring_stages<P, WARPS>();
-            static_assert(mma_ring_smem<P, WARPS>() <= 48 * 1024);
-            return launch_kernel(pdl, gemv_mma_ring<P, KS, WARPS, kS>, grid,
-                                 dim3(unsigned(WARPS * 32)), mma_ring_smem<P, WARPS>(), stream,
-                                 what, static_cast<const uint8_t*>(w), rows, cols, xq, xd, n, y,
-                                 early);
-        }
-    }
-    launch_kernel(pdl, gemv_mma<P, KS, WARPS>, grid, dim3(unsigned(WARPS * 32)), 0, stream, what,
-                  static_cast<const uint8_t*>(w), rows, cols, xq, xd, n, y, early);
-}
-
 template <class P>
 void launch_mma_as(const char* what, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-                   const float2* xd, int n, float* y, int ksplit, bool ring, bool pdl,
-                   cudaStream_t stream) {
+                   const float2* xd, int n, float* y, int ksplit, bool pdl, cudaStream_t stream) {
+    const int64_t tiles = (rows + kMmaTileRows - 1) / kMmaTileRows;
+    const bool early = pdl && pdl_prefetch_enabled();
+    auto go = [&](auto kernel, int ks, int warps) {
+        const int tiles_per_cta = warps / ks;
+        const dim3 grid(unsigned((tiles + tiles_per_cta - 1) / tiles_per_cta));
+        launch_kernel(pdl, kernel, grid, dim3(unsigned(warps * 32)), 0, stream, what,
+                      static_cast<const uint8_t*>(w), rows, cols, xq, xd, n, y, early);
+    };
     switch (ksplit) {
         case 1:
-            return launch_mma_ks<P, 1, 4>(what, w, rows, cols, xq, xd, n, y, ring, pdl, stream);
+            return go(gemv_mma<P, 1, 4>, 1, 4);
         case 2:
-            return launch_mma_ks<P, 2, 4>(what, w, rows, cols, xq, xd, n, y, ring, pdl, stream);
+            return go(gemv_mma<P, 2, 4>, 2, 4);
         case 4:
-            return launch_mma_ks<P, 4, 4>(what, w, rows, cols, xq, xd, n, y, ring, pdl, stream);
+            return go(gemv_mma<P, 4, 4>, 4, 4);
         case 8:
-            return launch_mma_ks<P, 8, 8>(what, w, rows, cols, xq, xd, n, y, ring, pdl, stream);
+            return go(gemv_mma<P, 8, 8>, 8, 8);
         default:
             nt::fail("%s: no kernel for ksplit %d.", what, ksplit);
     }
@@ -522,23 +394,18 @@ constexpr int mma_blocks_per_step(GgmlType t) {
     return t == GgmlType::Q8_0 ? MmaQ80::kBlocksPerStep : 1;
 }
 
-// Whether type t has the shared-memory ring form (GemvConfig::tma with GemvKernel::Mma).
-constexpr bool mma_ring_compiled(GgmlType t) {
-    return t == GgmlType::Q4_K;
-}
-
 template <GgmlType T>
 void launch_mma(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
-                int n, float* y, int ksplit, bool ring, bool pdl, cudaStream_t stream) {
+                int n, float* y, int ksplit, bool pdl, cudaStream_t stream) {
     static_assert(mma_compiled(T));
     if constexpr (T == GgmlType::Q4_K)
-        launch_mma_as<MmaQ4k>("gemv (Q4_K, mma)", w, rows, cols, xq, xd, n, y, ksplit, ring, pdl,
+        launch_mma_as<MmaQ4k>("gemv (Q4_K, mma)", w, rows, cols, xq, xd, n, y, ksplit, pdl,
                               stream);
     else if constexpr (T == GgmlType::Q6_K)
-        launch_mma_as<MmaQ6k>("gemv (Q6_K, mma)", w, rows, cols, xq, xd, n, y, ksplit, ring, pdl,
+        launch_mma_as<MmaQ6k>("gemv (Q6_K, mma)", w, rows, cols, xq, xd, n, y, ksplit, pdl,
                               stream);
     else
-        launch_mma_as<MmaQ80>("gemv (Q8_0, mma)", w, rows, cols, xq, xd, n, y, ksplit, ring, pdl,
+        launch_mma_as<MmaQ80>("gemv (Q8_0, mma)", w, rows, cols, xq, xd, n, y, ksplit, pdl,
                               stream);
 }
 

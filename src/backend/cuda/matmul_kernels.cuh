@@ -75,10 +75,9 @@ struct GemvConfig {
     bool pdl = false;  // programmatic dependent launch (pdl.cuh): weight loads start while the
                        // kernel before is finishing; only where no earlier work in the stream
                        // writes the weights (not with streamed layers)
-    bool tma = true;   // Pipe: its form with the weights in flight in shared memory where
+    bool tma = true;   // Pipe only: its form with the weights in flight in shared memory where
                        // that can run (one activation row, sm_90+, 16-byte aligned rows;
-                       // matmul_gemv_tma.cuh); false: the register ring. Mma: its form with
-                       // a cp.async ring in shared memory (mma_ring_compiled types)
+                       // matmul_gemv_tma.cuh); false: the register ring
     // Pipe, TMA form only: where rows are too long for it whole, cut them into column slices
     // (matmul() does; false: such rows take the register ring). Single launches only.
     bool split = false;

@@ -32,23 +32,6 @@ struct float2 {
 
 // ---- loads that work on shared, global and host memory ----------------------------------
 
-#ifdef __CUDACC__
-// 16 bytes global -> shared without registers (the first src_bytes of them; the rest zeroed).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-#endif
-
 NT_HD float h2f(uint32_t h) {
 #ifdef __CUDA_ARCH__
     return __half2float(__ushort_as_half((unsigned short)h));
