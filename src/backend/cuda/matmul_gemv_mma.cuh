@@ -6,10 +6,10 @@
 // (Q8_0) against 52-92% for one row (bench_gemv). Here a warp multiplies 16 weight rows by all
 // (up to 8) activation rows with the integer mma, one per run of elements that share a weight
 // scale, and applies the scales to the 16 x 8 integer dot products:
-//   Q4_K  mma.m16n8k32 per 32-element sub-block: d * sc * dx * dot - dmin * m * (dx * sum qx)
-//         (Quant<Q4_K>::dot; xd holds (dx, dx * sum qx));
+//   Q4_K  mma.m16n8k32 per 32-element sub-block: d * dx * sum(sc * dot) - dmin * sum(m * (dx *
+//         sum qx)) (xd holds (dx, dx * sum qx); dx is one per block);
 //   Q6_K  mma.m16n8k16 per 16-element sub-block on the signed quants (q - 32):
-//         d * dx * (sc * dot);
+//         d * dx * sum(sc * dot);
 //   Q8_0  mma.m16n8k32 per block: d * dx * dot.
 //
 // Fragments (PTX ISA, .s8): lane = 4 * g + t4; C c0, c1 (row g, columns 2t4, 2t4 + 1), c2, c3
@@ -108,11 +108,16 @@ struct MmaQ4k {
             r.b[c] = l.has_x ? *reinterpret_cast<const uint2*>(x + 64 * c + 32) : make_uint2(0, 0);
         }
     }
+    // The activations of K-quant weights are Q8_K: one dx for the whole block, so the scaled
+    // dot products sum as integers (sc * dot, at most 8 * 63 * 32 * 15 * 127 < 2^31), as the
+    // CPU's vec_dot sums them, and meet d * dx once a block; the mins take dx * sum(qx) per
+    // sub-block (xd's second half) as floats.
     __device__ static void step(const MmaLane& l, const W& w, const X& x, int64_t kb,
                                 int64_t /*nb*/, float (&acc)[4]) {
-        using Q = Quant<GgmlType::Q4_K>;
         const uint32_t hw0[4] = {w.h0.x, w.h0.y, w.h0.z, w.h0.w};
         const uint32_t hw1[4] = {w.h1.x, w.h1.y, w.h1.z, w.h1.w};
+        int is[4] = {0, 0, 0, 0};
+        float ms[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             constexpr uint32_t M = 0x0F0F0F0Fu;
@@ -121,20 +126,30 @@ struct MmaQ4k {
                          x.a[c].x, x.a[c].y);
             mma_s8_16832(hi, (w.q0[c].x >> 4) & M, (w.q1[c].x >> 4) & M, (w.q0[c].y >> 4) & M,
                          (w.q1[c].y >> 4) & M, x.b[c].x, x.b[c].y);
-            Q::W s0, s1;
-            Q::scales_from_header(hw0, c, s0);
-            Q::scales_from_header(hw1, c, s1);
-            const int64_t sb = kb * 8 + 2 * c;
-            const float2 a0 = l.xd0[sb], b0 = l.xd0[sb + 1], a1 = l.xd1[sb], b1 = l.xd1[sb + 1];
-            acc[0] += s0.d1 * a0.x * float(lo[0]) + s0.d2 * b0.x * float(hi[0]) -
-                      (s0.m1 * a0.y + s0.m2 * b0.y);
-            acc[1] += s0.d1 * a1.x * float(lo[1]) + s0.d2 * b1.x * float(hi[1]) -
-                      (s0.m1 * a1.y + s0.m2 * b1.y);
-            acc[2] += s1.d1 * a0.x * float(lo[2]) + s1.d2 * b0.x * float(hi[2]) -
-                      (s1.m1 * a0.y + s1.m2 * b0.y);
-            acc[3] += s1.d1 * a1.x * float(lo[3]) + s1.d2 * b1.x * float(hi[3]) -
-                      (s1.m1 * a1.y + s1.m2 * b1.y);
+            int sa0, ma0, sb0, mb0, sa1, ma1, sb1, mb1;  // sub-blocks 2c (a), 2c + 1 (b)
+            scale_min_k4_words(2 * c, hw0[1], hw0[2], hw0[3], sa0, ma0);
+            scale_min_k4_words(2 * c + 1, hw0[1], hw0[2], hw0[3], sb0, mb0);
+            scale_min_k4_words(2 * c, hw1[1], hw1[2], hw1[3], sa1, ma1);
+            scale_min_k4_words(2 * c + 1, hw1[1], hw1[2], hw1[3], sb1, mb1);
+            // (dx, dx * sum qx) of sub-blocks 2c and 2c + 1, C's columns 2t4 (0), 2t4 + 1 (1)
+            const float4 s0 = *reinterpret_cast<const float4*>(l.xd0 + kb * 8 + 2 * c);
+            const float4 s1 = *reinterpret_cast<const float4*>(l.xd1 + kb * 8 + 2 * c);
+            is[0] += sa0 * lo[0] + sb0 * hi[0];
+            is[1] += sa0 * lo[1] + sb0 * hi[1];
+            is[2] += sa1 * lo[2] + sb1 * hi[2];
+            is[3] += sa1 * lo[3] + sb1 * hi[3];
+            ms[0] += float(ma0) * s0.y + float(mb0) * s0.w;
+            ms[1] += float(ma0) * s1.y + float(mb0) * s1.w;
+            ms[2] += float(ma1) * s0.y + float(mb1) * s0.w;
+            ms[3] += float(ma1) * s1.y + float(mb1) * s1.w;
         }
+        const float dx0 = l.xd0[kb * 8].x, dx1 = l.xd1[kb * 8].x;
+        const float d0 = h2f(hw0[0] & 0xFFFF), m0 = h2f(hw0[0] >> 16);
+        const float d1 = h2f(hw1[0] & 0xFFFF), m1 = h2f(hw1[0] >> 16);
+        acc[0] += d0 * dx0 * float(is[0]) - m0 * ms[0];
+        acc[1] += d0 * dx1 * float(is[1]) - m0 * ms[1];
+        acc[2] += d1 * dx0 * float(is[2]) - m1 * ms[2];
+        acc[3] += d1 * dx1 * float(is[3]) - m1 * ms[3];
     }
 };
 
@@ -181,7 +196,9 @@ struct MmaQ6k {
             return __funnelshift_r(w.q[i][m], __shfl_sync(0xFFFFFFFFu, send, src), sh[i]);
         };
         const int8_t* x = l.xr + kb * 256 + 4 * l.t4;
-        float blk[4] = {0.f, 0.f, 0.f, 0.f};
+        // One dx a block (Q8_K activations): sc * dot sums as integers over the block (at most
+        // 16 * 127 * 16 * 32 * 127 < 2^31), as the CPU's vec_dot sums them.
+        int is[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -212,20 +229,19 @@ struct MmaQ6k {
                         int dot[4];
                         mma_s8_16816(dot, a[0], a[1], b);
                         // Scale 8n + 2t + s: byte 2(t & 1) + s of word 2n + (t >> 1).
-                        const int j = int(kb) * 8 + 4 * n + t;
-                        const float dx0 = l.xd0[j].x, dx1 = l.xd1[j].x;
 #pragma unroll
                         for (int i = 0; i < 2; ++i) {
                             const int sv = int8_t(uint8_t(
                                 sc[i][2 * n + (t >> 1)] >> (16 * (t & 1) + 8 * s)));
-                            blk[2 * i] += dx0 * float(sv * dot[2 * i]);
-                            blk[2 * i + 1] += dx1 * float(sv * dot[2 * i + 1]);
+                            is[2 * i] += sv * dot[2 * i];
+                            is[2 * i + 1] += sv * dot[2 * i + 1];
                         }
                     }
                 }
             }
+        const float dx[2] = {l.xd0[kb * 8].x, l.xd1[kb * 8].x};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] += h2f(w.d[i >> 1]) * blk[i];
+        for (int i = 0; i < 4; ++i) acc[i] += h2f(w.d[i >> 1]) * dx[i & 1] * float(is[i]);
     }
 };
 
