@@ -518,7 +518,9 @@ GemvConfig gemv_config(GgmlType t, int64_t rows, int64_t cols, int n, int sm_cou
         const int64_t chunk = mma ? mma_blocks_per_step(t) : chunk_blocks(t);
         const int64_t chunks = (cols / tr.block_elems + chunk - 1) / chunk;
         const int64_t warp_rows = mma ? 16 : c.rows_per_warp;
-        const int64_t warps_wanted = int64_t(16) * (sm_count > 0 ? sm_count : 132);
+        // (The mma kernel: 8 warps a multiprocessor; bench_gemv's best splits at 8 rows, e.g.
+        // 14336x4096 k2 18.9 us against k4 19.3, k1 20.7.)
+        const int64_t warps_wanted = int64_t(mma ? 8 : 16) * (sm_count > 0 ? sm_count : 132);
         c.ksplit = 1;
         while (c.ksplit < (mma ? 8 : 4) &&
                (rows + warp_rows - 1) / warp_rows * c.ksplit < warps_wanted &&
@@ -578,21 +580,22 @@ GemvConfig gemv_default(GgmlType t, int64_t rows, int64_t cols, int n, int sm_co
     }
     // Several activation rows: the tensor-core kernel, where the CUDA-core ones are bound by
     // their dp4a arithmetic (NT_GEMV_MMA=0 keeps those, for A/B runs). bench_gemv --pdl
-    // --variants all, 8B shapes, us, best mma against the best CUDA-core variant:
-    //   Q4_K at 8 rows 4096x4096 8.5 vs 18.1, 14336x4096 22.9 vs 49.3, 4096x14336 22.7 vs
-    //   53.5, 1024x4096 5.0 vs 8.9; at 4 rows 7.3 vs 9.8, 19.3 vs 25.3, 18.8 vs 29.8, but
-    //   1024x4096 4.7 vs 3.8; at 2 rows only 128256x4096 (120.9 vs 119.0, 140 for staged-p),
-    //   the others 6.8 vs 5.9, 17.9 vs 17.1, 17.1 vs 16.9, 4.5 vs 3.0.
-    //   Q6_K the same way: at 8 rows 10.5 vs 21.2, 31.5 vs 57.6, 29.9 vs 63.5, 6.3 vs 9.5,
-    //   221 vs 464; at 4 rows 9.7 vs 11.7, 27.7 vs 33.5, 26.4 vs 35.6, 184 vs 260, but 5.9 vs
-    //   4.6 on 1024x4096; at 2 rows 176 vs 176 on the output matrix, slower on the others.
+    // --variants all, 8B shapes (4096x4096, 1024x4096, 14336x4096, 4096x14336, 128256x4096),
+    // us, best mma against the best CUDA-core variant:
+    //   Q4_K at 8 rows 7.5 vs 18.1, 4.3 vs 8.9, 18.9 vs 49.2, 18.0 vs 53.3, 132 vs 392; at 4
+    //   rows 6.5 vs 9.8, 15.4 vs 25.3, 15.0 vs 29.8, 102 vs 196, but 4.0 vs 3.8 on 1024x4096;
+    //   at 2 rows 14.5 vs 17.1, 14.0 vs 16.9, 96.8 vs 118.8, but 5.9 vs 5.9 and 3.9 vs 3.0.
+    //   Q6_K at 8 rows 9.9 vs 20.3, 5.6 vs 9.4, 27.9 vs 55.6, 25.9 vs 61.8, 190 vs 452; at 4
+    //   rows 9.1 vs 11.7, 24.4 vs 33.4, 23.7 vs 35.5, 163 vs 260, but 5.3 vs 4.6; at 2 rows
+    //   21.9 vs 23.1, 22.2 vs 23.1, 153 vs 180, but 8.9 vs 7.7 and 5.3 vs 3.5.
     //   Q8_0 (whose dp4a needs no unpacking) only at 8 rows and 2048-8191 weight rows: 13.6 vs
     //   15.0 (4096x4096), 42.2 vs 50.5 (4096x14336); 46.7 vs 42.3 (14336x4096), 361 vs 340
     //   (128256x4096), 9.3 vs 4.6 (1024x4096).
     static const bool mma = env_switch("NT_GEMV_MMA");
-    const bool mma_wins =
-        t == GgmlType::Q8_0 ? n >= 8 && rows >= 2048 && rows < 8192
-                            : n >= 8 || (n >= 3 && rows >= 2048) || (n == 2 && rows >= 32768);
+    const bool mma_wins = t == GgmlType::Q8_0
+                              ? n >= 8 && rows >= 2048 && rows < 8192
+                              : n >= 8 || (n >= 3 && rows >= 2048) ||
+                                    (n == 2 && (rows >= 8192 || cols >= 8192));
     if (mma_compiled(t) && mma && mma_wins) {
         want.kernel = GemvKernel::Mma;
         want.rows_per_warp = 1;
