@@ -5,7 +5,8 @@
 #   bench/cuda/decode_device.sh ab       # 8B tg128 (AB_MODELS, default q4_k_m) as shipped, then with each setting of AB
 #                                        # ("base" in AB: the tree of AB_BASE as shipped, built first:
 #                                        # AB_BASE a tarball of another commit, `git archive REV > F`)
-#   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (GEMV_TYPES, n = 1), as shipped and with each setting of GEMV_AB
+#   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (GEMV_TYPES, GEMV_N rows, default 1), as shipped and with each setting of GEMV_AB
+#                                        # (GEMV_AB="- NT_GEMV_MMA=0" GEMV_N=2,4,8: the tensor-core kernel against the CUDA-core ones)
 #   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions (and one row with the rope inside), prefill
 #   bench/cuda/decode_device.sh readback # 8B tg128 (AB_MODELS) with each bench --readback, and generate
 #                                        # (default sampler, greedy) end to end
@@ -103,10 +104,11 @@ stage() {
     gemv)
         # One table per setting (GEMV_AB: space-separated VAR=VALUE settings, "-" for as shipped).
         types=${GEMV_TYPES:-q4_K,q6_K,q8_0}
+        ns=${GEMV_N:-1}  # activation rows, e.g. 2,4,8 (a server's batched steps, short prompts)
         for env in ${GEMV_AB:-- NT_GEMV_TMA=0}; do
             [ "$env" = - ] && env=NT_AS_SHIPPED=1
-            echo "+ $env bench_gemv --types $types --shapes 8b,70b --n 1 --pdl"
-            env $env "$build/bench/bench_gemv" --types "$types" --shapes 8b,70b --n 1 --pdl \
+            echo "+ $env bench_gemv --types $types --shapes 8b,70b --n $ns --pdl"
+            env $env "$build/bench/bench_gemv" --types "$types" --shapes 8b,70b --n "$ns" --pdl \
                 >"$out/gemv_$env.txt" 2>&1 || echo "bench_gemv FAILED"
             grep -E "^\*" "$out/gemv_$env.txt" | awk '{print "gemv '$env':", $2, $3, $4, $5, $9, $11}'
         done
