@@ -30,9 +30,11 @@
 //
 // The KS warps of a tile (1 to 8) take alternate steps (Q4_K, Q6_K: one block; Q8_0: four) and
 // meet in shared memory (a fixed order: the same bits every run); KS 8 gives matrices of few
-// rows (1024 or 4096) enough warps. bench_gemv, 8B Q4_K shapes, 8 rows: 4096x4096 8.5 us (26.9
-// on the CUDA cores), 1024x4096 5.1 (9.6), 14336x4096 23.2 (87.3), 4096x14336 22.8 (86.7),
-// 128256x4096 159 (693): 24-35% of HBM, bound by the one step each warp holds in flight.
+// rows (1024 or 4096) enough warps. bench_gemv, 8B Q4_K shapes, 8 rows: 4096x4096 7.7 us (18.1
+// on the CUDA cores), 1024x4096 4.3 (8.9), 14336x4096 19.0 (49.2), 4096x14336 18.1 (53.3),
+// 128256x4096 131 (392): 28-51% of HBM. ncu: bound by the instructions of a step and the
+// latency of its loads, not by the bytes in flight (a cp.async ring 4 steps deep in shared
+// memory halved the load stalls but added instructions and was no faster).
 #pragma once
 #include <cstdint>
 
