@@ -365,32 +365,26 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     const int64_t rows = w.rows, cols = w.cols;
     auto* base = static_cast<uint8_t*>(ws.buf);
 
-    if (n <= kGemvMaxBatch) {
-        if (is_float(w.type))
-            return detail::gemv_float(w.type, w.data, rows, cols, x, n, y, ws.sm_count, stream);
-        const ActivationSlot a = gemv_activations(w.type, x, n, cols, ws, stream, x_unchanged);
-        GemvConfig c = detail::gemv_default(w.type, rows, cols, n, ws.sm_count);
-        c.pdl = ws.pdl;
-        c.split = true;
-        detail::gemv_q8(w.type, w.data, rows, cols, a.xq, a.xd, n, y, c, stream);
-        forget_if_overwritten(ws, x, n, cols, y, rows);
-        return;
-    }
     if (matmul_takes_gemv(w.type, n)) {
-        // A short prompt (a server request's, or one joining decoding rows): GEMVs of
-        // kGemvMaxBatch rows each read the weight once a chunk, where the GEMM path below
-        // writes and reads it whole in FP16 whatever the batch.
+        if (is_float(w.type))  // (n <= kGemvMaxBatch: float types have no chunked path)
+            return detail::gemv_float(w.type, w.data, rows, cols, x, n, y, ws.sm_count, stream);
+        // One pass of up to kGemvMaxBatch rows; a short prompt (a server request's, or one
+        // joining decoding rows) in passes of kGemvMaxBatch rows, each reading the weight once,
+        // where the GEMM path below writes and reads it whole in FP16 whatever the batch.
         for (int r0 = 0; r0 < n; r0 += kGemvMaxBatch) {
             const int m = std::min(kGemvMaxBatch, n - r0);
-            const float* xc = x + size_t(r0) * size_t(cols);
-            const ActivationSlot a = gemv_activations(w.type, xc, m, cols, ws, stream, false);
+            const ActivationSlot a = gemv_activations(w.type, x + size_t(r0) * size_t(cols), m,
+                                                      cols, ws, stream, x_unchanged && m == n);
             GemvConfig c = detail::gemv_default(w.type, rows, cols, m, ws.sm_count);
             c.pdl = ws.pdl;
             c.split = true;
             detail::gemv_q8(w.type, w.data, rows, cols, a.xq, a.xd, m,
                             y + size_t(r0) * size_t(rows), c, stream);
         }
-        ws.held = {};
+        if (n > kGemvMaxBatch)
+            ws.held = {};  // it would name the last pass's rows only
+        else
+            forget_if_overwritten(ws, x, n, cols, y, rows);
         return;
     }
     ws.held = {};  // the GEMM path below overwrites the quantized activations
