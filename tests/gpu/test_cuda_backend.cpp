@@ -1106,6 +1106,120 @@ TEST(CudaBackend, RopeAttention) {
     }
 }
 
+// attention_out_norm at one decode row: the attention with the output projection folded in
+// (cuda::attn_out_decode) and the norm adding its partial sums, against the CPU's three ops and
+// against the same backend with the fold off, on every weight type it is compiled for: head
+// sizes 64 and 128, one or two heads a slice and the K-quants' 256 / head_dim, rows whose
+// bytes are 16-, 8- and 4-byte aligned (SmolLM2's 576 columns of Q4_1: 360 bytes), contexts of
+// one position, across the 64-position tiles and past two of them (the tile ring turning over,
+// the newest position at a tile's start). A prompt first fills the caches (unfolded: n > 1);
+// each later step reads the cell the one before stored, so a wrong cache write shows too.
+TEST(CudaBackend, AttentionOutNormFolded) {
+    NT_REQUIRE_GPU();
+    struct Case {
+        AttnCase attn;
+        std::vector<GgmlType> types;
+    };
+    const Case cases[] = {
+        {{128, 8, 2},
+         {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+          GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q5_K}},
+        {{64, 4, 1}, {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q6_K}},
+        {{64, 9, 3}, {GgmlType::Q4_1, GgmlType::Q8_0}},           // SmolLM2's shape
+        {{128, 32, 8}, {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0}}};  // Llama 3 8B's
+    for (const Case& c : cases) {
+        ModelShape s = make_shape(c.attn.head_dim, c.attn.n_head, c.attn.n_head_kv);
+        const int d = s.n_embd, kd = s.n_head_kv * s.head_dim;
+        const int n_ctx = 320;
+        for (GgmlType t : c.types) {
+            const std::string what = name(c.attn) + " " + type_name(t);
+            SCOPED_TRACE(what);
+            CpuBackend cpu;
+            CudaBackend folded, plain;
+            folded.set_graphs(false);  // every step runs, so that `folded` counts each
+            plain.set_attn_out_fusion(false);
+            cpu.init(s, 200, 2, n_ctx);
+            folded.init(s, 200, 2, n_ctx);
+            plain.init(s, 200, 2, n_ctx);
+            const HostWeight wo = quantized_weight(t, d, d, 90 + uint32_t(t));
+            const HostWeight norm = random_weight(GgmlType::F32, 1, d, 91, 1.f);
+            const WeightView fwo = on_gpu(folded, wo), fnorm = on_gpu(folded, norm);
+            const WeightView pwo = on_gpu(plain, wo), pnorm = on_gpu(plain, norm);
+            // Sequence 0: a prompt of 62 positions, then decode across the first tile boundary;
+            // a prompt of 127 more, then decode across the second and third (positions 191..
+            // 193, 256); sequence 1 decodes from position 0.
+            std::vector<std::pair<int, int>> steps;  // (sequence, first position) of n tokens
+            std::vector<int> ns;
+            auto step = [&](int seq, int pos, int n) {
+                steps.push_back({seq, pos});
+                ns.push_back(n);
+            };
+            step(0, 0, 62);
+            for (int p = 62; p < 66; p++) step(0, p, 1);
+            step(0, 66, 125);
+            for (int p = 191; p < 194; p++) step(0, p, 1);
+            step(0, 194, 62);
+            step(0, 256, 1);
+            step(0, 257, 1);
+            step(1, 0, 1);
+            step(1, 1, 1);
+            int decode_steps = 0;
+            for (size_t i = 0; i < steps.size(); i++) {
+                const int n = ns[i];
+                Batch b;
+                for (int j = 0; j < n; j++) b.add(1, steps[i].second + j, steps[i].first, true);
+                const uint32_t seed = 300 + uint32_t(i);
+                const std::vector<float> q = random_floats(size_t(n) * d, seed, -3.f, 3.f),
+                                         k = random_floats(size_t(n) * kd, seed + 1),
+                                         v = random_floats(size_t(n) * kd, seed + 2),
+                                         x = random_floats(size_t(n) * d, seed + 3);
+                std::vector<std::vector<float>> got_x, got_out;
+                for (Backend* be : std::initializer_list<Backend*>{&cpu, &folded, &plain}) {
+                    Activations& a = be->acts();
+                    auto put = [&](float* dst, const std::vector<float>& src) {
+                        if (be == &cpu)
+                            std::memcpy(dst, src.data(), src.size() * sizeof(float));
+                        else
+                            static_cast<CudaBackend*>(be)->upload(dst, src.data(),
+                                                                  src.size() * sizeof(float));
+                    };
+                    put(a.q, q);
+                    put(a.k, k);
+                    put(a.v, v);
+                    put(a.x, x);
+                    be->begin_step(b);
+                    const bool gpu_folded = be == &folded;
+                    const WeightView& w = be == &cpu ? wo.view : gpu_folded ? fwo : pwo;
+                    const WeightView& nw = be == &cpu ? norm.view : gpu_folded ? fnorm : pnorm;
+                    be->attention_out_norm(0, a.q, a.k, a.v, a.att, w, a.x, nw, n, a.xn,
+                                           GgmlType::Q8_0);
+                    be->end_step();
+                    got_x.emplace_back(size_t(n) * d);
+                    got_out.emplace_back(size_t(n) * d);
+                    be->download(a.x, got_x.back().data(), got_x.back().size());
+                    be->download(a.xn, got_out.back().data(), got_out.back().size());
+                }
+                const std::string at = what + " seq " + std::to_string(steps[i].first) + " pos " +
+                                       std::to_string(steps[i].second) + " n " + std::to_string(n);
+                // Rounding-level differences: the slices' sums added in another order, and an
+                // attention value that lands on the other side of an 8-bit step moves y by one
+                // quantization step times a weight (about 1e-3 here).
+                const float tol = n == 1 ? 3e-3f : 2e-2f;  // prompts: F16 prefill attention
+                for (int g = 1; g <= 2; g++) {
+                    const std::string who = at + (g == 1 ? " folded" : " unfolded");
+                    expect_close(got_x[size_t(g)], got_x[0], tol, 1e-3f, who + " x");
+                    expect_close(got_out[size_t(g)], got_out[0], tol, 1e-3f, who + " out");
+                    EXPECT_LT(rel_l2(got_out[size_t(g)], got_out[0]), n == 1 ? 2e-4 : 5e-3) << who;
+                }
+                if (n == 1) decode_steps++;
+            }
+            // The 8B shape's 32 slices fit beside the chunks on any GPU of 32+ multiprocessors.
+            EXPECT_EQ(folded.graph_stats().folded, decode_steps) << what;
+            EXPECT_EQ(plain.graph_stats().folded, 0) << what;
+        }
+    }
+}
+
 TEST(CudaBackend, AttentionLongContext) {
     NT_REQUIRE_GPU();
     for (const AttnCase& c : {AttnCase{128, 4, 1}, AttnCase{64, 4, 1}, AttnCase{128, 32, 8}}) {

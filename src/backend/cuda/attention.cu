@@ -28,6 +28,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
@@ -50,20 +51,11 @@ constexpr int kGenericMaxHd = 256;
 
 // ---- PTX wrappers ------------------------------------------------------------------------------
 
-// 16-byte global -> shared copy that bypasses registers; valid == false writes 16 zero bytes.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    const unsigned s = unsigned(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+using detail::cp_async16;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
+using detail::warp_max;
+using detail::warp_sum;
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) {
     const unsigned a = unsigned(__cvta_generic_to_shared(p));
@@ -89,17 +81,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);  // lo goes to the lower 16 bits (lower index)
     return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 // ---- KV store ----------------------------------------------------------------------------------
@@ -254,38 +235,9 @@ constexpr int decode_min_blocks(int nt) {
 template <int HD, int NT>
 __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row, int h0,
                                                const DecodeArgs& a) {
-    const int t = threadIdx.x, lane = t % 32;
     const size_t e0 = size_t(row) * a.n_head * HD + size_t(h0) * HD;  // first element in the row
-    int8_t* xq = a.xq + e0;
-    float2* xd = a.xd + e0 / 32;
-    const int n = G * HD;
-    if (a.qmode == int(detail::ActQuant::Q8_K)) {
-        for (int b = t / 32; b < n / 256; b += NT / 32) {  // a warp per 256 elements
-            float v[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) v[i] = vals[b * 256 + lane * 8 + i];
-            int q[8];
-            const float2 dq = detail::q8k_block(v, lane, q);
-            detail::store_q8(xq + b * 256 + lane * 8, q);
-            if ((lane & 3) == 0) xd[b * 8 + (lane >> 2)] = dq;
-        }
-        return;
-    }
-    const bool q81 = a.qmode == int(detail::ActQuant::Q8_1);
-    for (int b0 = 0; b0 < n / 32; b0 += NT / 8) {  // 8 threads per 32 elements
-        const int b = b0 + t / 8, sub = t % 8;
-        const bool live = b < n / 32;  // dead lanes still take part in the shuffles
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        if (live)
-#pragma unroll
-            for (int i = 0; i < 4; i++) v[i] = vals[b * 32 + sub * 4 + i];
-        int q[4];
-        const float2 dq = q81 ? detail::q8_block<4, true>(v, q) : detail::q8_block<4, false>(v, q);
-        if (live) {
-            detail::store_q8(xq + b * 32 + sub * 4, q);
-            if (sub == 0) xd[b] = dq;
-        }
-    }
+    detail::quantize_span<NT>(vals, G * HD, a.qmode == int(detail::ActQuant::Q8_K),
+                              a.qmode == int(detail::ActQuant::Q8_1), a.xq + e0, a.xd + e0 / 32);
 }
 
 // Tiled: one block per (KV head, slice, row) and all `group` query heads of that KV head.
@@ -377,8 +329,8 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             const int r = c / CH, cc = c % CH;
             if (rope && p0 + r == newest) continue;
             const size_t off = size_t(p0 + r) * a.kv_dim + cc * 8;
-            cp_async16(kbuf + (buf * TP + r) * ROW + cc * 8, kg + off, true);
-            cp_async16(vbuf + (buf * TP + r) * ROW + cc * 8, vg + off, true);
+            cp_async16(kbuf + (buf * TP + r) * ROW + cc * 8, kg + off);
+            cp_async16(vbuf + (buf * TP + r) * ROW + cc * 8, vg + off);
         }
         cp_async_commit();
     };
@@ -716,7 +668,7 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
             const int r = c / CH, cc = c % CH;
             const bool valid = k0 + r < kv_len;
             cp_async16(dst + r * ROW + cc * 8, src + size_t(valid ? k0 + r : 0) * a.kv_dim + cc * 8,
-                       valid);
+                       valid ? 16 : 0);
         }
         cp_async_commit();
     };

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_gemv_mma.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
@@ -58,26 +59,6 @@ struct Staging {
     // An unaligned start adds at most one 16-byte vector, a partial end one more.
     static constexpr int kStageBytes = (kChunkBytes / 16 + 2) * 16;
 };
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 // Sums acc over the warp, then over the ksplit warps of each row group, and writes the rows
 // of CTA tile `tile` (kGemvWarps / ksplit groups of RW rows) into y.
