@@ -8,8 +8,6 @@
 #   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (GEMV_TYPES, GEMV_N rows, default 1), as shipped and with each setting of GEMV_AB
 #                                        # (GEMV_AB="- NT_GEMV_MMA=0" GEMV_N=2,4,8: the tensor-core kernel against the CUDA-core ones)
 #   bench/cuda/decode_device.sh attention # bench_attention: decode at 8..8192 positions (and one row with the rope inside), prefill
-#   bench/cuda/decode_device.sh attn_out # bench_attn_out: attention + o GEMV as two launches against the fold, by context
-#                                        # (ATTN_OUT_TYPES, default q4_K,q6_K,q8_0; ATTN_OUT_CTX positions)
 #   bench/cuda/decode_device.sh readback # 8B tg128 (AB_MODELS) with each bench --readback, and generate
 #                                        # (default sampler, greedy) end to end
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
@@ -73,7 +71,7 @@ stage() {
     case "$1" in
     build)
         run cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNT_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${NT_CUDA_ARCH:-90} >/dev/null &&
-            run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests bench_gemv bench_attention bench_attn_out 2>&1 |
+            run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests bench_gemv bench_attention 2>&1 |
             grep -E "error|warning: .*spill"
         test "${PIPESTATUS[0]}" = 0
         ;;
@@ -118,13 +116,6 @@ stage() {
     attention)
         "$build/bench/bench_attention" --iters 200 >"$out/attention.txt" 2>&1 || echo "bench_attention FAILED"
         grep -E "^ +(8|64|128|512|4096) +1 |^rope fused" "$out/attention.txt"
-        ;;
-    attn_out)
-        # NT_ATTN_OUT_CTX past every context: the fold at each, to find where it stops paying.
-        NT_ATTN_OUT_CTX=1000000 "$build/bench/bench_attn_out" --types "${ATTN_OUT_TYPES:-q4_K,q6_K,q8_0}" \
-            --ctx "${ATTN_OUT_CTX:-1,16,64,128,256,384,512,768,1024}" >"$out/attn_out.txt" 2>&1 ||
-            echo "bench_attn_out FAILED"
-        grep -E "^\||vs CPU|shape" "$out/attn_out.txt"
         ;;
     readback)
         # 8B tg128 (AB_MODELS) with each way a step's token comes back (bench --readback),

@@ -181,18 +181,6 @@ class Backend {
         rope(q, k);
         attention(layer, q, k, v, out);
     }
-    // The attention block from its projections to the feed-forward's input, for n rows:
-    // rope_attention(layer, q, k, v, att), then x += wo att, then out = rmsnorm(x) * norm (out
-    // and `next` as add_rmsnorm's). One call, so that a backend may fold the output projection
-    // into the attention kernel and hand its partial sums straight to the norm; att is then
-    // scratch that need not be written.
-    virtual void attention_out_norm(int layer, float* q, float* k, const float* v, float* att,
-                                    const WeightView& wo, float* x, const WeightView& norm, int n,
-                                    float* out, GgmlType next) {
-        rope_attention(layer, q, k, v, att, wo.type);
-        matmul(wo, att, n, out);
-        add_rmsnorm(x, out, norm, n, int(wo.rows), out, next);
-    }
     // out[i] = silu(gate[i]) * up[i], n elements.
     virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
     // The feed-forward's first half: gate = silu(w_gate x) * (w_up x) for n rows of x; `up`

@@ -23,9 +23,10 @@ void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& 
         // attention block
         be.add_rmsnorm(a.x, residual, L.attn_norm, B, s.n_embd, a.xn, L.wq.type);
         be.qkv(L.wq, L.wk, L.wv, a.xn, B, a.q, a.k, a.v);
-        // att = attention(rope(q), rope(k), v); x += wo att; xn = rmsnorm(x) * ffn_norm
-        be.attention_out_norm(l, a.q, a.k, a.v, a.att, L.wo, a.x, L.ffn_norm, B, a.xn, L.w1.type);
-        // feed-forward block (SwiGLU)
+        be.rope_attention(l, a.q, a.k, a.v, a.att, L.wo.type);
+        be.matmul(L.wo, a.att, B, a.xn);
+        // feed-forward block (SwiGLU), after x += attention output
+        be.add_rmsnorm(a.x, a.xn, L.ffn_norm, B, s.n_embd, a.xn, L.w1.type);
         be.ffn_gate_up(L.w1, L.w3, a.xn, B, a.gate, a.up, L.w2.type);
         be.matmul(L.w2, a.gate, B, a.xn);
         residual = a.xn;

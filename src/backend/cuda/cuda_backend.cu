@@ -31,10 +31,6 @@ constexpr size_t kHeadroom = size_t(256) << 20;
 constexpr int kMinPrefillRun = 16;
 // A key whose steps left their recorded graph this often stays eager.
 constexpr int kMaxGraphFailures = 2;
-// Contexts up to which a decode step of one row folds the output projection into the
-// attention (attention_out_norm): beyond, the split attention kernel spreads the context over
-// many blocks while every block of the folded kernel reads all of it (docs/BENCHMARKS.md).
-constexpr int kAttnOutMaxCtx = 512;
 
 size_t align_up(size_t n) {
     return (n + kAlign - 1) / kAlign * kAlign;
@@ -47,8 +43,7 @@ double gib(size_t n) {
 
 bool CudaBackend::Op::operator==(const Op& o) const {
     return kind == o.kind && i0 == o.i0 && i1 == o.i1 && n == o.n && p[0] == o.p[0] &&
-           p[1] == o.p[1] && p[2] == o.p[2] && p[3] == o.p[3] && p[4] == o.p[4] &&
-           p[5] == o.p[5] && w.type == o.w.type &&
+           p[1] == o.p[1] && p[2] == o.p[2] && p[3] == o.p[3] && w.type == o.w.type &&
            w.cols == o.w.cols && w.rows == o.w.rows && w.data == o.w.data &&
            w.nbytes == o.w.nbytes && w2.type == o.w2.type && w2.cols == o.w2.cols &&
            w2.rows == o.w2.rows && w2.data == o.w2.data && w3.type == o.w3.type &&
@@ -73,9 +68,6 @@ CudaBackend::CudaBackend(int device) {
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     graphs_on_ = env_switch("NT_CUDA_GRAPHS");
     rope_fusion_ = env_switch("NT_ROPE_FUSION");
-    attn_out_on_ = env_switch("NT_ATTN_OUT");
-    attn_out_ctx_ = int(std::clamp<long long>(env_int("NT_ATTN_OUT_CTX", kAttnOutMaxCtx), 0,
-                                              1 << 30));
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
 }
 
@@ -225,7 +217,6 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
             std::max(attn_floats, cuda::attn_decode_scratch_floats(as, r, decode_splits(r)));
     const size_t attn_bytes = align_up(std::max<size_t>(attn_floats, 1) * sizeof(float));
     const size_t done_bytes = align_up(B * size_t(shape.n_head_kv) * sizeof(int));
-    const size_t parts_bytes = align_up(size_t(shape.n_head) * size_t(shape.n_embd) * sizeof(float));
     const int64_t max_cols = std::max({int64_t(shape.n_embd), int64_t(shape.n_ff), qdim});
     const int64_t max_rows =
         std::max({int64_t(shape.n_vocab), int64_t(shape.n_ff), int64_t(shape.n_embd), qdim});
@@ -246,8 +237,7 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
                              align_up(size_t(sel_rows_) * sizeof(cuda::LogitSelection)) +
                              2 * align_up(sizeof(int32_t));
     const size_t scratch_bytes =
-        act_bytes + step_bytes_ + rope_bytes + attn_bytes + done_bytes + parts_bytes + mm_bytes +
-        sel_bytes;
+        act_bytes + step_bytes_ + rope_bytes + attn_bytes + done_bytes + mm_bytes + sel_bytes;
 
     size_t free_b = 0, total_b = 0;
     NT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
@@ -283,7 +273,6 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     attn_scratch_ = reinterpret_cast<float*>(take(attn_bytes));
     attn_done_ = reinterpret_cast<int*>(take(done_bytes));
     NT_CUDA_CHECK(cudaMemsetAsync(attn_done_, 0, done_bytes, stream_), "cudaMemsetAsync");
-    attn_out_parts_ = reinterpret_cast<float*>(take(parts_bytes));
     sel_keys_ = reinterpret_cast<unsigned long long*>(
         take(size_t(sel_rows_) * cuda::kMergeKeys * sizeof(unsigned long long)));
     sel_nan_ = reinterpret_cast<int*>(
@@ -307,7 +296,6 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     pdl_supported_ = mm_->pdl;
     mm_->pdl = pdl_supported_ && pdl_allowed_;
     cuda::attn_init();
-    cuda::attn_out_init(dev_.smem_per_block_optin);
     cuda::logit_select_init();
     // Every kernel prefers the largest shared-memory carveout (NT_CACHE_SHARED=0 leaves the
     // choice to the driver, for A/B runs). Left to the driver, the carveout follows each
@@ -436,8 +424,6 @@ void CudaBackend::begin_step(const Batch& batch) {
         i = j;
     }
     splits_ = decode_splits(n_dec_);
-    attn_out_short_ = attn_out_on_ && n == 1 && n_dec_ == 1 && n_tiles_ == 0 &&
-                      batch.pos[0] < attn_out_ctx_;
     n_rows_ = n;
     stride_ = int(S);
     choose_k_ = !batch.choose ? 0 : batch.draw.top_k > 0 ? batch.draw.top_k : kChooseWhole;
@@ -456,7 +442,7 @@ void CudaBackend::begin_step(const Batch& batch) {
     tables_.swap(staged_);
 
     if (graphs_on_ && n > 0 && n <= kGraphMaxBatch) {
-        key_ = {n, n_logits_, choose_k_, attn_out_short_};
+        key_ = {n, n_logits_, choose_k_};
         auto it = graphs_.find(key_);
         if (it != graphs_.end() && it->second.exec) {
             mode_ = Mode::Replay;
@@ -616,12 +602,6 @@ void CudaBackend::set_rope_fusion(bool on) {
     drop_graphs();  // recorded steps hold the other choice
 }
 
-void CudaBackend::set_attn_out_fusion(bool on) {
-    flush();
-    attn_out_on_ = on;
-    drop_graphs();  // recorded steps hold the other choice
-}
-
 void CudaBackend::set_pdl(bool on) {
     flush();
     pdl_allowed_ = on;
@@ -729,52 +709,6 @@ void CudaBackend::run(const Op& op) {
                 after_matmul_ = true;
             }
             cuda::attn_prefill(as, f(0), kc, vc, d_tiles, n_tiles_, f(3), stream_);
-            return;
-        }
-        case OpKind::AttnOutNorm: {
-            // Decided on the host from the op and the step's shape (its graph key holds the
-            // context's side of attn_out_ctx_): the same in capture and replay.
-            cuda::AttnOutPlan plan;
-            if (attn_out_folds(op, &plan)) {
-                const cuda::AttnShape as{shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_ctx_};
-                __half* kc = static_cast<__half*>(kv_) + size_t(op.i0) * kv_layer_elems_;
-                __half* vc = kc + size_t(shape_.n_layer) * kv_layer_elems_;
-                cuda::attn_out_decode(as, plan, op.w, f(0), f(1), f(2), rope_inv_freq_, kc, vc,
-                                      d_pos, d_seq, d_dec_rows, attn_out_parts_, mm_->pdl,
-                                      stream_);
-                stats_.folded++;
-                cuda::ActivationSlot slot;
-                const bool quantize =
-                    cuda::matmul_activation_slot(*mm_, op.next, 1, shape_.n_embd, &slot);
-                if (cuda::add_rmsnorm(f(4), attn_out_parts_, op.w2, 1, shape_.n_embd,
-                                      shape_.norm_eps, f(5), quantize ? &slot : nullptr, stream_,
-                                      mm_->pdl, plan.slices)) {
-                    cuda::matmul_adopt_activations(*mm_, f(5), 1, shape_.n_embd, slot);
-                    after_matmul_ = true;
-                }
-                return;
-            }
-            // The three ops, as the forward pass would call them one by one.
-            Op att;
-            att.kind = OpKind::RopeAttention;
-            att.i0 = op.i0;
-            att.p[0] = op.p[0], att.p[1] = op.p[1], att.p[2] = op.p[2], att.p[3] = op.p[3];
-            att.next = op.w.type;
-            Op mm;
-            mm.kind = OpKind::Matmul;
-            mm.w = op.w;
-            mm.i0 = op.i1;
-            mm.p[0] = op.p[3], mm.p[1] = op.p[5];
-            Op norm;
-            norm.kind = OpKind::AddRmsNorm;
-            norm.w = op.w2;
-            norm.i0 = op.i1;
-            norm.i1 = int32_t(op.w.rows);
-            norm.p[0] = op.p[4], norm.p[1] = op.p[5], norm.p[2] = op.p[5];
-            norm.next = op.next;
-            run(att);
-            run(mm);
-            run(norm);
             return;
         }
         case OpKind::Swiglu:
@@ -919,36 +853,6 @@ void CudaBackend::attention_op(OpKind kind, int layer, const float* q, const flo
     op.p[1] = k;
     op.p[2] = v;
     op.p[3] = out;
-    op.next = next;
-    submit(op);
-}
-
-bool CudaBackend::attn_out_folds(const Op& op, cuda::AttnOutPlan* plan) const {
-    const cuda::AttnShape as{shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_ctx_};
-    return attn_out_short_ && op.i1 == 1 && rope_fusion_ && n_rot_ == shape_.head_dim &&
-           op.w.rows == shape_.n_embd && cuda::attn_decode_fuses_rope(as, 1) &&
-           cuda::attn_out_plan(as, op.w, dev_.sm_count, dev_.smem_per_block_optin, plan);
-}
-
-void CudaBackend::attention_out_norm(int layer, float* q, float* k, const float* v, float* att,
-                                     const WeightView& wo, float* x, const WeightView& norm, int n,
-                                     float* out, GgmlType next) {
-    require_init("attention_out_norm");
-    if (layer < 0 || layer >= shape_.n_layer)
-        fail("attention: layer %d of %d.", layer, shape_.n_layer);
-    check_norm_weight(norm, int(wo.rows));
-    Op op;
-    op.kind = OpKind::AttnOutNorm;
-    op.i0 = layer;
-    op.i1 = n;
-    op.p[0] = q;
-    op.p[1] = k;
-    op.p[2] = v;
-    op.p[3] = att;
-    op.p[4] = x;
-    op.p[5] = out;
-    op.w = wo;
-    op.w2 = norm;
     op.next = next;
     submit(op);
 }

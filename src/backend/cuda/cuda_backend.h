@@ -2,10 +2,10 @@
 // planned once in init() (F16 KV cache, activations for the largest batch, attention and
 // matmul scratch) and checked against the free memory first; weights are uploaded into one
 // reservation or per tensor. Decode steps (at most kGraphMaxBatch rows) are recorded once as a
-// CUDA graph per (batch size, logit rows, token chosen on the device, short context) and
-// replayed: the step's tokens, positions and sequences live in device tables that begin_step
-// refreshes, so the graph stays valid while they change. NT_CUDA_GRAPHS=0 in the environment
-// turns graphs off (debugging, compute-sanitizer).
+// CUDA graph per (batch size, logit rows, token chosen on the device) and replayed: the step's
+// tokens, positions and sequences live in device tables that begin_step refreshes, so the
+// graph stays valid while they change. NT_CUDA_GRAPHS=0 in the environment turns graphs off (debugging,
+// compute-sanitizer).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -25,7 +25,6 @@
 namespace nt {
 
 namespace cuda {
-struct AttnOutPlan;
 struct MatmulWorkspace;
 struct LogitAsk;
 struct LogitSelection;
@@ -62,12 +61,6 @@ class CudaBackend : public Backend {
     // the attention kernel also quantizes out for the next matmul (`next`).
     void rope_attention(int layer, float* q, float* k, const float* v, float* out,
                         GgmlType next) override;
-    // A decode step of one row at a context of at most attn_out_max_ctx() positions: the
-    // attention with the output projection folded in (cuda::attn_out_decode), its partial sums
-    // added by the norm; otherwise the three ops.
-    void attention_out_norm(int layer, float* q, float* k, const float* v, float* att,
-                            const WeightView& wo, float* x, const WeightView& norm, int n,
-                            float* out, GgmlType next) override;
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
     void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x, int n,
                      float* gate, float* up, GgmlType next) override;
@@ -106,15 +99,10 @@ class CudaBackend : public Backend {
     // kernel rather than in a rope kernel before it (on unless NT_ROPE_FUSION=0; the same bits
     // either way). q and k are then left as the projections wrote them.
     void set_rope_fusion(bool on);
-    // attention_out_norm folds the output projection into the attention where it can (on
-    // unless NT_ATTN_OUT=0), at contexts up to attn_out_max_ctx() positions (NT_ATTN_OUT_CTX).
-    void set_attn_out_fusion(bool on);
-    int attn_out_max_ctx() const { return attn_out_ctx_; }
     struct GraphStats {
         int captures = 0;   // graphs recorded
         int replays = 0;    // steps served by a recorded graph
         int fallbacks = 0;  // steps that left their recorded op sequence and ran eagerly
-        int folded = 0;     // attention_out_norm ops run (or recorded) as the folded kernel
     };
     const GraphStats& graph_stats() const { return stats_; }
 
@@ -138,8 +126,7 @@ class CudaBackend : public Backend {
         Qkv,
         Add,
         Gather,
-        AttnOutNorm,  // attention_out_norm
-        Choose        // the step's token, drawn on the device (Batch::choose, Batch::draw)
+        Choose  // the step's token, drawn on the device (Batch::choose, Batch::draw)
     };
     // One backend op with its arguments: executed at once, recorded into a graph, or compared
     // with the recorded sequence when a graph is replayed.
@@ -147,7 +134,7 @@ class CudaBackend : public Backend {
         OpKind kind = OpKind::Embed;
         int32_t i0 = 0, i1 = 0;  // rows / layer / dim, by kind
         int64_t n = 0;           // element count (swiglu, add)
-        const void* p[6] = {};
+        const void* p[4] = {};
         WeightView w;
         WeightView w2;                  // gate_up: the up projection (w: the gate); qkv: wk
         WeightView w3;                  // qkv: wv
@@ -160,15 +147,11 @@ class CudaBackend : public Backend {
         std::vector<Op> ops;
         int failures = 0;  // steps that left `ops`; past a few the key stays eager
     };
-    // (batch rows, logit rows, top_k drawn from or 0, whether attention_out_norm folds the
-    // projection into the attention at this step's context)
-    using GraphKey = std::tuple<int, int, int, bool>;
+    using GraphKey = std::tuple<int, int, int>;  // (batch rows, logit rows, top_k drawn from or 0)
 
     void submit(const Op& op);
     void attention_op(OpKind kind, int layer, const float* q, const float* k, const float* v,
                       float* out, GgmlType next);
-    // Whether op (an AttnOutNorm) runs as the folded kernel in this step, and its launch shape.
-    bool attn_out_folds(const Op& op, cuda::AttnOutPlan* plan) const;
     void run(const Op& op);
     void flush();             // ends a capture or replays the graph; afterwards the stream is eager
     void capture_failed();    // a capture broke: give up graphs for this key, run the step eagerly
@@ -197,7 +180,6 @@ class CudaBackend : public Backend {
     float* rope_inv_freq_ = nullptr;
     float* attn_scratch_ = nullptr;
     int* attn_done_ = nullptr;  // decode attention's slice counters (zero between launches)
-    float* attn_out_parts_ = nullptr;  // attn_out_decode's partial sums: n_head x n_embd floats
     std::unique_ptr<cuda::MatmulWorkspace> mm_;
 
     // The step's tables: device copies at fixed addresses (graphs bake them in), filled from
@@ -262,12 +244,9 @@ class CudaBackend : public Backend {
     bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
     bool rope_fusion_ = true;
-    bool attn_out_on_ = true;
-    int attn_out_ctx_ = 0;
-    bool attn_out_short_ = false;  // this step: one decode row at a context of <= attn_out_ctx_
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
-    GraphKey key_{0, 0, 0, false};
+    GraphKey key_{0, 0, 0};
     std::vector<Op> recording_;  // Capture: ops of this step, in order
     std::vector<Op> pending_;    // Replay: ops matched so far, not yet executed
     size_t replay_pos_ = 0;

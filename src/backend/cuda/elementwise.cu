@@ -288,7 +288,7 @@ constexpr int kQ80 = int(detail::ActQuant::Q8_0), kQ81 = int(detail::ActQuant::Q
 template <GgmlType WT, int MODE>
 __global__ void __launch_bounds__(1024)
     add_rmsnorm_kernel(float* x, const float* y, const uint8_t* w, int dim, float eps, float* out,
-                       int8_t* xq, float2* xd, int y_parts, int64_t part_stride) {
+                       int8_t* xq, float2* xd) {
     __shared__ float red[32];
     // The GEMV that reads out (launched as a programmatic dependent) may start loading its
     // weights now; it waits for this grid to finish before it reads the activations.
@@ -315,15 +315,8 @@ __global__ void __launch_bounds__(1024)
         v[7] = b.w;
     }
     if (y) {
-        // y's parts (partial sums of one vector) in order, all requested before any is added.
-        float4 a = reinterpret_cast<const float4*>(y + e0)[0];
-        float4 b = reinterpret_cast<const float4*>(y + e0)[1];
-        for (int p = 1; p < y_parts; ++p) {
-            const float4 c = reinterpret_cast<const float4*>(y + p * part_stride + e0)[0];
-            const float4 d = reinterpret_cast<const float4*>(y + p * part_stride + e0)[1];
-            a = make_float4(addf(a.x, c.x), addf(a.y, c.y), addf(a.z, c.z), addf(a.w, c.w));
-            b = make_float4(addf(b.x, d.x), addf(b.y, d.y), addf(b.z, d.z), addf(b.w, d.w));
-        }
+        const float4 a = reinterpret_cast<const float4*>(y + e0)[0];
+        const float4 b = reinterpret_cast<const float4*>(y + e0)[1];
         v[0] = addf(v[0], a.x), v[1] = addf(v[1], a.y), v[2] = addf(v[2], a.z),
         v[3] = addf(v[3], a.w), v[4] = addf(v[4], b.x), v[5] = addf(v[5], b.y),
         v[6] = addf(v[6], b.z), v[7] = addf(v[7], b.w);
@@ -513,12 +506,11 @@ bool aligned8(const void* p) {
 template <GgmlType WT>
 void launch_add_rmsnorm(int mode, float* x, const float* y, const uint8_t* w, int n, int dim,
                         float eps, float* out, int8_t* xq, float2* xd, bool pdl,
-                        cudaStream_t stream, int y_parts) {
+                        cudaStream_t stream) {
     const dim3 grid{unsigned(n)}, threads{unsigned(dim / 8)};
-    const int64_t part_stride = int64_t(n) * dim;
     auto go = [&](auto kernel) {
         launch_kernel(pdl, kernel, grid, threads, 0, stream, "add_rmsnorm kernel", x, y, w, dim,
-                      eps, out, xq, xd, y_parts, part_stride);
+                      eps, out, xq, xd);
     };
     switch (mode) {
         case kNoQuant:
@@ -578,16 +570,9 @@ bool add_rmsnorm_fusable(const float* x, const float* y, const WeightView& w, in
 }
 
 bool add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float eps,
-                 float* out, const ActivationSlot* quant, cudaStream_t stream, bool pdl,
-                 int y_parts) {
+                 float* out, const ActivationSlot* quant, cudaStream_t stream, bool pdl) {
     if (n <= 0) return false;
-    if (y_parts < 1 || (y_parts > 1 && !y))
-        fail("add_rmsnorm: %d parts of the vector to add.", y_parts);
     if (!add_rmsnorm_fusable(x, y, w, dim, out)) {
-        // The parts summed first, as the fused kernel sums them (into the first part: out may
-        // be y only when y is one part, which the caller keeps).
-        for (int p = 1; p < y_parts; ++p)
-            add(const_cast<float*>(y), y + int64_t(p) * n * dim, int64_t(n) * dim, stream);
         if (y) add(x, y, int64_t(n) * dim, stream);
         rmsnorm(x, w, n, dim, eps, out, stream);
         return false;
@@ -597,11 +582,9 @@ bool add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, 
     float2* xd = quant ? quant->xd : nullptr;
     const auto* wd = static_cast<const uint8_t*>(w.data);
     if (w.type == GgmlType::F32)
-        launch_add_rmsnorm<GgmlType::F32>(mode, x, y, wd, n, dim, eps, out, xq, xd, pdl, stream,
-                                          y_parts);
+        launch_add_rmsnorm<GgmlType::F32>(mode, x, y, wd, n, dim, eps, out, xq, xd, pdl, stream);
     else
-        launch_add_rmsnorm<GgmlType::F16>(mode, x, y, wd, n, dim, eps, out, xq, xd, pdl, stream,
-                                          y_parts);
+        launch_add_rmsnorm<GgmlType::F16>(mode, x, y, wd, n, dim, eps, out, xq, xd, pdl, stream);
     NT_CUDA_CHECK(cudaGetLastError(), "add_rmsnorm kernel");
     return quant != nullptr;
 }

@@ -37,11 +37,8 @@ void rmsnorm(const float* x, const WeightView& w, int n, int dim, float eps, flo
 // before touching activations; only where nothing earlier in the stream writes its weights.
 bool add_rmsnorm_fusable(const float* x, const float* y, const WeightView& w, int dim,
                          const float* out);
-// y_parts > 1: y holds that many partial sums of the vector to add, y_parts x n x dim floats
-// (attn_out_decode's output), added in order before x.
 bool add_rmsnorm(float* x, const float* y, const WeightView& w, int n, int dim, float eps,
-                 float* out, const ActivationSlot* quant, cudaStream_t stream, bool pdl = false,
-                 int y_parts = 1);
+                 float* out, const ActivationSlot* quant, cudaStream_t stream, bool pdl = false);
 // GGML "normal" rope in place on n rows of q [n_head][head_dim] and k [n_head_kv][head_dim]:
 // pair (2j, 2j+1), j < n_rot/2, turns by pos[i] * inv_freq[j]. inv_freq is in device memory.
 // `version`: 0 = best, 1 = a block per row looping over the pairs, 2 = a thread per pair (the
@@ -202,38 +199,5 @@ bool attn_decode_fuses_rope(const AttnShape& s, int n_rows);
 // online softmax, GQA). Needs attn_has_prefill(s).
 void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
                   const AttnTile* tiles, int n_tiles, float* out, cudaStream_t stream);
-
-// ---- attention_out.cu ---------------------------------------------------------------------------
-
-// One decode row's attention with the output projection folded in: y = wo * att, where att is
-// what attn_decode with a RopeIn computes (q and k turned, the newest k and v stored in the
-// caches), in one launch whose blocks each take a slice of wo's columns (`heads` heads of one
-// GQA group) and a chunk of its rows, and repeat their slice's attention (attention_out.cu says
-// why). The output is y's partial sums, one vector a slice: partials[slice][wo.rows], which
-// add_rmsnorm adds (y_parts = slices). att itself is not written; q and k are left as they were.
-struct AttnOutPlan {
-    int heads = 0;       // query heads a slice
-    int slices = 0;      // column slices of wo: n_head / heads
-    int chunks = 0;      // row chunks of chunk_rows rows (the last may be short)
-    int chunk_rows = 0;
-    int slice_bytes = 0;  // of one row's slice
-    int smem_row = 0;     // shared memory a row's slice takes (16-byte multiple)
-    int granule = 0;      // bytes a copy: 16, 8 or 4 (what wo's rows are aligned to)
-    size_t smem = 0;      // dynamic shared memory a block
-};
-// The launch shape for wo (rows x q_dim, a quantized type) on a GPU of sm_count multiprocessors
-// and smem_optin bytes of shared memory a block: every block resident at once, a chunk's
-// weights whole in shared memory. False where no kernel is compiled for the shape and type or
-// the weights do not fit (70B's 8192 x 8192); the caller then runs attn_decode and matmul.
-bool attn_out_plan(const AttnShape& s, const WeightView& wo, int sm_count, size_t smem_optin,
-                   AttnOutPlan* plan);
-// Called once per process and device before the first launch (raises shared-memory limits).
-void attn_out_init(size_t smem_optin);
-// rows: the step's one decode row (a device table, as attn_decode's); k and v as the GEMVs
-// left them ([row][kv_dim]); partials: plan.slices x wo.rows floats. pdl as attn_decode's.
-void attn_out_decode(const AttnShape& s, const AttnOutPlan& plan, const WeightView& wo,
-                     const float* q, const float* k, const float* v, const float* inv_freq,
-                     __half* k_cache, __half* v_cache, const int32_t* pos, const int32_t* seq,
-                     const int32_t* rows, float* partials, bool pdl, cudaStream_t stream);
 
 }  // namespace nt::cuda
