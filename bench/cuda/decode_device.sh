@@ -30,8 +30,14 @@ cd "$(dirname "$0")/../.."
 source bench/device_env.sh
 out=${OUT:-/tmp}
 model() { echo "$models/llama-8b-$1.gguf"; }
-wait_model() {  # the models stage writes in the background
-    while [ ! -f "$(model "$1")" ]; do sleep 2; done
+wait_model() {  # the models stage writes in the background (in this run, or an earlier one)
+    while [ ! -f "$(model "$1")" ]; do
+        if [ -z "$(jobs -rp)" ]; then
+            echo "no $(model "$1"): run the models stage first (in this call or an earlier one)" >&2
+            return 1
+        fi
+        sleep 2
+    done
 }
 
 # tg128 of the 8B model of type $1 with the settings after it (VAR=VALUE ...): "t/s ± sd".
@@ -90,7 +96,7 @@ stage() {
             base_nt=$(build_base) || return 1
         fi
         for t in ${AB_MODELS:-q4_k_m}; do
-            wait_model $t
+            wait_model $t || return 1
             for env in $settings; do
                 if [ "$env" = base ]; then
                     echo "ab: $t base tg128 $(NT_BIN=$base_nt tg128 $t NT_AS_SHIPPED=1)"
@@ -121,7 +127,7 @@ stage() {
         # 8B tg128 (AB_MODELS) with each way a step's token comes back (bench --readback),
         # then generate with the default sampler and greedy, end to end.
         for t in ${AB_MODELS:-q4_k_m}; do
-            wait_model $t
+            wait_model $t || return 1
             for r in fed drawn top sampled row none; do
                 echo "readback: $t $r tg128 $("$nt" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 \
                     --readback $r 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}')"
@@ -134,7 +140,7 @@ stage() {
         ;;
     types)
         for t in ${TYPES:-q4_k_m q8_0 q6_k}; do
-            wait_model $t
+            wait_model $t || return 1
             run "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\||^decode:"
         done
         ;;
@@ -157,7 +163,7 @@ stage() {
         fi
         ;;
     profile)
-        wait_model q4_k_m
+        wait_model q4_k_m || return 1
         run timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file "$out/ncu.csv" \
             "$nt" bench -m "$(model q4_k_m)" --device cuda -p 0 -n 1 -r 1 >/dev/null 2>&1
         python3 - "$out/ncu.csv" <<'EOF'
@@ -176,7 +182,7 @@ print(f"{sum(t.values()):9.1f} us total, {sum(c.values())} kernels")
 EOF
         ;;
     sections)
-        wait_model q4_k_m
+        wait_model q4_k_m || return 1
         run timeout 400 ncu --clock-control none --section SpeedOfLight --section Occupancy \
             --section LaunchStats --section WarpStateStats --metrics dram__bytes_read.sum.per_second \
             --launch-count "${NCU_COUNT:-60}" \
@@ -192,7 +198,7 @@ EOF
         run g++ -shared -fPIC -O2 -I"$(dirname "$hdr")" -I"$cuda/include" bench/cuda/kernel_trace.cpp \
             -L"$(dirname "$lib")" -Wl,-rpath,"$(dirname "$lib")" -lcupti -o "$build/libnt_kernel_trace.so" || return 1
         for t in ${AB_MODELS:-q4_k_m}; do
-            wait_model $t
+            wait_model $t || return 1
             echo "timeline: $t"
             CUDA_INJECTION64_PATH="$PWD/$build/libnt_kernel_trace.so" NT_TRACE_OUT="$out/trace_$t.csv" \
                 "$nt" bench -m "$(model $t)" --device cuda -p 0 -n "${TL_TOKENS:-24}" -r 1 2>&1 | grep -E "\| tg"
@@ -203,10 +209,10 @@ EOF
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of
         # one-row decode steps, keeping what the next op expects of its activations: the
         # outputs are wrong, the timing is the step without it. The patch is host code only.
+        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
         ablate_patch || return 1
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         for t in ${AB_MODELS:-q4_k_m}; do
-            wait_model $t
             for env in NT_AS_SHIPPED=1 NT_SKIP=norm NT_SKIP=qkv NT_SKIP=attn NT_SKIP=o NT_SKIP=gateup NT_SKIP=down NT_AS_SHIPPED=1; do
                 echo "ablate: $t $env tg128 $(tg128 $t $env)"
             done
