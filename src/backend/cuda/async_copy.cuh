@@ -1,6 +1,6 @@
-// Asynchronous global -> shared copies (cp.async, compute capability 8.0+) and warp reductions,
-// shared by the kernels that stage data through shared memory (GEMV, attention). Device code
-// only; include from .cu files.
+// Asynchronous global -> shared copies (cp.async, compute capability 8.0+), shared by the kernels
+// that stage data through shared memory (GEMV, attention). Device code only; include from .cu
+// files.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,14 +13,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
                  "r"(src_bytes)
                  : "memory");
 }
-// N = 4, 8 or 16 bytes (both addresses N-byte aligned), through L1.
-template <int N>
-__device__ __forceinline__ void cp_async_ca(void* smem, const void* gmem) {
-    static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(N)
-                 : "memory");
-}
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -28,26 +20,6 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// The same for a count known only at run time (larger counts wait for more than asked).
-__device__ __forceinline__ void cp_async_wait_upto(int n) {
-    switch (n) {
-        case 0: cp_async_wait<0>(); break;
-        case 1: cp_async_wait<1>(); break;
-        case 2: cp_async_wait<2>(); break;
-        default: cp_async_wait<3>(); break;
-    }
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
 }
 
 }  // namespace nt::cuda::detail

@@ -35,6 +35,7 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
 #include "backend/cuda/rope.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -235,9 +236,38 @@ constexpr int decode_min_blocks(int nt) {
 template <int HD, int NT>
 __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row, int h0,
                                                const DecodeArgs& a) {
+    const int t = threadIdx.x, lane = t % 32;
     const size_t e0 = size_t(row) * a.n_head * HD + size_t(h0) * HD;  // first element in the row
-    detail::quantize_span<NT>(vals, G * HD, a.qmode == int(detail::ActQuant::Q8_K),
-                              a.qmode == int(detail::ActQuant::Q8_1), a.xq + e0, a.xd + e0 / 32);
+    int8_t* xq = a.xq + e0;
+    float2* xd = a.xd + e0 / 32;
+    const int n = G * HD;
+    if (a.qmode == int(detail::ActQuant::Q8_K)) {
+        for (int b = t / 32; b < n / 256; b += NT / 32) {  // a warp per 256 elements
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = vals[b * 256 + lane * 8 + i];
+            int q[8];
+            const float2 dq = detail::q8k_block(v, lane, q);
+            detail::store_q8(xq + b * 256 + lane * 8, q);
+            if ((lane & 3) == 0) xd[b * 8 + (lane >> 2)] = dq;
+        }
+        return;
+    }
+    const bool q81 = a.qmode == int(detail::ActQuant::Q8_1);
+    for (int b0 = 0; b0 < n / 32; b0 += NT / 8) {  // 8 threads per 32 elements
+        const int b = b0 + t / 8, sub = t % 8;
+        const bool live = b < n / 32;  // dead lanes still take part in the shuffles
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        if (live)
+#pragma unroll
+            for (int i = 0; i < 4; i++) v[i] = vals[b * 32 + sub * 4 + i];
+        int q[4];
+        const float2 dq = q81 ? detail::q8_block<4, true>(v, q) : detail::q8_block<4, false>(v, q);
+        if (live) {
+            detail::store_q8(xq + b * 32 + sub * 4, q);
+            if (sub == 0) xd[b] = dq;
+        }
+    }
 }
 
 // Tiled: one block per (KV head, slice, row) and all `group` query heads of that KV head.

@@ -35,6 +35,7 @@
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 
 namespace nt::cuda::detail {
 

@@ -97,40 +97,4 @@ __device__ __forceinline__ void store_q8(int8_t* dst, const int (&q)[8]) {
     *reinterpret_cast<uint2*>(dst) = make_uint2(lo, hi);
 }
 
-// n consecutive floats of a row (vals: shared memory, written before the caller's barrier;
-// whole quantization blocks of the row) quantized by a block of NT threads as quantize_q8
-// quantizes them: xq[0 .. n) and the pairs xd[0 .. n / 32). q8k: Q8_K (a warp per 256), else
-// Q8_0 or (q81) Q8_1 (8 threads per 32). Every thread of the block calls it.
-template <int NT>
-__device__ __forceinline__ void quantize_span(const float* vals, int n, bool q8k, bool q81,
-                                              int8_t* xq, float2* xd) {
-    const int t = threadIdx.x, lane = t % 32;
-    if (q8k) {
-        for (int b = t / 32; b < n / 256; b += NT / 32) {  // warp-uniform: the shuffles are whole
-            float v[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++) v[i] = vals[b * 256 + lane * 8 + i];
-            int q[8];
-            const float2 dq = q8k_block(v, lane, q);
-            store_q8(xq + b * 256 + lane * 8, q);
-            if ((lane & 3) == 0) xd[b * 8 + (lane >> 2)] = dq;
-        }
-        return;
-    }
-    for (int b0 = 0; b0 < n / 32; b0 += NT / 8) {
-        const int b = b0 + t / 8, sub = t % 8;
-        const bool live = b < n / 32;  // dead lanes still take part in the shuffles
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        if (live)
-#pragma unroll
-            for (int i = 0; i < 4; i++) v[i] = vals[b * 32 + sub * 4 + i];
-        int q[4];
-        const float2 dq = q81 ? q8_block<4, true>(v, q) : q8_block<4, false>(v, q);
-        if (live) {
-            store_q8(xq + b * 32 + sub * 4, q);
-            if (sub == 0) xd[b] = dq;
-        }
-    }
-}
-
 }  // namespace nt::cuda::detail
