@@ -13,25 +13,7 @@ using x86::load_i32;
 struct Avx2 {
     static constexpr int L = 8;      // weight rows per tile (32-bit lanes)
     static constexpr int kCols = 4;  // activation columns per pass over a decoded block
-    // Row-direct kernels up to row_cols<T>() activation columns, in groups of kRowGroup; the
-    // transposed tiles beyond (see the AVX-512 struct).
-    template <GgmlType T>
-    static constexpr int row_cols() {
-        switch (T) {
-            case GgmlType::Q8_0:
-                return 2;
-            case GgmlType::Q4_K:
-                return 4;
-            case GgmlType::Q5_K:
-                return 5;
-            case GgmlType::Q2_K:
-            case GgmlType::Q3_K:
-            case GgmlType::Q6_K:
-                return 6;
-            default:
-                return 1;
-        }
-    }
+    // Row-direct kernels (up to x86::row_cols<T>() activation columns) in groups of kRowGroup.
     static constexpr int kRowGroup = 2;
     static constexpr int kFloatRows = 4, kFloatCols = 2;
     using VI = __m256i;

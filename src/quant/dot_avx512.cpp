@@ -20,26 +20,7 @@ using x86::load_i32;
 struct Avx512 {
     static constexpr int L = 16;     // weight rows per tile (32-bit lanes)
     static constexpr int kCols = 8;  // activation columns per pass over a decoded block
-    // Row-direct kernels up to row_cols<T>() activation columns, in groups of kRowGroup; the
-    // transposed tiles beyond. Measured on Zen 4 (bench_quant --sweep): the tiles' transposition
-    // pays off from 2 columns for the 32-element formats, from 5-8 for the K-quants.
-    template <GgmlType T>
-    static constexpr int row_cols() {
-        switch (T) {
-            case GgmlType::Q8_0:
-                return 2;
-            case GgmlType::Q4_K:
-                return 4;
-            case GgmlType::Q5_K:
-                return 5;
-            case GgmlType::Q2_K:
-            case GgmlType::Q3_K:
-            case GgmlType::Q6_K:
-                return 6;
-            default:
-                return 1;
-        }
-    }
+    // Row-direct kernels (up to x86::row_cols<T>() activation columns) in groups of kRowGroup.
     static constexpr int kRowGroup = 4;
     static constexpr int kFloatRows = 4, kFloatCols = 4;
     using VI = __m512i;

@@ -3,7 +3,7 @@
 // from those two files: the code needs their ISA flags.
 //
 // Quantized weights have two kernel shapes; each type switches from the first to the second at
-// a measured column count (I::row_cols<T>()):
+// a measured column count (row_cols<T>(), the same for both ISAs):
 //  - row-direct (few activation columns: the GEMV of decoding): eight weight rows at a time,
 //    from eight regions of the matrix (each read as its own sequential stream); lanes are
 //    elements for the integer dot products (blocks unpacked in registers with in-lane shifts and
@@ -47,6 +47,27 @@
 #include "quant/kernels.h"
 
 namespace nt::quant_detail::x86 {
+
+// Up to this many activation columns a type takes the row-direct kernels, beyond it the
+// transposed tiles. Measured on Zen 4 (bench_quant --sweep): the tiles' transposition pays off
+// from 2 columns for the 32-element formats, from 5-8 for the K-quants.
+template <GgmlType T>
+constexpr int row_cols() {
+    switch (T) {
+        case GgmlType::Q8_0:
+            return 2;
+        case GgmlType::Q4_K:
+            return 4;
+        case GgmlType::Q5_K:
+            return 5;
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q6_K:
+            return 6;
+        default:
+            return 1;
+    }
+}
 
 inline int32_t load_i32(const void* p) {
     int32_t v;
@@ -675,7 +696,7 @@ void tile_legacy(int64_t n, int nrows, int ncols, const void* w, size_t w_stride
                  size_t a_stride, float* out, size_t out_stride) {
     constexpr int kChunk = 8;  // blocks decoded at a time on the many-column path
     const int64_t nb = n / 32;
-    const bool few = ncols <= I::template row_cols<T>();
+    const bool few = ncols <= row_cols<T>();
     const ActQ8 act = prepare_q8<I>(a, a_stride, ncols, nb, kHasMin<T>, !few);
     const auto* wb = static_cast<const uint8_t*>(w);
     if (few) {
@@ -918,7 +939,7 @@ void tile_k(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, con
             size_t a_stride, float* out, size_t out_stride) {
     const int64_t nb = n / QK_K;
     const auto* wb = static_cast<const uint8_t*>(w);
-    if (ncols <= I::template row_cols<T>()) {
+    if (ncols <= row_cols<T>()) {
         const ActQ8K act{static_cast<const uint8_t*>(a), a_stride, nb, nullptr};
         row_direct<I::kRowGroup>(nrows, ncols, wb, w_stride, out, out_stride,
                                  [&]<int G>(const uint8_t* const* rows, int c0, __m256* f) {

@@ -15,6 +15,7 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
 #include "backend/cuda/rope.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 #include "core/error.h"
 #include "quant/types.h"
 
@@ -239,15 +240,12 @@ __global__ void embed_kernel(const uint8_t* table, size_t row_bytes, const int32
 
 // Sum over the block; every thread gets the result. `red` holds one float per warp.
 __device__ __forceinline__ float block_sum(float v, float* red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = detail::warp_sum(v);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     if (lane == 0) red[warp] = v;
     __syncthreads();
     v = lane < n_warps ? red[lane] : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+    return detail::warp_sum(v);
 }
 
 // One block per row. The row is read twice (sum of squares, then scale); the second read hits

@@ -30,6 +30,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/ieee_float.cuh"
 #include "backend/cuda/ops.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 #include "backend/vocab_draw.h"
 
 namespace nt::cuda {
@@ -126,15 +127,12 @@ __device__ unsigned long long mth_best_key(const unsigned long long* s, int n, i
 // The block's maximum key; valid in every thread.
 __device__ unsigned long long block_max_key(unsigned long long v) {
     __shared__ unsigned long long red[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    v = detail::warp_max(v);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) red[warp] = v;
     __syncthreads();
     v = lane < int(blockDim.x / 32) ? red[lane] : 0ull;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
+    return detail::warp_max(v);
 }
 
 // Where the kernels find row y of a launch: row asks[y].row of the logits and its m, or (asks
@@ -374,12 +372,7 @@ struct WholeMax {
 __device__ WholeMax whole_max(const SelectRows& r, int n_blocks) {
     unsigned long long k = 0;
     for (int i = threadIdx.x; i < n_blocks; i += blockDim.x) k = max(k, r.row_keys(0)[i]);
-    if (blockDim.x == 32) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, o));
-    } else {
-        k = block_max_key(k);
-    }
+    k = blockDim.x == 32 ? detail::warp_max(k) : block_max_key(k);
     const TokenDraw& d = *r.draw;
     const float m = key_logit(k);
     return {k, m, d.min_p > 0.f ? add_rn(m, d.log_min_p) : -INFINITY};

@@ -31,6 +31,7 @@
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -248,10 +249,7 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                         float v[kV];
 #pragma unroll
                         for (int h = 0; h < kV; ++h) {
-                            v[h] = acc[h][k];
-#pragma unroll
-                            for (int o = 16; o > 0; o >>= 1)
-                                v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
+                            v[h] = warp_sum(acc[h][k]);
                             acc[h][k] = 0.f;
                         }
                         if (lane == 0 && k < n) {

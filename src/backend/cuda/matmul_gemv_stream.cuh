@@ -20,6 +20,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 #include "core/error.h"
 
 namespace nt::cuda::detail {
@@ -184,9 +185,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks)
         if (pi == ppr - 1) {  // row done
 #pragma unroll
             for (int k = 0; k < NX; ++k) {
-                float s = acc[k];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                const float s = warp_sum(acc[k]);
                 if (lane == 0 && k < n) y[int64_t(k) * rows + row] = s;
                 acc[k] = 0.f;
             }

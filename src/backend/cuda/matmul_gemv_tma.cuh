@@ -38,6 +38,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
+#include "backend/cuda/warp_reduce.cuh"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -307,11 +308,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         const int64_t g = g0 + j;
         float v[kV];
 #pragma unroll
-        for (int h = 0; h < kV; ++h) {
-            v[h] = acc[h];
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v[h] += __shfl_xor_sync(0xffffffffu, v[h], o);
-        }
+        for (int h = 0; h < kV; ++h) v[h] = warp_sum(acc[h]);
         if (lane == 0) {
             if constexpr (kSplit) {
 #pragma unroll
