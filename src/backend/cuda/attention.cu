@@ -916,6 +916,13 @@ static bool attn_wide_enabled() {
     return on;
 }
 
+// Whether a step's decode split count follows its longest context (on unless
+// NT_ATTN_BUCKETS=0, for A/B runs against the split count of a full context).
+static bool attn_split_buckets() {
+    static const bool on = env_switch("NT_ATTN_BUCKETS");
+    return on;
+}
+
 void attn_init() {
     init_tiled_decode<kThreads, 64>(TiledGroups{});
     init_tiled_decode<kThreads, 128>(TiledGroups{});
@@ -938,14 +945,24 @@ void kv_store(const AttnShape& s, const float* k, const float* v, const int32_t*
     NT_CUDA_CHECK(cudaGetLastError(), "kv_store kernel");
 }
 
-int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count) {
+int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count, int longest) {
     if (n_rows <= 0) return 1;
     // About two blocks per SM in flight, each slice at least 128 positions of a full context.
     const int64_t target = 2 * int64_t(std::max(sm_count, 1));
     const int64_t per_split = int64_t(n_rows) * s.n_head_kv;
     int64_t splits = (target + per_split - 1) / per_split;
     const int64_t max_splits = std::min<int64_t>(kMaxSplits, std::max(1, (s.n_ctx + 127) / 128));
-    return int(std::clamp<int64_t>(splits, 1, max_splits));
+    splits = std::clamp<int64_t>(splits, 1, max_splits);
+    // A short context fills only its first slices of DecodeTile::TP positions; the blocks past
+    // them would only start and exit. Down to the power of two that still holds every slice
+    // the full split count makes live: the tiled kernel's slices stay the same (the same bits);
+    // the generic kernel's (32 positions at the least) may come out longer.
+    if (longest > 0 && attn_split_buckets()) {
+        int64_t live = 1;
+        while (live * 64 < longest) live *= 2;
+        splits = std::min(splits, live);
+    }
+    return int(splits);
 }
 
 size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
