@@ -126,6 +126,7 @@ struct DecodeArgs {
     const float* inv_freq;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
     float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
+    int trigger;       // EXPERIMENT (NT_ATTN_TRIGGER): 0 at the start, 1 after the wait, 2 after the tiles
 };
 
 // Slice `split` of a context of `len` positions: slices of equal length rounded up to `align`.
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     float* cs = ls + G;                                         // [G] this tile's rescale factor
     float* rc = cs + G;                                         // [HD / 2] rope cos, then sin
 
-    pdl_trigger();
+    if (a.trigger == 0) pdl_trigger();
     const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
     const int t = threadIdx.x;
     const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
@@ -379,6 +380,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     }
     // q and the cache come from the kernels before (this may be a programmatic dependent launch)
     pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
+    if (a.trigger == 1) pdl_trigger();
     if (issued == 0) load_tile(issued++);
     // The newest k and v and q are each a trip to L2 (or further): all are requested before any
     // is used.
@@ -524,6 +526,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         }
         __syncthreads();  // the next iteration's load overwrites the buffer just read
     }
+    if (a.trigger == 2) pdl_trigger();
 
 #pragma unroll
     for (int j = 0; j < MAXJ_PV; j++) {
@@ -1002,6 +1005,8 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.xd = nullptr;
     a.qmode = -1;
     a.k_new = a.v_new = a.inv_freq = nullptr;
+    static const int trigger = int(env_int("NT_ATTN_TRIGGER", 0));
+    a.trigger = trigger;
     // The wide tiled form: version 3, or version 0 unless NT_ATTN_WIDE=0.
     const bool wide =
         version == 3 || (version == 0 && attn_has_fast_decode(s) && attn_wide_enabled());
