@@ -1191,47 +1191,6 @@ TEST(CudaKernels, DecodeAttentionWideFormAgainstHost) {
     }
 }
 
-// A step's split count follows its longest context (attn_decode_splits with `longest`): the
-// tiled kernel's live slices are those of the full split count, so the output is the same to
-// the bit, and the counts are the powers of two that hold the context's 64-position slices.
-TEST(CudaKernels, DecodeSplitsFollowTheContextWithTheSameBits) {
-    NT_REQUIRE_GPU();
-    cuda::attn_init();
-    int dev = 0, sms = 0;
-    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
-    const AttnCase c{128, 32, 8};
-    const cuda::AttnShape s{c.n_head, c.n_head_kv, c.head_dim, 8192};
-    const size_t cells = size_t(s.n_ctx) * size_t(s.kv_dim());
-    std::vector<uint16_t> kh(cells), vh(cells);
-    const std::vector<float> kr = random_floats(cells, 81), vr = random_floats(cells, 82);
-    for (size_t i = 0; i < cells; i++) kh[i] = f32_to_f16(kr[i]), vh[i] = f32_to_f16(vr[i]);
-    DevBuf<uint16_t> dkc(kh), dvc(vh);
-    DevBuf<float> dq(random_floats(size_t(s.q_dim()), 83, -3.f, 3.f));
-    DevBuf<int32_t> dseq(std::vector<int32_t>{0}), drows(std::vector<int32_t>{0});
-    const int full = cuda::attn_decode_splits(s, 1, sms);
-    auto run = [&](int splits, int ctx) {
-        DevBuf<int32_t> dpos(std::vector<int32_t>{ctx - 1});
-        DevBuf<float> scratch(std::max<size_t>(1, cuda::attn_decode_scratch_floats(s, 1, splits)));
-        DevBuf<int> done(std::vector<int>(size_t(s.n_head_kv), 0));
-        DevBuf<float> out(size_t(s.q_dim()));
-        cuda::attn_decode(s, dq.p, reinterpret_cast<__half*>(dkc.p),
-                          reinterpret_cast<__half*>(dvc.p), dpos.p, dseq.p, drows.p, 1, splits,
-                          scratch.p, done.p, out.p, nullptr);
-        return out.get();
-    };
-    for (int ctx : {1, 63, 64, 65, 128, 129, 700, 2048, 2049, 8192}) {
-        const int splits = cuda::attn_decode_splits(s, 1, sms, ctx);
-        const std::string what = "ctx " + std::to_string(ctx) + ": " + std::to_string(splits) +
-                                 " of " + std::to_string(full) + " splits";
-        EXPECT_LE(splits, full) << what;
-        EXPECT_TRUE(splits == full || (splits & (splits - 1)) == 0) << what << " (a power of two)";
-        EXPECT_TRUE(splits == full || int64_t(splits) * 64 >= ctx) << what;
-        EXPECT_TRUE(splits == full || splits == 1 || int64_t(splits) * 32 < ctx) << what;
-        expect_equal(run(splits, ctx), run(full, ctx), what);
-    }
-}
-
 // ---- whole layers --------------------------------------------------------------------------
 
 struct TestModel {
@@ -1350,53 +1309,6 @@ TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
             EXPECT_EQ(st.fallbacks, 0);
         }
         EXPECT_EQ(eager_gpu.graph_stats().captures, 0);
-    }
-}
-
-// Decoding past the bucket boundaries of the attention's split count (contexts of 64 and
-// 128 positions at a context of 512: 1, 2, then 4 slices): each bucket records its own graph,
-// and every replay equals the eager run and the CPU.
-TEST(CudaBackend, DecodeGraphsFollowTheContextBucket) {
-    NT_REQUIRE_GPU();
-    const TestModel m = make_model(64, 4, 1, 2, GgmlType::Q8_0);
-    const int n_ctx = 512;
-    CpuBackend cpu;
-    cpu.init(m.hp.shape, 64, 1, n_ctx);
-    CudaBackend graph_gpu, eager_gpu;
-    eager_gpu.set_graphs(false);
-    graph_gpu.init(m.hp.shape, 64, 1, n_ctx);
-    eager_gpu.init(m.hp.shape, 64, 1, n_ctx);
-    const ModelWeights gw = upload_model(graph_gpu, m.cpu_w);
-    const ModelWeights ew = upload_model(eager_gpu, m.cpu_w);
-    std::mt19937 rng(11);
-    auto tok = [&] { return int32_t(rng() % uint32_t(m.hp.shape.n_vocab)); };
-    Batch b;
-    const int prompt = 60;
-    for (int i = 0; i < prompt; i++) b.add(tok(), i, 0, i == prompt - 1);
-    const std::vector<float> want0 = forward_logits(cpu, m, m.cpu_w, b);
-    EXPECT_LT(rel_l2(forward_logits(graph_gpu, m, gw, b), want0), 5e-2) << "prompt";
-    EXPECT_LT(rel_l2(forward_logits(eager_gpu, m, ew, b), want0), 5e-2) << "prompt";
-    int buckets = 0, last = 0;
-    for (int p = prompt; p < 140; p++) {
-        b.clear();
-        b.add(tok(), p, 0, true);
-        const int splits = graph_gpu.decode_splits(1, p + 1);
-        if (splits != last) buckets++, last = splits;
-        const std::vector<float> want = forward_logits(cpu, m, m.cpu_w, b);
-        const std::vector<float> g = forward_logits(graph_gpu, m, gw, b);
-        const std::vector<float> e = forward_logits(eager_gpu, m, ew, b);
-        const std::string what = "position " + std::to_string(p) + ", " +
-                                 std::to_string(splits) + " splits";
-        EXPECT_LT(rel_l2(g, want), 5e-2) << what;
-        expect_close(g, e, 1e-5f, 1e-5f, "graph replay vs eager, " + what);
-    }
-    // Contexts 61-64, 65-128 and 129-140 (one bucket with NT_ATTN_BUCKETS=0).
-    EXPECT_EQ(buckets, graph_gpu.decode_splits(1, 64) == graph_gpu.decode_splits(1, 140) ? 1 : 3);
-    const CudaBackend::GraphStats& st = graph_gpu.graph_stats();
-    if (graph_gpu.graphs()) {
-        EXPECT_EQ(st.captures, buckets);
-        EXPECT_EQ(st.replays, 140 - prompt - buckets);
-        EXPECT_EQ(st.fallbacks, 0);
     }
 }
 

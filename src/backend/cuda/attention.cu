@@ -126,7 +126,6 @@ struct DecodeArgs {
     const float* inv_freq;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
     float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
-    int trigger;       // EXPERIMENT (NT_ATTN_TRIGGER): 0 at the start, 1 after the wait, 2 after the tiles
 };
 
 // Slice `split` of a context of `len` positions: slices of equal length rounded up to `align`.
@@ -297,7 +296,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     float* cs = ls + G;                                         // [G] this tile's rescale factor
     float* rc = cs + G;                                         // [HD / 2] rope cos, then sin
 
-    if (a.trigger == 0) pdl_trigger();
+    pdl_trigger();
     const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
     const int t = threadIdx.x;
     const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
@@ -380,7 +379,6 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     }
     // q and the cache come from the kernels before (this may be a programmatic dependent launch)
     pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
-    if (a.trigger == 1) pdl_trigger();
     if (issued == 0) load_tile(issued++);
     // The newest k and v and q are each a trip to L2 (or further): all are requested before any
     // is used.
@@ -526,7 +524,6 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         }
         __syncthreads();  // the next iteration's load overwrites the buffer just read
     }
-    if (a.trigger == 2) pdl_trigger();
 
 #pragma unroll
     for (int j = 0; j < MAXJ_PV; j++) {
@@ -919,13 +916,6 @@ static bool attn_wide_enabled() {
     return on;
 }
 
-// Whether a step's decode split count follows its longest context (on unless
-// NT_ATTN_BUCKETS=0, for A/B runs against the split count of a full context).
-static bool attn_split_buckets() {
-    static const bool on = env_switch("NT_ATTN_BUCKETS");
-    return on;
-}
-
 void attn_init() {
     init_tiled_decode<kThreads, 64>(TiledGroups{});
     init_tiled_decode<kThreads, 128>(TiledGroups{});
@@ -948,24 +938,14 @@ void kv_store(const AttnShape& s, const float* k, const float* v, const int32_t*
     NT_CUDA_CHECK(cudaGetLastError(), "kv_store kernel");
 }
 
-int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count, int longest) {
+int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count) {
     if (n_rows <= 0) return 1;
     // About two blocks per SM in flight, each slice at least 128 positions of a full context.
     const int64_t target = 2 * int64_t(std::max(sm_count, 1));
     const int64_t per_split = int64_t(n_rows) * s.n_head_kv;
     int64_t splits = (target + per_split - 1) / per_split;
     const int64_t max_splits = std::min<int64_t>(kMaxSplits, std::max(1, (s.n_ctx + 127) / 128));
-    splits = std::clamp<int64_t>(splits, 1, max_splits);
-    // A short context fills only its first slices of DecodeTile::TP positions; the blocks past
-    // them would only start and exit. Down to the power of two that still holds every slice
-    // the full split count makes live: the tiled kernel's slices stay the same (the same bits);
-    // the generic kernel's (32 positions at the least) may come out longer.
-    if (longest > 0 && attn_split_buckets()) {
-        int64_t live = 1;
-        while (live * 64 < longest) live *= 2;
-        splits = std::min(splits, live);
-    }
-    return int(splits);
+    return int(std::clamp<int64_t>(splits, 1, max_splits));
 }
 
 size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
@@ -1005,8 +985,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.xd = nullptr;
     a.qmode = -1;
     a.k_new = a.v_new = a.inv_freq = nullptr;
-    static const int trigger = int(env_int("NT_ATTN_TRIGGER", 0));
-    a.trigger = trigger;
     // The wide tiled form: version 3, or version 0 unless NT_ATTN_WIDE=0.
     const bool wide =
         version == 3 || (version == 0 && attn_has_fast_decode(s) && attn_wide_enabled());

@@ -153,9 +153,9 @@ void CudaBackend::require_init(const char* op) const {
     if (!ready_) fail("CUDA backend: %s called before init().", op);
 }
 
-int CudaBackend::decode_splits(int n_rows, int longest) const {
+int CudaBackend::decode_splits(int n_rows) const {
     cuda::AttnShape s{shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_ctx_};
-    return cuda::attn_decode_splits(s, n_rows, dev_.sm_count, longest);
+    return cuda::attn_decode_splits(s, n_rows, dev_.sm_count);
 }
 
 void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_ctx) {
@@ -423,9 +423,7 @@ void CudaBackend::begin_step(const Batch& batch) {
         }
         i = j;
     }
-    int longest = 0;  // positions of the longest decode row's context
-    for (int r = 0; r < n_dec_; r++) longest = std::max(longest, pos[dec_rows[r]] + 1);
-    splits_ = decode_splits(n_dec_, longest);
+    splits_ = decode_splits(n_dec_);
     n_rows_ = n;
     stride_ = int(S);
     choose_k_ = !batch.choose ? 0 : batch.draw.top_k > 0 ? batch.draw.top_k : kChooseWhole;
@@ -444,7 +442,7 @@ void CudaBackend::begin_step(const Batch& batch) {
     tables_.swap(staged_);
 
     if (graphs_on_ && n > 0 && n <= kGraphMaxBatch) {
-        key_ = {n, n_logits_, choose_k_, splits_};
+        key_ = {n, n_logits_, choose_k_};
         auto it = graphs_.find(key_);
         if (it != graphs_.end() && it->second.exec) {
             mode_ = Mode::Replay;

@@ -109,9 +109,8 @@ class CudaBackend : public Backend {
     const CudaDeviceInfo& device() const { return dev_; }
     cudaStream_t stream() const { return stream_; }
     size_t kv_cache_bytes() const { return kv_bytes_; }
-    // Context slices of the decode attention kernel for a step of n_rows decode rows whose
-    // longest context is `longest` positions (0: the most any such step uses).
-    int decode_splits(int n_rows, int longest = 0) const;
+    // Context slices of the decode attention kernel for a step of n_rows decode rows.
+    int decode_splits(int n_rows) const;
 
   private:
     enum class OpKind : int32_t {
@@ -148,8 +147,7 @@ class CudaBackend : public Backend {
         std::vector<Op> ops;
         int failures = 0;  // steps that left `ops`; past a few the key stays eager
     };
-    // (batch rows, logit rows, top_k drawn from or 0, decode attention slices)
-    using GraphKey = std::tuple<int, int, int, int>;
+    using GraphKey = std::tuple<int, int, int>;  // (batch rows, logit rows, top_k drawn from or 0)
 
     void submit(const Op& op);
     void attention_op(OpKind kind, int layer, const float* q, const float* k, const float* v,
@@ -248,7 +246,7 @@ class CudaBackend : public Backend {
     bool rope_fusion_ = true;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
-    GraphKey key_{0, 0, 0, 0};
+    GraphKey key_{0, 0, 0};
     std::vector<Op> recording_;  // Capture: ops of this step, in order
     std::vector<Op> pending_;    // Replay: ops matched so far, not yet executed
     size_t replay_pos_ = 0;

@@ -159,13 +159,9 @@ void kv_store(const AttnShape& s, const float* k, const float* v, const int32_t*
               const int32_t* seq, int n, __half* k_cache, __half* v_cache, cudaStream_t stream);
 
 // How many pieces the decode kernel splits each (row, kv head)'s context into, for n_rows rows
-// (enough blocks to fill the GPU); blocks past a sequence's length exit at once. Without
-// `longest` a function of the row count only: the most any step of n_rows rows uses (scratch
-// sizes), valid for every position. With `longest` (the step's longest context, positions) no
-// more than the slices of 64 positions that context fills, rounded up to a power of two: the
-// same live slices, without the empty blocks (a captured graph then holds for the contexts of
-// one such bucket).
-int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count, int longest = 0);
+// (enough blocks to fill the GPU). A function of the row count only, so a captured graph stays
+// valid while positions change; blocks past a sequence's length exit at once.
+int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count);
 // Floats of scratch the decode kernel needs for n_rows rows split `splits` ways (0 when 1 way).
 size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 
