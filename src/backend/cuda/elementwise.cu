@@ -240,12 +240,7 @@ __global__ void embed_kernel(const uint8_t* table, size_t row_bytes, const int32
 
 // Sum over the block; every thread gets the result. `red` holds one float per warp.
 __device__ __forceinline__ float block_sum(float v, float* red) {
-    v = detail::warp_sum(v);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < n_warps ? red[lane] : 0.f;
-    return detail::warp_sum(v);
+    return detail::block_reduce(v, red, 0.f, detail::WarpSum{});
 }
 
 // One block per row. The row is read twice (sum of squares, then scale); the second read hits

@@ -127,12 +127,7 @@ __device__ unsigned long long mth_best_key(const unsigned long long* s, int n, i
 // The block's maximum key; valid in every thread.
 __device__ unsigned long long block_max_key(unsigned long long v) {
     __shared__ unsigned long long red[32];
-    v = detail::warp_max(v);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < int(blockDim.x / 32) ? red[lane] : 0ull;
-    return detail::warp_max(v);
+    return detail::block_reduce(v, red, 0ull, detail::WarpMax{});
 }
 
 // Where the kernels find row y of a launch: row asks[y].row of the logits and its m, or (asks

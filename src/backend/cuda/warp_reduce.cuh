@@ -1,4 +1,5 @@
-// Butterfly reductions over a whole warp: every lane gets the result. Device code only.
+// Butterfly reductions over a whole warp, and over a whole block through one value a warp in
+// shared memory: every thread gets the result. Device code only.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -18,6 +19,31 @@ __device__ __forceinline__ unsigned long long warp_max(unsigned long long v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+struct WarpSum {
+    template <class T>
+    __device__ T operator()(T v) const {
+        return warp_sum(v);
+    }
+};
+struct WarpMax {
+    template <class T>
+    __device__ T operator()(T v) const {
+        return warp_max(v);
+    }
+};
+// The reduction `op` (WarpSum, WarpMax) of v over the block (blockDim.x a multiple of 32):
+// within each warp, then over the warps' results, which go through red (one T a warp, shared
+// memory); `none` stands in for the lanes past the last warp. Every thread must call it.
+template <class T, class Op>
+__device__ __forceinline__ T block_reduce(T v, T* red, T none, Op op) {
+    v = op(v);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < int(blockDim.x / 32) ? red[lane] : none;
+    return op(v);
 }
 
 }  // namespace nt::cuda::detail
