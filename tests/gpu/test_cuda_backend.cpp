@@ -1214,7 +1214,8 @@ TestModel make_model(int head_dim, int n_head, int n_head_kv, int n_layer, GgmlT
     };
     auto norm = [&](int dim) { return add(random_weight(GgmlType::F32, 1, dim, seed++, 1.f)); };
     auto mat = [&](int64_t rows, int64_t cols) {
-        return add(quantized_weight(mat_type, rows, cols, seed++));
+        return add(can_quantize(mat_type) ? quantized_weight(mat_type, rows, cols, seed++)
+                                          : random_weight(mat_type, rows, cols, seed++));
     };
     m.cpu_w.tok_embd = add(random_weight(GgmlType::Q4_K, s.n_vocab, s.n_embd, seed++));
     m.cpu_w.output_norm = norm(s.n_embd);
