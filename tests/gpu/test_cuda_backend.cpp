@@ -1313,55 +1313,6 @@ TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
     }
 }
 
-// The norm before the SwiGLU pair run inside the pair's kernel (set_norm_fold, one decode row,
-// the pair's TMA form): the same logits, bit for bit, as with the norm's own kernel, eagerly
-// and from graphs, step after step. x carries every layer's residual from step to step, so an
-// x += y missed or added twice (the down projection adds it for the pair) shows at once. And
-// the fold did happen where the GPU has the TMA form (norm_folds), or the test would compare
-// the same path with itself. The CPU backend stays the reference within the decode tolerance.
-TEST(CudaBackend, NormFoldedIntoThePairMatchesItsKernel) {
-    NT_REQUIRE_GPU();
-    for (const AttnCase c : {AttnCase{128, 16, 4}, AttnCase{128, 32, 8}}) {  // n_embd 2048, 4096
-        SCOPED_TRACE(name(c));
-        const TestModel m = make_model(c.head_dim, c.n_head, c.n_head_kv, 2, GgmlType::Q4_K);
-        const int n_ctx = 64;
-        CpuBackend cpu;
-        cpu.init(m.hp.shape, 16, 1, n_ctx);
-        CudaBackend folded, kernel, folded_eager;
-        kernel.set_norm_fold(false);
-        folded_eager.set_graphs(false);
-        CudaBackend* gpus[3] = {&folded, &kernel, &folded_eager};
-        ModelWeights gw[3];
-        for (int g = 0; g < 3; g++) {
-            gpus[g]->init(m.hp.shape, 16, 1, n_ctx);
-            gw[g] = upload_model(*gpus[g], m.cpu_w);
-        }
-        std::mt19937 rng(21);
-        auto tok = [&] { return int32_t(rng() % uint32_t(m.hp.shape.n_vocab)); };
-        Batch b;
-        for (int i = 0; i < 5; i++) b.add(tok(), i, 0, i == 4);  // a prompt: the GEMM path
-        for (int g = 0; g < 3; g++) forward_logits(*gpus[g], m, gw[g], b);
-        forward_logits(cpu, m, m.cpu_w, b);
-        for (int pos = 5; pos < 17; pos++) {
-            b.clear();
-            b.add(tok(), pos, 0, true);
-            const std::vector<float> want = forward_logits(cpu, m, m.cpu_w, b);
-            const std::vector<float> f = forward_logits(folded, m, gw[0], b);
-            const std::vector<float> k = forward_logits(kernel, m, gw[1], b);
-            const std::vector<float> e = forward_logits(folded_eager, m, gw[2], b);
-            const std::string at = "position " + std::to_string(pos);
-            expect_equal(f, k, "folded (graphs) vs the norm's kernel, " + at);
-            expect_equal(e, k, "folded (eager) vs the norm's kernel, " + at);
-            EXPECT_LT(rel_l2(f, want), 5e-2) << "against the CPU, " << at;
-        }
-        EXPECT_EQ(kernel.norm_folds(), 0);
-        if (folded.device().cc_major >= 9) {  // the pair's TMA form (sm_90+) runs the norm
-            EXPECT_EQ(folded_eager.norm_folds(), 12 * 2) << "one fold a layer a decode step";
-            EXPECT_GT(folded.norm_folds(), 0);
-        }
-    }
-}
-
 // Two backends on one small model: `fed` chooses tokens on the device, `host` runs the round
 // trip the fed one is checked against.
 struct FedAndHost {

@@ -10,8 +10,6 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul.cuh"
-#include "backend/cuda/matmul_kernels.cuh"
-#include "backend/cuda/rmsnorm_q8k.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/vocab_draw.h"
 #include "core/env.h"
@@ -70,7 +68,6 @@ CudaBackend::CudaBackend(int device) {
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     graphs_on_ = env_switch("NT_CUDA_GRAPHS");
     rope_fusion_ = env_switch("NT_ROPE_FUSION");
-    norm_fold_ = env_switch("NT_NORM_FOLD");
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
 }
 
@@ -523,15 +520,12 @@ void CudaBackend::capture_failed() {
     mode_ = Mode::Eager;
     graphs_[key_].failures = kMaxGraphFailures;
     forget_quantized();  // what run() recorded as quantized was captured, never executed
-    norm_held_ = false;  // the recorded ops below hold and fold again as they did
-    fold_x_ = nullptr;
     std::vector<Op> ops;
     ops.swap(recording_);
     for (const Op& o : ops) run(o);  // captured, never executed
 }
 
 void CudaBackend::flush() {
-    settle();
     if (mode_ == Mode::Capture) {
         cudaGraph_t graph = nullptr;
         cudaError_t e = cudaStreamEndCapture(stream_, &graph);
@@ -608,12 +602,6 @@ void CudaBackend::set_rope_fusion(bool on) {
     drop_graphs();  // recorded steps hold the other choice
 }
 
-void CudaBackend::set_norm_fold(bool on) {
-    flush();
-    norm_fold_ = on;
-    drop_graphs();  // recorded steps hold the other choice
-}
-
 void CudaBackend::set_pdl(bool on) {
     flush();
     pdl_allowed_ = on;
@@ -622,70 +610,7 @@ void CudaBackend::set_pdl(bool on) {
 
 // ---- ops -----------------------------------------------------------------------------------
 
-// The norm fold (set_norm_fold): a one-row add_rmsnorm whose next matmul reads Q8_K activations
-// is held back; if the op after it is the SwiGLU pair on its output and the pair's kernel can
-// run the norm (its TMA form), the pair runs it, and the x += y the norm would have stored is
-// folded into the down projection, which overwrites y (each output row adds its old value
-// into x before writing itself); any other op first launches what is held, as it was. Decided
-// from the ops alone: the same in capture and eager runs.
 void CudaBackend::run(const Op& op) {
-    if (fold_x_ && !(op.kind == OpKind::Matmul && op.p[1] == fold_y_ &&
-                     int64_t(op.i0) * op.w.rows == fold_n_))
-        settle();
-    if (norm_held_) {
-        norm_held_ = false;
-        if (op.kind == OpKind::GateUp && fold_norm_into(op)) return;
-        run_op(held_norm_);
-    }
-    if (holds_norm(op)) {
-        held_norm_ = op;
-        norm_held_ = true;
-        return;
-    }
-    run_op(op);
-}
-
-bool CudaBackend::holds_norm(const Op& op) const {
-    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    return norm_fold_ && op.kind == OpKind::AddRmsNorm && op.i0 == 1 && op.p[1] &&
-           op.p[2] == op.p[1] && op.w.type == GgmlType::F32 &&
-           op.i1 <= cuda::detail::kCtaNormMaxDim && op.i1 % 256 == 0 &&
-           (op.next == GgmlType::Q4_K || op.next == GgmlType::Q6_K) && aligned(op.p[0]) &&
-           aligned(op.p[1]) && aligned(op.w.data);
-}
-
-bool CudaBackend::fold_norm_into(const Op& op) {
-    const Op& nm = held_norm_;
-    if (op.p[0] != nm.p[2] || op.i0 != 1 || op.w.cols != nm.i1) return false;
-    const cuda::detail::NormIn in{static_cast<const float*>(nm.p[0]),
-                                  static_cast<const float*>(nm.p[1]),
-                                  static_cast<const float*>(nm.w.data), shape_.norm_eps};
-    bool quantized = false;
-    float* gate = static_cast<float*>(const_cast<void*>(op.p[1]));
-    if (!cuda::matmul_swiglu(op.w, op.w2, static_cast<const float*>(op.p[0]), op.i0, gate, *mm_,
-                             stream_, false, op.next, &quantized, &in))
-        return false;
-    after_matmul_ = quantized;
-    fold_x_ = static_cast<float*>(const_cast<void*>(nm.p[0]));
-    fold_y_ = nm.p[1];
-    fold_n_ = int64_t(nm.i0) * nm.i1;
-    norm_folds_++;
-    return true;
-}
-
-void CudaBackend::settle() {
-    if (norm_held_) {
-        norm_held_ = false;
-        run_op(held_norm_);
-    }
-    if (fold_x_) {
-        cuda::add(fold_x_, static_cast<const float*>(fold_y_), fold_n_, stream_);
-        fold_x_ = nullptr;
-        after_matmul_ = false;
-    }
-}
-
-void CudaBackend::run_op(const Op& op) {
     const auto f = [&](int i) { return static_cast<float*>(const_cast<void*>(op.p[i])); };
     const size_t B = size_t(stride_);
     const bool x_unchanged = after_matmul_;
@@ -716,13 +641,9 @@ void CudaBackend::run_op(const Op& op) {
             }
             return;
         }
-        case OpKind::Matmul: {
-            // x += y owed by a pair that ran its norm, y being this matmul's output (run()).
-            float* residual = fold_x_ && op.p[1] == fold_y_ ? fold_x_ : nullptr;
-            fold_x_ = nullptr;
-            cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged, residual);
+        case OpKind::Matmul:
+            cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
             return;
-        }
         case OpKind::GateUp: {
             // Decided on the host from the op's fields alone, like every matmul choice; with
             // `next` the pair also quantizes gate for the down projection.

@@ -99,11 +99,6 @@ class CudaBackend : public Backend {
     // kernel rather than in a rope kernel before it (on unless NT_ROPE_FUSION=0; the same bits
     // either way). q and k are then left as the projections wrote them.
     void set_rope_fusion(bool on);
-    // A decode step of one row runs the norm before the SwiGLU pair inside the pair's kernel,
-    // where the pair takes the TMA form (on unless NT_NORM_FOLD=0; the same bits either way):
-    // one kernel boundary fewer a layer. The norm's x += y then rides on the down projection.
-    void set_norm_fold(bool on);
-    int norm_folds() const { return norm_folds_; }  // pairs that have run their norm so
     struct GraphStats {
         int captures = 0;   // graphs recorded
         int replays = 0;    // steps served by a recorded graph
@@ -158,10 +153,6 @@ class CudaBackend : public Backend {
     void attention_op(OpKind kind, int layer, const float* q, const float* k, const float* v,
                       float* out, GgmlType next);
     void run(const Op& op);
-    void run_op(const Op& op);
-    bool holds_norm(const Op& op) const;
-    bool fold_norm_into(const Op& gate_up);
-    void settle();  // a held norm launched, and an x += y still owed added, as they were
     void flush();             // ends a capture or replays the graph; afterwards the stream is eager
     void capture_failed();    // a capture broke: give up graphs for this key, run the step eagerly
     void leave_graph();       // the step left its recorded sequence: catch up eagerly
@@ -253,16 +244,6 @@ class CudaBackend : public Backend {
     bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
     bool rope_fusion_ = true;
-    // The norm fold: an add_rmsnorm held back until the op after it shows whether the SwiGLU
-    // pair runs it; then the x += y the pair left (x += y_, n elements) for the matmul that
-    // overwrites y.
-    bool norm_fold_ = true;
-    bool norm_held_ = false;
-    Op held_norm_;
-    float* fold_x_ = nullptr;
-    const void* fold_y_ = nullptr;
-    int64_t fold_n_ = 0;
-    int norm_folds_ = 0;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
     GraphKey key_{0, 0, 0};

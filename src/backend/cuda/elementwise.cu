@@ -14,7 +14,6 @@
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
-#include "backend/cuda/rmsnorm_q8k.cuh"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 #include "core/error.h"
@@ -317,9 +316,11 @@ __global__ void __launch_bounds__(1024)
         reinterpret_cast<float4*>(x + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
         reinterpret_cast<float4*>(x + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
-    // (detail::cta_add_rmsnorm_q8k, which the SwiGLU pair runs itself, takes the same steps.)
-    const float s = block_sum(detail::sumsq8(v), red);
-    const float scale = detail::rms_scale(s, dim, eps);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s += v[i] * v[i];
+    s = block_sum(s, red);
+    const float scale = __frcp_rn(__fsqrt_rn(addf(__fdiv_rn(s, float(dim)), eps)));
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = mul(mul(v[i], scale), wv[i]);
     reinterpret_cast<float4*>(out + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);

@@ -7,7 +7,6 @@
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_gemv.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
-#include "backend/cuda/ops.cuh"
 #include "core/env.h"
 #include "core/error.h"
 
@@ -237,22 +236,16 @@ void forget_if_overwritten(MatmulWorkspace& ws, const float* x, int n, int64_t c
 
 bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n, float* y,
                    MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged, GgmlType next,
-                   bool* y_quantized, const detail::NormIn* norm) {
+                   bool* y_quantized) {
     if (y_quantized) *y_quantized = false;
     // One activation row only: at 2..8 rows the separate staged/direct GEMVs are faster than
     // the pipe kernel the pair runs on (bench_gemv).
     if (n != 1 || gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols ||
         !detail::gemv_pair_available(gate.type))
         return false;
-    if (norm && !detail::gemv_pair_takes_norm(gate.type, gate.data, up.data, gate.rows, gate.cols))
-        return false;
     check_args(gate, x, n, y);
     check_args(up, x, n, y);
-    // With the norm inside, the kernel reads no quantized x (and the workspace holds none).
-    const ActivationSlot a = norm ? ActivationSlot{gemv_xq(ws), nullptr, {}}
-                                  : gemv_activations(gate.type, x, n, gate.cols, ws, stream,
-                                                     x_unchanged);
-    if (norm) ws.held = {};
+    const ActivationSlot a = gemv_activations(gate.type, x, n, gate.cols, ws, stream, x_unchanged);
     // y's own quantization goes to the slot after x's (which the kernel is still reading).
     detail::PairQuant q;
     const size_t y_at = gemv_bytes(n, gate.cols);
@@ -265,9 +258,8 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
         q.done = ws.done;
         q.mode = int(detail::act_quant(next));
     }
-    detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols,
-                      norm ? nullptr : a.xq, a.xd, n, y, ws.pdl, stream, q,
-                      norm ? *norm : detail::NormIn{});
+    detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols, a.xq, a.xd, n, y, ws.pdl,
+                      stream, q);
     forget_if_overwritten(ws, x, n, gate.cols, y, gate.rows);
     if (q.mode >= 0) {
         ws.held = {y, n, gate.rows, q.mode, q.xq, q.xd};
@@ -368,20 +360,10 @@ bool matmul_qkv(const WeightView (&w)[3], const float* x, int n, float* const (&
 }
 
 void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
-            cudaStream_t stream, bool x_unchanged, float* residual) {
+            cudaStream_t stream, bool x_unchanged) {
     check_args(w, x, n, y);
     const int64_t rows = w.rows, cols = w.cols;
     auto* base = static_cast<uint8_t*>(ws.buf);
-    if (residual) {
-        // In the GEMV's epilogue where it is the pipe kernel at one activation row; else first.
-        const GemvConfig c = n == 1 && matmul_takes_gemv(w.type, n) && is_quantized(w.type)
-                                 ? detail::gemv_default(w.type, rows, cols, n, ws.sm_count)
-                                 : GemvConfig{};
-        if (n != 1 || c.kernel != detail::GemvKernel::Pipe) {
-            add(residual, y, int64_t(n) * rows, stream);
-            residual = nullptr;
-        }
-    }
 
     if (matmul_takes_gemv(w.type, n)) {
         if (is_float(w.type))  // (n <= kGemvMaxBatch: float types have no chunked path)
@@ -396,7 +378,6 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
             GemvConfig c = detail::gemv_default(w.type, rows, cols, m, ws.sm_count);
             c.pdl = ws.pdl;
             c.split = true;
-            c.residual = residual;
             detail::gemv_q8(w.type, w.data, rows, cols, a.xq, a.xd, m,
                             y + size_t(r0) * size_t(rows), c, stream);
         }
@@ -650,23 +631,12 @@ int gemv_split_slices(GgmlType t, int64_t cols, int nx) {
 
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t s,
-               const PairQuant& q, const NormIn& norm) {
+               const PairQuant& q) {
     if (n < 1 || n > 8) nt::fail("gemv pair: batch %d is not in 1..8.", n);
-    if (norm.x && (n != 1 || !gemv_pair_takes_norm(t, w, w2, rows, cols)))
-        nt::fail("gemv pair: this %s pair cannot run the norm itself.", type_name(t));
     with_pipe_type(t, "gemv pair", [&](auto type) {
         launch_gemv_pair<decltype(type)::value>(w, w2, rows, cols, xq, xd, n, y, gemv_nx(n), pdl, s,
-                                                q, norm);
+                                                q);
     });
-}
-
-bool gemv_pair_takes_norm(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols) {
-    if (!gemv_pair_available(t)) return false;
-    bool takes = false;
-    with_pipe_type(t, "gemv pair", [&](auto type) {
-        takes = tma_pair_takes_norm<decltype(type)::value>(w, w2, rows, cols);
-    });
-    return takes;
 }
 
 bool gemv_stack_tma(GgmlType t, int64_t rows, int64_t cols, int n) {

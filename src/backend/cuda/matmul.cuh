@@ -91,15 +91,8 @@ void matmul_free(MatmulWorkspace& ws);
 // the int8 activations already in the workspace instead of quantizing again (q/k/v, gate/up:
 // one quantize kernel instead of three or two; none after add_rmsnorm). The decision
 // is host-side and depends only on the sequence of calls, so it is safe in a CUDA graph capture.
-//
-// residual: y's old contents (n rows of w.rows) are added into it, residual += y, before y is
-// written: by the GEMV itself, row by row, where that is the pipe kernel at one activation row
-// (the x += y that a SwiGLU pair running its norm left behind), else by an add kernel first.
 void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspace& ws,
-            cudaStream_t stream, bool x_unchanged = false, float* residual = nullptr);
-namespace detail {
-struct NormIn;  // matmul_kernels.cuh
-}
+            cudaStream_t stream, bool x_unchanged = false);
 
 // The feed-forward's gate and up projections with SwiGLU in one GEMV launch:
 // y[i][r] = silu(sum_c G[r][c] x[i][c]) * sum_c U[r][c] x[i][c]. Returns false, launching
@@ -109,15 +102,9 @@ struct NormIn;  // matmul_kernels.cuh
 // multiplies): where it is quantized, the rows a multiple of 256 and the workspace has room,
 // the kernel also quantizes y for it (as quantize_q8 would, the last warp of each 256 rows
 // doing it) and the next matmul() on y with x_unchanged uses that; *y_quantized says so.
-//
-// norm: x is that add_rmsnorm's output, not computed yet; the pair computes its activations
-// itself, every CTA from norm's x and y (the same bits as add_rmsnorm's kernel), and writes
-// neither x + y nor x: the caller does (matmul's residual). Returns false, launching nothing,
-// where the pair cannot (gemv_pair_takes_norm; a batch other than 1).
 bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x, int n, float* y,
                    MatmulWorkspace& ws, cudaStream_t stream, bool x_unchanged = false,
-                   GgmlType next = GgmlType::F32, bool* y_quantized = nullptr,
-                   const detail::NormIn* norm = nullptr);
+                   GgmlType next = GgmlType::F32, bool* y_quantized = nullptr);
 
 // Three GEMVs of the same x (the attention's q, k and v projections). Matrices that share a
 // type whose GEMV here is the pipe kernel run as one launch over their stacked rows, the others

@@ -370,8 +370,6 @@ constexpr bool direct_compiled() {
 template <GgmlType T>
 void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
                     int n, float* y, const GemvConfig& c, cudaStream_t stream) {
-    if (c.residual && (c.kernel != GemvKernel::Pipe || n != 1 || c.nx != 1))
-        nt::fail("gemv: a residual fold needs the pipe kernel at one activation row.");
     if constexpr (stream_compiled<T>()) {
         if (c.kernel == GemvKernel::Stream)
             return launch_stream_nx<T>(w, rows, cols, xq, xd, n, y, c.nx, stream);
@@ -382,8 +380,7 @@ void launch_gemv_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
     }
     if constexpr (pipe_compiled<T>()) {
         if (c.kernel == GemvKernel::Pipe) {
-            GemvStack one = GemvStack::one(w, rows, y);
-            one.residual = c.residual;
+            const GemvStack one = GemvStack::one(w, rows, y);
             if (c.tma)
                 return launch_pipe_any<T>(one, nullptr, cols, xq, xd, n, c.nx, c.pdl, stream, {},
                                           c.split);
@@ -428,12 +425,10 @@ void prepare_gemv_q8() {
 template <GgmlType T>
 void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
-                      const PairQuant& q, const NormIn& norm) {
-    if constexpr (pipe_compiled<T>()) {
-        GemvStack one = GemvStack::one(w, rows, y);
-        one.norm = norm;
-        return launch_pipe_any<T>(one, w2, cols, xq, xd, n, nx, pdl, stream, q);
-    }
+                      const PairQuant& q) {
+    if constexpr (pipe_compiled<T>())
+        return launch_pipe_any<T>(GemvStack::one(w, rows, y), w2, cols, xq, xd, n, nx, pdl, stream,
+                                  q);
     nt::fail("gemv: no SwiGLU pair kernel for %s.", type_name(T));
 }
 
@@ -455,8 +450,7 @@ void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const
                                               cudaStream_t);                                    \
     template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t,     \
                                                 const int8_t*, const float2*, int, float*, int, \
-                                                bool, cudaStream_t, const PairQuant&,           \
-                                                const NormIn&);                                 \
+                                                bool, cudaStream_t, const PairQuant&);          \
     template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,      \
                                                  const float2*, int, bool, cudaStream_t);       \
     template void prepare_gemv_q8<GgmlType::T>();

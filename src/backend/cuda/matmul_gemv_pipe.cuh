@@ -172,10 +172,10 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
     // (__ldg, which the compiler may move above the wait) gave wrong Q4_K logits inside CUDA
     // graphs once its weights were fetched early (NT_PDL_PREFETCH=0 restores waiting first).
     pdl_trigger();
-    if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2, pr.residual);
+    if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
 #pragma unroll
     for (int s = 0; s < D; ++s) fetch(ring[s]);
-    if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2, pr.residual);
+    if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
 
     const int64_t xd_stride = cols / 32;
     // kXU: this lane's activations for every unit of a row (upr == kXU), loaded once.
@@ -260,14 +260,8 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                                 const int m = pr.matrix(g * kV);
                                 const int64_t b = pr.begin(m), mrows = pr.end(m) - b;
 #pragma unroll
-                                for (int h = 0; h < kV; ++h) {
-                                    float* o = pr.out(m) + (int64_t(k) * mrows + g * kV + h - b);
-                                    // (residual: one activation row, one matrix)
-                                    if (pr.residual)
-                                        pr.residual[g * kV + h] =
-                                            __fadd_rn(pr.residual[g * kV + h], *o);
-                                    *o = v[h];
-                                }
+                                for (int h = 0; h < kV; ++h)
+                                    pr.out(m)[int64_t(k) * mrows + g * kV + h - b] = v[h];
                             }
                         }
                     }

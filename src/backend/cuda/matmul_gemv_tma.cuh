@@ -38,7 +38,6 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
-#include "backend/cuda/rmsnorm_q8k.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 #include "core/env.h"
 #include "core/error.h"
@@ -144,17 +143,6 @@ template <GgmlType T>
 constexpr bool tma_compiled() {
     return T == GgmlType::Q4_K || T == GgmlType::Q6_K || T == GgmlType::Q8_0;
 }
-// The types whose TMA pair can run the norm before it (Q8_K activations), and the row lengths
-// (units) it can run it for: at most kCtaNormMaxDim columns.
-template <GgmlType T>
-constexpr bool tma_pair_norm_compiled() {
-    return T == GgmlType::Q4_K || T == GgmlType::Q6_K;
-}
-template <GgmlType T>
-constexpr bool tma_norm_units(int xu) {
-    return tma_pair_norm_compiled<T>() &&
-           xu * (32 / Quant<T>::kLanesPerBlock) * Quant<T>::kBlockElems <= kCtaNormMaxDim;
-}
 // The row lengths (in units) whose activations the TMA form holds in registers: the pipe
 // kernel's (pipe_x_units), and for Q4_K also 4 units (70B's 8192 columns), which fit here
 // because no weights wait in registers; Q8_0 (units of 512 columns, 5 registers each) 4 and 8
@@ -196,11 +184,8 @@ bool with_tma_units(int64_t upr, F&& f) {
     });
 }
 
-// nb: blocks of a stage's row (of a slice's, with kSplit). kNorm (the SwiGLU pair with whole
-// rows, Q8_K activations): the activations are pr.norm's, which every CTA computes into its own
-// shared memory after the wait (cta_add_rmsnorm_q8k), xq and xd unused; the kernel before is
-// then the one that wrote x and y (the o projection), not add_rmsnorm's.
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit, bool kNorm = false>
+// nb: blocks of a stage's row (of a slice's, with kSplit).
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
 __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kSplit, kPair))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
                 const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
@@ -212,7 +197,6 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     constexpr int kBB = Q::kBlockBytes;
     static_assert(!kPair || kV == 2, "a pair is a group of two rows");
     static_assert(tma_x_units<T>(kXU), "whole rows, activations in registers");
-    static_assert(!kNorm || (kPair && !kSplit), "the norm runs in the whole-row pair only");
     extern __shared__ __align__(16) uint8_t smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -223,9 +207,9 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     uint8_t* buf = smem + size_t(warp) * S * stage_bytes;
     uint64_t* bars =
         reinterpret_cast<uint64_t*>(smem + size_t(W) * S * stage_bytes) + warp * kTmaMaxStages;
-    uint8_t* after_bars = smem + size_t(W) * S * stage_bytes + size_t(W) * kTmaMaxStages * 8;
     // With kSplit: the slices' sums of the CTA's rows, [slices][sp.cta_rows], after the barriers.
-    float* cta_part = reinterpret_cast<float*>(after_bars);
+    float* cta_part = reinterpret_cast<float*>(smem + size_t(W) * S * stage_bytes +
+                                               size_t(W) * kTmaMaxStages * 8);
 
     const int64_t rows = pr.rows();
     const int64_t groups = kPair ? rows : rows / kV;
@@ -277,46 +261,25 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         mbar_fence_init();
     }
     __syncwarp();
-    // The norm's weights before the wait (nothing in the stream writes them).
-    CtaNorm<kPipeWarps> norm_w;
-    if constexpr (kNorm) cta_norm_weights<kPipeWarps>(pr.norm.w, nb * Q::kBlockElems, norm_w);
-    const float *norm_x = pr.norm.x, *norm_y = pr.norm.y;
     // early: the first stages' weights are requested before waiting for the kernel before, as
     // the pipe kernel does (weights only; see there).
     pdl_trigger();
-    if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2, pr.residual, norm_x, norm_y);
+    if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
         for (int64_t j = 0; j < S && j < total; ++j) issue(j);
-    if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2, pr.residual, norm_x, norm_y);
+    if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if constexpr (kSplit) {
         xq += int64_t(slice) * nb * Q::kBlockElems;
         xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
     }
 
     typename Q::X xr[kXU];
-    if constexpr (kNorm) {
-        // x + y, normed and quantized by the CTA into its shared memory, as add_rmsnorm's
-        // kernel would have into the activation slot.
-        const int dim = nb * Q::kBlockElems;
-        int8_t* xs = reinterpret_cast<int8_t*>(after_bars);
-        float2* xds = reinterpret_cast<float2*>(xs + dim);
-        cta_add_rmsnorm_q8k<kPipeWarps>(norm_x, norm_y, dim, pr.norm.eps, norm_w, xs, xds,
-                                        reinterpret_cast<float*>(xds + dim / 32));
 #pragma unroll
-        for (int u = 0; u < kXU; ++u) {
-            const int kb = u * kBPU + sub;
-            if (kb < nb)
-                Q::template load_x<true>(xs + kb * Q::kBlockElems,
-                                         xds + kb * (Q::kBlockElems / 32), part, xr[u]);
-        }
-    } else {
-#pragma unroll
-        for (int u = 0; u < kXU; ++u) {
-            const int kb = u * kBPU + sub;
-            if (kb < nb)
-                Q::load_x(xq + int64_t(kb) * Q::kBlockElems,
-                          xd + int64_t(kb) * (Q::kBlockElems / 32), part, xr[u]);
-        }
+    for (int u = 0; u < kXU; ++u) {
+        const int kb = u * kBPU + sub;
+        if (kb < nb)
+            Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
+                      part, xr[u]);
     }
     for (int64_t j = 0; j < total; ++j) {
         const int slot = int(j % S);
@@ -357,11 +320,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
                 const int m = pr.matrix(g * kV);
                 const int64_t b = pr.begin(m);
 #pragma unroll
-                for (int h = 0; h < kV; ++h) {
-                    float* o = pr.out(m) + (g * kV + h - b);
-                    if (pr.residual) pr.residual[g * kV + h] = __fadd_rn(pr.residual[g * kV + h], *o);
-                    *o = v[h];
-                }
+                for (int h = 0; h < kV; ++h) pr.out(m)[g * kV + h - b] = v[h];
             }
         }
     }
@@ -383,11 +342,8 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
                 if (warp == 0) pipe_quantize_groups(pr.y0, c0, c1, pq, lane);
             }
         } else {
-            for (int64_t r = threadIdx.x; r < (c1 - c0) * kV; r += blockDim.x) {
-                const int64_t row = c0 * kV + r;
-                if (pr.residual) pr.residual[row] = __fadd_rn(pr.residual[row], pr.y0[row]);
-                pr.y0[row] = sum(r);
-            }
+            for (int64_t r = threadIdx.x; r < (c1 - c0) * kV; r += blockDim.x)
+                pr.y0[c0 * kV + r] = sum(r);
         }
     }
 #else
@@ -440,11 +396,11 @@ inline const TmaDevice& tma_device() {
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
 // CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; with
 // kSplit up to kTmaCtaWarps); shared memory then decides per launch.
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false, bool kNorm = false>
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
 int tma_ctas_by_registers(int warps = kPipeWarps) {
     constexpr int kMaxWarps = tma_threads(kSplit) / 32;
     static const std::array<int, kMaxWarps + 1> per_sm = [] {
-        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit, kNorm>;
+        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit>;
         NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            tma_device().optin),
                       "gemv tma shared memory limit");
@@ -474,7 +430,7 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
 }
 
 // nb: blocks of a stage's row (of a slice's with kSplit).
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false, bool kNorm = false>
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
                   TmaSplit sp = {}) {
@@ -489,8 +445,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     // As many CTAs as the GPU holds at once, at most one group a warp. With kSplit the slices'
     // sums of a CTA's rows follow its rings and barriers, and the grid sets how many rows that is.
     int64_t grid = (groups * sp.slices + W - 1) / W;
-    // kNorm: the norm's quantized row after the barriers.
-    size_t smem = ring_smem + (kNorm ? size_t(cta_norm_smem(nb * Q::kBlockElems)) : 0);
+    size_t smem = ring_smem;
     auto sums_fit = [&] {
         if constexpr (kSplit) {
             sp.cta_rows = int((groups + grid - 1) / grid * kV);
@@ -499,13 +454,13 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     };
     for (int pass = 0; pass < (kSplit ? 3 : 1); ++pass) {
         sums_fit();
-        const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit, kNorm>(W),
+        const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
                                     int(d.smem_per_sm / (smem + d.reserved)));
         if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
         grid = std::min<int64_t>(grid, int64_t(per_sm) * d.sms);
     }
     sums_fit();
-    launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit, kNorm>, dim3(unsigned(grid)),
+    launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
                   dim3(unsigned(W) * 32), smem, stream,
                   kSplit ? "gemv (pipe, tma ring, column slices)" : "gemv (pipe, tma ring)", pr, w2,
                   nb, xq, xd, q, pdl && pdl_prefetch_enabled(), ring, sp);
@@ -565,22 +520,6 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
     constexpr int kV = kPair ? 2 : 1;
     const int nb = int(cols / Quant<T>::kBlockElems);
     const bool two = !kPair && pipe_two_rows<T, 1, 0>(pr);
-    if constexpr (kPair && tma_pair_norm_compiled<T>()) {
-        if (pr.norm.x) {  // tma_pair_takes_norm holds
-            if (!with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
-                    constexpr int XU = decltype(xu_tag)::value;
-                    if constexpr (tma_norm_units<T>(XU))
-                        launch_tma_k<T, true, XU, 2, false, true>(pr, w2, nb, xq, xd, pdl, stream,
-                                                                  q);
-                    else
-                        nt::fail("gemv: rows of %lld are too long for the norm in the pair.",
-                                 (long long)cols);
-                }))
-                nt::fail("gemv: no TMA form for %s rows of %lld.", type_name(T), (long long)cols);
-            return;
-        }
-    }
-    if (pr.norm.x) nt::fail("gemv: the %s pair cannot run the norm itself.", type_name(T));
     if constexpr (kPair) {
         const int ps = tma_pair_slices<T>();
         const int64_t upr = pipe_units<T>(cols);
@@ -687,27 +626,12 @@ bool tma_takes(int64_t cols) {
     }
 }
 
-// Whether the pair of `rows` x `cols` weights w, w2 runs the norm itself (GemvStack::norm): the
-// TMA form with whole rows of at most kCtaNormMaxDim columns, Q8_K activations.
-template <GgmlType T>
-bool tma_pair_takes_norm(const void* w, const void* w2, int64_t rows, int64_t cols) {
-    if constexpr (!tma_pair_norm_compiled<T>()) {
-        return false;
-    } else {
-        return cols <= kCtaNormMaxDim && cols % 256 == 0 && tma_pair_slices<T>() == 1 &&
-               tma_fits<T>(GemvStack::one(w, rows, nullptr), w2, cols, 1);
-    }
-}
-
 // The pipe kernel, in its TMA form where that can run: whole rows (tma_fits), or, where `split`
 // allows it, a single matrix in column slices (launch_tma_split); else with its register ring.
 template <GgmlType T>
 void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const int8_t* xq,
                      const float2* xd, int n, int nx, bool pdl, cudaStream_t stream,
                      const PairQuant& q = {}, bool split = false) {
-    if (pr.norm.x && !tma_pair_takes_norm<T>(pr.m0, w2, pr.rows(), cols))
-        nt::fail("gemv: the %s pair of %lld columns cannot run the norm itself.", type_name(T),
-                 (long long)cols);
     if (split && !w2 && launch_tma_split<T>(pr, cols, xq, xd, nx, pdl, stream)) return;
     if (tma_fits<T>(pr, w2, cols, nx)) {
         const auto* b = static_cast<const uint8_t*>(w2);
@@ -730,7 +654,6 @@ void prepare_tma() {
             tma_ctas_by_registers<T, false, XU, 1, true>();
             tma_ctas_by_registers<T, false, XU, 2, true>();
             tma_ctas_by_registers<T, true, XU, 2, true>();
-            if constexpr (tma_norm_units<T>(XU)) tma_ctas_by_registers<T, true, XU, 2, false, true>();
             return false;  // every one
         });
     }

@@ -81,8 +81,6 @@ struct GemvConfig {
     // Pipe, TMA form only: where rows are too long for it whole, cut them into column slices
     // (matmul() does; false: such rows take the register ring). Single launches only.
     bool split = false;
-    // Pipe only, one activation row: GemvStack::residual (x += y's old value row by row).
-    float* residual = nullptr;
 };
 
 // The dispatcher's choice for this shape (used when a GemvConfig field is 0).
@@ -126,17 +124,6 @@ constexpr int gemv_nx(int n) {
 // matrix is a stack of one. It is the pipe kernel's parameter as it is: named fields, chosen
 // by comparisons rather than by indexing, so that they stay in the parameter space (no
 // local-memory copy).
-// The RMSNorm a GEMV may run itself on its one activation row (the TMA form of the SwiGLU
-// pair): its activations are add_rmsnorm's of x + y with the F32 weights w, quantized to Q8_K,
-// computed by every CTA into its own shared memory after the wait, operation for operation as
-// add_rmsnorm's kernel does (the same bits). Nothing is written back: x + y is the caller's to
-// store later (GemvStack::residual of the matmul that overwrites y).
-struct NormIn {
-    const float* x = nullptr;
-    const float* y = nullptr;
-    const float* w = nullptr;
-    float eps = 0.f;
-};
 struct GemvStack {
     static constexpr int kMax = 3;
     const uint8_t *m0 = nullptr, *m1 = nullptr, *m2 = nullptr;
@@ -144,10 +131,6 @@ struct GemvStack {
     // Where each matrix ends in the stacked row index; the unused ones end with the last.
     int64_t e0 = 0, e1 = 0, e2 = 0;
     int count = 0;
-    // One activation row, a single matrix: before output row r is written, residual[r] +=
-    // its old value (the x += y that a NormIn left to this GEMV, y being its output).
-    float* residual = nullptr;
-    NormIn norm;  // the SwiGLU pair's activations come from this norm (norm.x non-null)
     static GemvStack one(const void* w, int64_t rows, float* y) {
         GemvStack s;
         s.add(w, rows, y);
@@ -181,15 +164,14 @@ void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const
 template <GgmlType T>
 void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
-                      const PairQuant& q, const NormIn& norm);
+                      const PairQuant& q);
 #define NT_GEMV_EXTERN(T)                                                                          \
     extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
                                                      const float2*, int, float*,                   \
                                                      const GemvConfig&, cudaStream_t);             \
     extern template void launch_gemv_pair<GgmlType::T>(const void*, const void*, int64_t, int64_t, \
                                                        const int8_t*, const float2*, int, float*,  \
-                                                       int, bool, cudaStream_t, const PairQuant&,  \
-                                                       const NormIn&);                             \
+                                                       int, bool, cudaStream_t, const PairQuant&); \
     extern template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,  \
                                                         const float2*, int, bool, cudaStream_t);   \
     extern template void prepare_gemv_q8<GgmlType::T>();
@@ -218,13 +200,9 @@ bool gemv_stack_tma(GgmlType t, int64_t rows, int64_t cols, int n);
 void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,
                 int n, bool pdl, cudaStream_t stream);
 // y = silu(w x) * (w2 x) for n <= 8 activation rows (quantize_q8 output), nx as GemvConfig.
-// With norm.x: the activations are the norm's (gemv_pair_takes_norm), xq and xd unused.
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
-               const PairQuant& q = {}, const NormIn& norm = {});
-// Whether the pair of `rows` x `cols` weights w, w2 of type t runs the norm itself (NormIn) on
-// this GPU: the TMA form with whole rows of at most 4096 columns, Q4_K or Q6_K weights.
-bool gemv_pair_takes_norm(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols);
+               const PairQuant& q = {});
 
 // The same for F32, F16 and BF16 weights with float activations (any cols).
 void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,
