@@ -28,8 +28,8 @@ stage() {
         ;;
     models)
         mkdir -p "$models"
-        [ -f "$m70" ] || run python3 "$synth" "$m70" --shape 70b --ftype q4_k_m --repeat-layers
-        [ -f "$m8" ] || run python3 "$synth" "$m8" --shape 8b --ftype q4_k_m --repeat-layers
+        run synth_model "$m70" 70b q4_k_m
+        run synth_model "$m8" 8b q4_k_m
         ls -l "$models"
         ;;
     doctor)

@@ -84,8 +84,7 @@ stage() {
     models)
         mkdir -p "$models"
         (for t in q4_k_m q8_0 q6_k; do
-            m=$(model $t)
-            [ -f "$m" ] || { python3 "$synth" "$m.tmp" --shape 8b --ftype $t --repeat-layers >/dev/null && mv "$m.tmp" "$m"; }
+            synth_model "$(model $t)" 8b $t >/dev/null
         done) &
         ;;
     ab)
@@ -148,7 +147,7 @@ stage() {
         # Resident 70B Q4_K_M (42.5 GB): the 8B Q8_0 and Q6_K files make room on a 64 GB disk.
         rm -f "$(model q8_0)" "$(model q6_k)"
         mkdir -p "$models"
-        [ -f "$m70" ] || run python3 "$synth" "$m70" --shape 70b --ftype q4_k_m --repeat-layers >/dev/null
+        run synth_model "$m70" 70b q4_k_m >/dev/null
         run "$nt" bench -m "$m70" --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E "^\||^decode:"
         ;;
     tests)

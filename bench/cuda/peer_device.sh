@@ -41,10 +41,7 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNT_CUDA=ON \
     cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
 MODELS_TYPES="${PEER_MODELS:-q4_k_m q6_k q8_0}"
 mkdir -p "$models"
-for t in $MODELS_TYPES; do
-    m="$models/llama-8b-$t.gguf"
-    [ -f "$m" ] || { python3 "$synth" "$m.tmp" --shape 8b --ftype "$t" --repeat-layers >/dev/null && mv "$m.tmp" "$m"; }
-done
+for t in $MODELS_TYPES; do synth_model "$models/llama-8b-$t.gguf" 8b "$t" >/dev/null; done
 if [ -n "$peer_build" ]; then
     wait "$peer_build" || { echo "llama.cpp did not build: $out/peer_build.log" >&2; grep -E "error" "$out/peer_build.log" | head -5; exit 1; }
 fi
@@ -67,7 +64,7 @@ both() {
 for t in $MODELS_TYPES; do both "8B $t" "$models/llama-8b-$t.gguf" 128 3; done
 if [ "${PEER_70B:-0}" = 1 ]; then
     rm -f "$models/llama-8b-q8_0.gguf" "$models/llama-8b-q6_k.gguf"
-    [ -f "$m70" ] || python3 "$synth" "$m70" --shape 70b --ftype q4_k_m --repeat-layers >/dev/null
+    synth_model "$m70" 70b q4_k_m >/dev/null
     both "70B q4_k_m" "$m70" 64 2
 fi
 python3 - "$out/peer_rows.txt" <<'EOF'
@@ -78,7 +75,9 @@ for line in open(sys.argv[1]):
     rows.setdefault((model, test), {})[engine] = ts
 print("| model | test | ntransformer (t/s) | llama.cpp (t/s) | ours / llama.cpp |")
 print("| --- | --- | ---: | ---: | ---: |")
-num = lambda s: float(re.match(r"[0-9.]+", s).group(0)) if s and re.match(r"[0-9.]+", s) else None
+def num(s):  # "438.69 ± 0.11" -> 438.69
+    m = re.match(r"[0-9.]+", s)
+    return float(m.group(0)) if m else None
 for (model, test), e in rows.items():
     a, b = e.get("ours", "-"), e.get("llama.cpp", "-")
     ra = f"{num(a) / num(b):.2f}" if num(a) and num(b) else "-"
