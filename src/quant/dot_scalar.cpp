@@ -1,11 +1,25 @@
-// The portable dot products: the reference every SIMD path is tested against, and the path
-// used where no SIMD level applies.
+// The portable dot products: the path used where no SIMD level applies, and the reference the
+// SIMD paths are tested against, bit for bit.
 //
-// Each block's integer dot product is exact (int32); only the per-block float scaling and the
-// accumulation over blocks round. The SIMD paths compute the same integers, so they differ from
-// this code by float rounding alone. The mins of Q4_1/Q5_1 multiply the activation block's
-// s = d * sum(q) field, as in llama.cpp (s is an f16: its rounding, 2^-12 relative, is part of the
-// Q8_1 format); the K-quant mins use the exact Q8_K bsums.
+// The arithmetic is the x86 kernels' (dot_x86.h, "Batch invariance"), so that a result does not
+// depend on the machine's instruction set: each block's integer dot product exactly (int32),
+// then one float chain per output over the blocks in order, from +0, with the fused steps as
+// std::fma (one rounding, the hardware instruction where the CPU has one, glibc's exact software
+// fma elsewhere):
+//   32-element formats: acc = fma(float(isum), dw * dy, acc); Q4_1/Q5_1 then acc = fma(m, s, acc)
+//   K-quants:           acc = fma(float(isum), d * dy, acc); with mins
+//                       acc = fma(-float(msum), dmin * dy, acc)
+// The offsets (q - 8, q - 16, q - 4, q - 32) are inside isum, which is exact whatever the order
+// of its terms. The mins of Q4_1/Q5_1 multiply the activation block's s = d * sum(q) field, as in
+// llama.cpp (s is an f16: its rounding, 2^-12 relative, is part of the Q8_1 format); the K-quant
+// mins use the exact Q8_K bsums. CMake builds this file with -ffp-contract=off, so that the
+// compiler cannot fuse the other multiplies and adds.
+//
+// The float weights (F32/F16/BF16) are not matched: the SIMD levels disagree among themselves
+// there (AVX2 adds the elements in 8 fma chains, AVX-512 in 16), and an fma per element costs
+// the portable code a library call each (F32: 21 -> 0.8 GFLOP/s on a Zen 4 core, bench_quant).
+#include <cmath>
+
 #include "core/f16.h"
 #include "quant/kernels.h"
 
@@ -14,6 +28,15 @@ namespace {
 
 inline float h2f(f16_t h) {
     return f16_to_f32(h);
+}
+
+// One block's step of the chain: its exact integer sum times the two scales' product, fused.
+inline float add_block(float acc, int isum, float dw, float dy) {
+    return std::fma(float(isum), dw * dy, acc);
+}
+// The mins of a K-quant block, subtracted in one fused step (the x86 kernels' FNMADD).
+inline float sub_mins(float acc, int msum, float dmin, float dy) {
+    return std::fma(-float(msum), dmin * dy, acc);
 }
 
 float dot_q4_0(int64_t n, const void* vw, const void* va) {
@@ -26,7 +49,7 @@ float dot_q4_0(int64_t n, const void* vw, const void* va) {
             s += ((w[b].qs[j] & 15) - 8) * a[b].qs[j];
             s += ((w[b].qs[j] >> 4) - 8) * a[b].qs[j + 16];
         }
-        acc += h2f(w[b].d) * h2f(a[b].d) * float(s);
+        acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
     }
     return acc;
 }
@@ -41,7 +64,8 @@ float dot_q4_1(int64_t n, const void* vw, const void* va) {
             s += (w[b].qs[j] & 15) * a[b].qs[j];
             s += (w[b].qs[j] >> 4) * a[b].qs[j + 16];
         }
-        acc += h2f(w[b].d) * h2f(a[b].d) * float(s) + h2f(w[b].m) * h2f(a[b].s);
+        acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
+        acc = std::fma(h2f(w[b].m), h2f(a[b].s), acc);
     }
     return acc;
 }
@@ -66,7 +90,7 @@ float dot_q5_0(int64_t n, const void* vw, const void* va) {
         q5_values(w[b], q);
         int s = 0;
         for (int j = 0; j < 32; ++j) s += (q[j] - 16) * a[b].qs[j];
-        acc += h2f(w[b].d) * h2f(a[b].d) * float(s);
+        acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
     }
     return acc;
 }
@@ -80,7 +104,8 @@ float dot_q5_1(int64_t n, const void* vw, const void* va) {
         q5_values(w[b], q);
         int s = 0;
         for (int j = 0; j < 32; ++j) s += q[j] * a[b].qs[j];
-        acc += h2f(w[b].d) * h2f(a[b].d) * float(s) + h2f(w[b].m) * h2f(a[b].s);
+        acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
+        acc = std::fma(h2f(w[b].m), h2f(a[b].s), acc);
     }
     return acc;
 }
@@ -92,7 +117,7 @@ float dot_q8_0(int64_t n, const void* vw, const void* va) {
     for (int64_t b = 0; b < n / 32; ++b) {
         int s = 0;
         for (int j = 0; j < 32; ++j) s += w[b].qs[j] * a[b].qs[j];
-        acc += h2f(w[b].d) * h2f(a[b].d) * float(s);
+        acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
     }
     return acc;
 }
@@ -113,7 +138,8 @@ float dot_q2_K(int64_t n, const void* vw, const void* va) {
             isum += (w[b].scales[g] & 15) * s;
             msum += (w[b].scales[g] >> 4) * a[b].bsums[g];
         }
-        acc += a[b].d * h2f(w[b].d) * float(isum) - a[b].d * h2f(w[b].dmin) * float(msum);
+        acc = add_block(acc, isum, h2f(w[b].d), a[b].d);
+        acc = sub_mins(acc, msum, h2f(w[b].dmin), a[b].d);
     }
     return acc;
 }
@@ -136,7 +162,7 @@ float dot_q3_K(int64_t n, const void* vw, const void* va) {
             }
             isum += sc[g] * s;
         }
-        acc += a[b].d * h2f(w[b].d) * float(isum);
+        acc = add_block(acc, isum, h2f(w[b].d), a[b].d);
     }
     return acc;
 }
@@ -162,7 +188,8 @@ float dot_q45_K(int64_t n, const void* vw, const void* va) {
             isum += sc[g] * s;
             msum += m[g] * (a[b].bsums[2 * g] + a[b].bsums[2 * g + 1]);
         }
-        acc += a[b].d * h2f(w[b].d) * float(isum) - a[b].d * h2f(w[b].dmin) * float(msum);
+        acc = add_block(acc, isum, h2f(w[b].d), a[b].d);
+        acc = sub_mins(acc, msum, h2f(w[b].dmin), a[b].d);
     }
     return acc;
 }
@@ -190,7 +217,7 @@ float dot_q6_K(int64_t n, const void* vw, const void* va) {
             }
             isum += w[b].scales[g] * s;
         }
-        acc += a[b].d * h2f(w[b].d) * float(isum);
+        acc = add_block(acc, isum, h2f(w[b].d), a[b].d);
     }
     return acc;
 }
