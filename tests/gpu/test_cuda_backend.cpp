@@ -277,13 +277,13 @@ TEST(CudaBackend, RmsNorm) {
                 p.cpu.rmsnorm(p.cpu.acts().x, w.view, n, dim, p.cpu.acts().xn);
                 p.gpu.rmsnorm(p.gpu.acts().x, on_gpu(p.gpu, w), n, dim, p.gpu.acts().xn);
                 const size_t m = size_t(n) * size_t(dim);
-                expect_close(p.get_gpu(&Activations::xn, m), p.get_cpu(&Activations::xn, m), 1e-6f,
-                             2e-6f,
+                // Bit for bit: the sum of squares in double on both sides (norm_scale).
+                expect_equal(p.get_gpu(&Activations::xn, m), p.get_cpu(&Activations::xn, m),
                              "rmsnorm dim " + std::to_string(dim) + " n " + std::to_string(n));
                 // In place, as the forward pass's final norm could be.
                 p.gpu.rmsnorm(p.gpu.acts().x, on_gpu(p.gpu, w), n, dim, p.gpu.acts().x);
-                expect_close(p.get_gpu(&Activations::x, m), p.get_cpu(&Activations::xn, m), 1e-6f,
-                             2e-6f, "rmsnorm in place");
+                expect_equal(p.get_gpu(&Activations::x, m), p.get_cpu(&Activations::xn, m),
+                             "rmsnorm in place");
             }
         }
     }
@@ -328,10 +328,10 @@ TEST(CudaBackend, Rope) {
             p.gpu.rope(p.gpu.acts().q, p.gpu.acts().k);
             const std::string what = "rope hd " + std::to_string(c.head_dim) + " n_rot " +
                                      std::to_string(c.n_rot) + " n " + std::to_string(n);
-            expect_close(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), 1e-6f,
-                         1e-6f, what + " q");
-            expect_close(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), 1e-6f,
-                         1e-6f, what + " k");
+            // Bit for bit: the same float angle, sin and cos in double rounded to float, and
+            // every product and sum rounded on its own on both sides.
+            expect_equal(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), what + " q");
+            expect_equal(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), what + " k");
         }
     }
 }
@@ -542,7 +542,7 @@ TEST(CudaKernels, AddRmsNormQuantizesAsQuantizeQ8) {
                     std::vector<float> want_out;
                     add_rmsnorm_reference(x, &y, wf, n, dim, eps, want_out);
                     expect_equal(dx.get(), x, what + " x");
-                    expect_close(dout.get(), want_out, 1e-6f, 2e-6f, what + " out");
+                    expect_equal(dout.get(), want_out, what + " out");
                     if (!quantized) {
                         const std::vector<int8_t> untouched = xq.get();
                         EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(),
@@ -591,7 +591,7 @@ TEST(CudaBackend, AddRmsNorm) {
                     float* Activations::*out = with_y ? &Activations::xn : &Activations::up;
                     expect_equal(p.get_gpu(&Activations::x, m), p.get_cpu(&Activations::x, m),
                                  what + " x");
-                    expect_close(p.get_gpu(out, m), p.get_cpu(out, m), 1e-6f, 2e-6f, what + " out");
+                    expect_equal(p.get_gpu(out, m), p.get_cpu(out, m), what + " out");
                 }
             }
         }
@@ -703,9 +703,9 @@ TEST(CudaBackend, SwigluAddGather) {
         p.set(&Activations::up, random_floats(size_t(n), 32, -2.f, 2.f));
         p.cpu.swiglu(p.cpu.acts().gate, p.cpu.acts().up, n, p.cpu.acts().gate);
         p.gpu.swiglu(p.gpu.acts().gate, p.gpu.acts().up, n, p.gpu.acts().gate);
-        expect_close(p.get_gpu(&Activations::gate, size_t(n)),
-                     p.get_cpu(&Activations::gate, size_t(n)), 1e-7f, 2e-6f,
-                     "swiglu n " + std::to_string(n));
+        // Bit for bit: exp in double rounded to float on both sides (detail::silu_mul).
+        expect_equal(p.get_gpu(&Activations::gate, size_t(n)),
+                     p.get_cpu(&Activations::gate, size_t(n)), "swiglu n " + std::to_string(n));
 
         const int64_t na =
             std::min<int64_t>(n, int64_t(64) * s.n_embd);  // x is [max_batch][n_embd]
@@ -1077,10 +1077,10 @@ TEST(CudaBackend, RopeAttention) {
             p.gpu.set_rope_fusion(false);
             p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att, next[o]);
             p.gpu.end_step();
-            expect_close(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), 1e-6f,
-                         1e-6f, what + " q");
-            expect_close(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), 1e-6f,
-                         1e-6f, what + " k");
+            // Bit for bit: the same float angle, sin and cos in double rounded to float, and
+            // every product and sum rounded on its own on both sides.
+            expect_equal(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), what + " q");
+            expect_equal(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), what + " k");
             const std::vector<float> unfused = p.get_gpu(&Activations::att, nq);
             p.gpu.set_rope_fusion(true);
             p.gpu.upload(ga.q, q.data(), q.size() * sizeof(float));
@@ -1598,8 +1598,8 @@ TEST(CudaBackend, GraphFallbackOnDifferentOps) {
             if (twice) be->add(be->acts().x, be->acts().xn, n);
             be->swiglu(be->acts().x, be->acts().xn, n, be->acts().up);
         }
-        expect_close(p.get_gpu(&Activations::up, size_t(n)), p.get_cpu(&Activations::up, size_t(n)),
-                     1e-7f, 2e-6f, twice ? "fallback step" : "graph step");
+        expect_equal(p.get_gpu(&Activations::up, size_t(n)), p.get_cpu(&Activations::up, size_t(n)),
+                     twice ? "fallback step" : "graph step");
     };
     for (int i = 0; i < 3; i++) step(false);
     EXPECT_EQ(p.gpu.graph_stats().captures, 1);

@@ -164,7 +164,9 @@ void CpuBackend::rope_rows(float* x, int n_heads) const {
             // One rounding of pos x frequency (ggml multiplies the angle up step by step, which
             // drifts by ~1e-3 rad at long positions; the CUDA kernel computes it as here).
             const float theta = p * rope_inv_freq_[size_t(j)];
-            const float c = std::cos(theta), s = std::sin(theta);
+            // cos and sin in double, rounded once: the float result of the exact value (all but
+            // never a last-bit tie), which any backend's double-precision sincos also gives.
+            const float c = float(std::cos(double(theta))), s = float(std::sin(double(theta)));
             for (int h = 0; h < n_heads; h++) {
                 float* v = x + (int64_t(i) * n_heads + h) * hd + 2 * j;
                 const float a = v[0], b = v[1];
@@ -240,10 +242,18 @@ void CpuBackend::attention(int layer, const float* q, const float* k, const floa
 
 void CpuBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
     qact_src_ = nullptr;  // only back-to-back matmuls share a quantized input
-    for (int64_t i = 0; i < n; i++) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
+    // exp in double, rounded once to float: the correctly rounded exp (up to ties far below any
+    // activation's precision), which the CUDA backend's double exp gives too. glibc's expf
+    // differs from it in about 0.06% of inputs, enough to move an activation across an 8-bit
+    // quantization step somewhere in every forward pass.
+    constexpr int64_t kChunk = 4096;
+    pool_.parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b * kChunk; i < std::min(n, e * kChunk); i++) {
+            const float g = gate[i];
+            const float ex = float(std::exp(-double(g)));
+            out[i] = g / (1.0f + ex) * up[i];
+        }
+    });
 }
 
 void CpuBackend::add(float* x, const float* y, int64_t n) {

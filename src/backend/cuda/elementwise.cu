@@ -3,8 +3,8 @@
 // All are memory-bound and tiny next to the matmuls; they aim at one pass over their data with
 // coalesced accesses, and at the CPU backend's arithmetic, operation for operation: products
 // and sums that the CPU rounds separately use the _rn intrinsics so that --use_fast_math's
-// contraction into FMAs does not change the last bit (embed is bit-identical to
-// nt::dequantize_row, rope and rmsnorm agree to an ulp or two).
+// contraction into FMAs does not change the last bit. Embed, rope, rmsnorm and SwiGLU give the
+// CPU's bits: sums of squares in double, sin, cos and exp in double rounded once to float.
 #include <cuda_fp16.h>
 
 #include <type_traits>
@@ -15,6 +15,7 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
 #include "backend/cuda/rope.cuh"
+#include "backend/cuda/swiglu.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 #include "core/error.h"
 #include "quant/types.h"
@@ -238,31 +239,41 @@ __global__ void embed_kernel(const uint8_t* table, size_t row_bytes, const int32
     x[int64_t(i) * cols + j] = elem<T>(table + size_t(t) * row_bytes, j);
 }
 
-// Sum over the block; every thread gets the result. `red` holds one float per warp.
-__device__ __forceinline__ float block_sum(float v, float* red) {
-    return detail::block_reduce(v, red, 0.f, detail::WarpSum{});
+// Sum over the block; every thread gets the result. `red` holds one double per warp.
+__device__ __forceinline__ double block_sum(double v, double* red) {
+    return detail::block_reduce(v, red, 0.0, detail::WarpSum{});
+}
+
+// The norm's scale from the row's sum of squares, as the CPU computes it: the squares summed in
+// double (each one exact), the mean rounded once to float, then 1 / sqrt(mean + eps) with every
+// float operation rounded on its own. Summed in double, the order (the CPU's sequential, the
+// block's tree here) moves the sum by a few double ulps, far below the float the mean rounds to,
+// so both backends get the same scale but for ties once in millions of rows; summed in float,
+// they differed in the last bit of about every other row.
+__device__ __forceinline__ float norm_scale(double sum_sq, int dim, float eps) {
+    return __frcp_rn(__fsqrt_rn(addf(__double2float_rn(sum_sq / double(dim)), eps)));
 }
 
 // One block per row. The row is read twice (sum of squares, then scale); the second read hits
 // L1/L2.
 template <GgmlType T>
 __global__ void rmsnorm_kernel(const float* x, const uint8_t* w, int dim, float eps, float* out) {
-    __shared__ float red[32];
+    __shared__ double red[32];
     const float* xr = x + int64_t(blockIdx.x) * dim;
     float* o = out + int64_t(blockIdx.x) * dim;
-    float s = 0.f;
+    double s = 0;
+    auto sq = [](float v) { return double(v) * double(v); };
     if ((dim & 3) == 0) {
         const float4* x4 = reinterpret_cast<const float4*>(xr);
         for (int j = threadIdx.x; j < dim / 4; j += blockDim.x) {
             const float4 v = x4[j];
-            s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            s += sq(v.x) + sq(v.y) + sq(v.z) + sq(v.w);
         }
     } else {
-        for (int j = threadIdx.x; j < dim; j += blockDim.x) s += xr[j] * xr[j];
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) s += sq(xr[j]);
     }
-    s = block_sum(s, red);
     // As the CPU: scale = 1 / sqrt(mean + eps), then (x * scale) * w, each rounded.
-    const float scale = __frcp_rn(__fsqrt_rn(addf(__fdiv_rn(s, float(dim)), eps)));
+    const float scale = norm_scale(block_sum(s, red), dim, eps);
     for (int j = threadIdx.x; j < dim; j += blockDim.x)
         o[j] = mul(mul(xr[j], scale), elem<T>(w, j));
 }
@@ -282,7 +293,7 @@ template <GgmlType WT, int MODE>
 __global__ void __launch_bounds__(1024)
     add_rmsnorm_kernel(float* x, const float* y, const uint8_t* w, int dim, float eps, float* out,
                        int8_t* xq, float2* xd) {
-    __shared__ float red[32];
+    __shared__ double red[32];
     // The GEMV that reads out (launched as a programmatic dependent) may start loading its
     // weights now; it waits for this grid to finish before it reads the activations.
     pdl_trigger();
@@ -316,11 +327,10 @@ __global__ void __launch_bounds__(1024)
         reinterpret_cast<float4*>(x + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
         reinterpret_cast<float4*>(x + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
-    float s = 0.f;
+    double s = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s += v[i] * v[i];
-    s = block_sum(s, red);
-    const float scale = __frcp_rn(__fsqrt_rn(addf(__fdiv_rn(s, float(dim)), eps)));
+    for (int i = 0; i < 8; ++i) s += double(v[i]) * double(v[i]);
+    const float scale = norm_scale(block_sum(s, red), dim, eps);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = mul(mul(v[i], scale), wv[i]);
     reinterpret_cast<float4*>(out + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
@@ -419,9 +429,7 @@ __global__ void rope_pair_kernel(float* q, float* k, const int32_t* pos, int64_t
         *reinterpret_cast<__half2*>(st.kc + cell) = __float22half2_rn(make_float2(x0, x1));
 }
 
-__device__ __forceinline__ float silu_mul(float g, float u) {
-    return mul(__fdiv_rn(g, addf(1.f, __expf(-g))), u);
-}
+using detail::silu_mul;
 
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;

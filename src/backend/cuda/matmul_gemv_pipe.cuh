@@ -31,6 +31,7 @@
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
+#include "backend/cuda/swiglu.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 #include "core/env.h"
 #include "core/error.h"
@@ -72,11 +73,6 @@ constexpr bool pipe_x_units(int upr) {
 inline bool pipe_two_rows_enabled() {
     static const bool on = env_switch("NT_PIPE_TWO_ROWS");
     return on;
-}
-
-// silu(g) * u rounded as the CPU backend's SwiGLU (and elementwise.cu's kernel) rounds it.
-__device__ __forceinline__ float pipe_silu_mul(float g, float u) {
-    return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.f, __expf(-g))), u);
 }
 
 // The pair's quantization of its output (one activation row, PairQuant): once a warp has
@@ -254,7 +250,7 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                         }
                         if (lane == 0 && k < n) {
                             if constexpr (kPair) {
-                                pr.y0[int64_t(k) * rows + g] = pipe_silu_mul(v[0], v[1]);
+                                pr.y0[int64_t(k) * rows + g] = silu_mul(v[0], v[1]);
                             } else {
                                 // The rows of a group are in one matrix (even row counts).
                                 const int m = pr.matrix(g * kV);

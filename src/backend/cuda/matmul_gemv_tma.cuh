@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
                 for (int h = 0; h < kV; ++h)
                     cta_part[slice * sp.cta_rows + (g - c0) * kV + h] = v[h];
             } else if constexpr (kPair) {
-                pr.y0[g] = pipe_silu_mul(v[0], v[1]);
+                pr.y0[g] = silu_mul(v[0], v[1]);
             } else {
                 const int m = pr.matrix(g * kV);
                 const int64_t b = pr.begin(m);
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         };
         if constexpr (kPair) {
             for (int64_t r = threadIdx.x; r < c1 - c0; r += blockDim.x)
-                pr.y0[c0 + r] = pipe_silu_mul(sum(2 * r), sum(2 * r + 1));
+                pr.y0[c0 + r] = silu_mul(sum(2 * r), sum(2 * r + 1));
             if (pq.mode >= 0) {
                 __syncthreads();  // the CTA's outputs are written before warp 0 counts them
                 if (warp == 0) pipe_quantize_groups(pr.y0, c0, c1, pq, lane);
