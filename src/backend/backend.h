@@ -15,6 +15,13 @@ namespace nt {
 
 // A weight matrix of `rows` rows of `cols` elements (ggml's ne1 x ne0), stored row-major in
 // GGML blocks. Vectors (norm weights) have rows == 1.
+// Attention's softmax and P*V go in chunks of this many positions from position 0, summed in
+// float inside a chunk and in double across chunks (CpuBackend::attention has the arithmetic,
+// which every backend's decode path reproduces bit for bit).
+constexpr int kAttnChunk = 64;
+// The largest head size a model may have (llama_load checks it).
+constexpr int kAttnMaxHd = 1024;
+
 struct WeightView {
     GgmlType type = GgmlType::F32;
     int64_t cols = 0;

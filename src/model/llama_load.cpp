@@ -72,7 +72,7 @@ LlamaHParams read_llama_hparams(const GgufFile& f) {
     if (s.n_embd % s.n_head != 0)
         fail("%s: embedding length %d is not a multiple of the head count %d.", path.c_str(), s.n_embd, s.n_head);
     s.head_dim = int(f.get_int(a + "attention.key_length", s.n_embd / s.n_head));
-    if (s.head_dim <= 0 || s.head_dim % 2 != 0 || s.head_dim > 1024)
+    if (s.head_dim <= 0 || s.head_dim % 2 != 0 || s.head_dim > kAttnMaxHd)
         fail("%s: head dimension %d is not supported.", path.c_str(), s.head_dim);
     if (f.get_int(a + "attention.value_length", s.head_dim) != s.head_dim)
         fail("%s: different key and value head sizes are not supported.", path.c_str());

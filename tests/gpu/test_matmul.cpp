@@ -545,7 +545,8 @@ TEST(MatmulQuantizer, BitExactWithCpu) {
 }
 
 // GEMV parity with the CPU backend: matmul() for n <= 8 equals nt::vec_dot of the same weight
-// row with the CPU's quantized activations, up to float summation order, for every type.
+// row with the CPU's quantized activations, bit for bit, for every quantized type: both form
+// each block's term in double and round the row's double sum once (Quant<T>::dot).
 TEST(MatmulParity, GemvEqualsCpuVecDot) {
     SKIP_WITHOUT_GPU();
     cudaStream_t stream;
@@ -585,7 +586,7 @@ TEST(MatmulParity, GemvEqualsCpuVecDot) {
                     for (int64_t c = 0; c < cols; ++c)
                         mag += std::fabs(double(wr[c]) * ar.xr[size_t(i) * cols + c]);
                     const float got = y[size_t(i) * rows + r];
-                    ASSERT_LE(std::fabs(double(got) - want), 1e-5 * mag)
+                    ASSERT_EQ(0, std::memcmp(&got, &want, sizeof(float)))
                         << nt::type_name(t) << " n=" << n << " row " << r << " batch " << i
                         << ": GPU " << got << ", CPU vec_dot " << want << " (sum|wx| " << mag
                         << ")";

@@ -200,42 +200,58 @@ void CpuBackend::attention(int layer, const float* q, const float* k, const floa
         }
     }
     const float* tab = f16_table();
+    // The arithmetic, which the CUDA backend reproduces bit for bit in its own order (tiles of
+    // kAttnChunk positions spread over blocks and merged): each score a float sum of float
+    // products, d = 0..hd-1 in order; then chunk by chunk of kAttnChunk positions (from
+    // position 0): the chunk's max m, e = exp(s - m) in double rounded to float, the chunk's
+    // P*V a float sum over its positions in order, and its sum of e in double; the chunks meet
+    // in double (rescaled to the largest max), and each output rounds to float once. What is
+    // summed in float has one order on both backends; what the GPU sums in another order is
+    // summed in double, where the order moves a result by about 1e-16 of itself, far below the
+    // float it rounds to. (With 8-bit activations one last bit anywhere moves the rest of the
+    // pass: a score sum in another order alone cost 3% of top-1 agreement with this code.)
     const float scale = 1.0f / std::sqrt(float(hd));
     const int group = n_head / n_kv;
     pool_.parallel_for(int64_t(B) * n_head, 1, [&](int64_t b, int64_t e, int) {
-        std::vector<float> scores;
-        std::vector<float> acc(static_cast<size_t>(hd));
+        float s[kAttnChunk], pv[kAttnMaxHd];
+        double acc[kAttnMaxHd];
         for (int64_t t = b; t < e; t++) {
             const int i = int(t / n_head), h = int(t % n_head);
             const int kvh = h / group;
             const int len = batch_.pos[size_t(i)] + 1;
             const size_t base = size_t(batch_.seq[size_t(i)]) * size_t(n_ctx_);
             const float* qr = q + (int64_t(i) * n_head + h) * hd;
-            scores.resize(size_t(len));
-            float mx = -INFINITY;
-            for (int p = 0; p < len; p++) {
-                const uint16_t* kr = kc + (base + size_t(p)) * size_t(kvdim) + size_t(kvh) * size_t(hd);
-                float s = 0;
-                for (int d = 0; d < hd; d++) s += qr[d] * tab[kr[d]];
-                s *= scale;
-                scores[size_t(p)] = s;
-                mx = std::max(mx, s);
-            }
-            double sum = 0;
-            for (int p = 0; p < len; p++) {
-                scores[size_t(p)] = std::exp(scores[size_t(p)] - mx);
-                sum += double(scores[size_t(p)]);
-            }
-            const float inv_sum = float(1.0 / sum);
-            for (int p = 0; p < len; p++) scores[size_t(p)] *= inv_sum;
-            std::fill(acc.begin(), acc.end(), 0.f);
-            for (int p = 0; p < len; p++) {
-                const uint16_t* vr = vc + (base + size_t(p)) * size_t(kvdim) + size_t(kvh) * size_t(hd);
-                const float w = scores[size_t(p)];
-                for (int d = 0; d < hd; d++) acc[size_t(d)] += w * tab[vr[d]];
+            double big_m = -INFINITY, big_l = 0;
+            std::fill(acc, acc + hd, 0.0);
+            for (int p0 = 0; p0 < len; p0 += kAttnChunk) {
+                const int np = std::min(kAttnChunk, len - p0);
+                float m = -INFINITY;
+                for (int p = 0; p < np; p++) {
+                    const uint16_t* kr = kc + (base + size_t(p0 + p)) * size_t(kvdim) + size_t(kvh) * size_t(hd);
+                    float sc = 0;
+                    for (int d = 0; d < hd; d++) sc += qr[d] * tab[kr[d]];
+                    s[p] = sc * scale;
+                    m = std::max(m, s[p]);
+                }
+                double l = 0;
+                for (int p = 0; p < np; p++) {
+                    s[p] = float(std::exp(double(s[p]) - double(m)));
+                    l += double(s[p]);
+                }
+                std::fill(pv, pv + hd, 0.f);
+                for (int p = 0; p < np; p++) {
+                    const uint16_t* vr = vc + (base + size_t(p0 + p)) * size_t(kvdim) + size_t(kvh) * size_t(hd);
+                    for (int d = 0; d < hd; d++) pv[d] += s[p] * tab[vr[d]];
+                }
+                // Into the running (max, sum, acc), all in double.
+                const double new_m = std::max(big_m, double(m));
+                const double c_old = std::exp(big_m - new_m), c_new = std::exp(double(m) - new_m);
+                big_l = big_l * c_old + l * c_new;
+                for (int d = 0; d < hd; d++) acc[d] = acc[d] * c_old + double(pv[d]) * c_new;
+                big_m = new_m;
             }
             float* o = out + (int64_t(i) * n_head + h) * hd;
-            for (int d = 0; d < hd; d++) o[d] = acc[size_t(d)];
+            for (int d = 0; d < hd; d++) o[d] = float(acc[d] / big_l);
         }
     });
 }

@@ -30,6 +30,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/exp_double.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -109,8 +110,8 @@ struct DecodeArgs {
     const int32_t* pos;
     const int32_t* seq;
     const int32_t* rows;
-    float* part_acc;  // [n_rows][n_head][splits][head_dim]
-    float2* part_ml;  // [n_rows][n_head][splits] (running max in log2 units, sum)
+    double* part_acc;  // [n_rows][n_head][splits][head_dim]
+    double2* part_ml;  // [n_rows][n_head][splits] (max, sum)
     float* out;
     int* done;  // tiled: [n_rows][n_head_kv] slices finished, zero between launches
     // tiled, optional: out's int8 activations for the next GEMV, as quantize_q8 makes them
@@ -125,8 +126,28 @@ struct DecodeArgs {
     const float* v_new;
     const float* inv_freq;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
-    float scale_log2;  // 1/sqrt(head_dim) * log2(e): scores go straight to exp2
+    float scale;  // 1/sqrt(head_dim)
 };
+
+// The decode kernels compute the CPU backend's arithmetic (CpuBackend::attention), so that
+// their outputs are its bits but for ties far below float precision: each score a float sum of
+// float products in order of the dims, times the scale; per chunk of kAttnChunk positions (a
+// tile, TP below) the chunk's max, e = exp(s - max) in double rounded to float, the chunk's
+// P*V a float sum over its positions in order and its sum of e in double; chunks, and the
+// slices that hold them, meet in double, rescaled to the larger max; each output rounds to float
+// once. Every float sum has the CPU's order; every sum in another order is in double.
+static_assert(kAttnChunk == 64, "the tiles are the CPU's chunks");
+
+// The chunk (tile) just scored, merged into a running (max m, sum l) in double: returns the
+// factors for the running P*V (c_old) and the chunk's (c_new), as the CPU merges its chunks.
+__device__ __forceinline__ void attn_merge_chunk(double& m, double& l, float chunk_max,
+                                                 double chunk_sum, double& c_old, double& c_new) {
+    const double mn = fmax(m, double(chunk_max));
+    c_old = detail::exp_lean(m - mn);
+    c_new = detail::exp_lean(double(chunk_max) - mn);
+    l = l * c_old + chunk_sum * c_new;
+    m = mn;
+}
 
 // Slice `split` of a context of `len` positions: slices of equal length rounded up to `align`.
 // Returns how many slices are not empty (the first ones).
@@ -139,71 +160,85 @@ __device__ __forceinline__ int split_range(int len, int splits, int split, int a
     return (len + chunk - 1) / chunk;
 }
 
-// Generic: one block per (slice, query head, row); each warp walks every 4th position with a
-// lane-parallel dot product and its own online softmax; the 4 warps merge at the end.
+// Generic: one block per (slice, query head, row), any even head_dim up to kGenericMaxHd.
+// Chunk by chunk of kAttnChunk positions: thread t < 64 scores position t (its dims in order),
+// warp 0 takes the chunk's max and sum, and thread t takes dims t, t + 128, ... for P*V (its
+// positions in order), merged into running double accumulators.
 __global__ void __launch_bounds__(kThreads) attn_decode_generic(DecodeArgs a) {
+    constexpr int TP = kAttnChunk, HPT = kGenericMaxHd / kThreads;
     __shared__ float qs[kGenericMaxHd];
-    __shared__ float wm[4], wl[4];
-    __shared__ float wacc[4][kGenericMaxHd];
+    __shared__ float ps[TP];
+    __shared__ double cf[2];  // this chunk's c_old, c_new
     const int split = blockIdx.x, h = blockIdx.y, z = blockIdx.z;
     const int row = a.rows[z];
     const int hd = a.head_dim, kvh = h / a.group;
     int start, end;
-    split_range(a.pos[row] + 1, a.splits, split, 32, start, end);
+    split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
     if (start >= end) {  // only when splits > 1: this slice lies past the sequence's end
-        if (threadIdx.x == 0) a.part_ml[idx] = make_float2(-INFINITY, 0.f);
+        if (threadIdx.x == 0) a.part_ml[idx] = make_double2(-INFINITY, 0.0);
         return;
     }
     for (int d = threadIdx.x; d < hd; d += kThreads)
-        qs[d] = a.q[size_t(row) * a.n_head * hd + size_t(h) * hd + d] * a.scale_log2;
+        qs[d] = a.q[size_t(row) * a.n_head * hd + size_t(h) * hd + d];
     __syncthreads();
 
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int t = threadIdx.x, lane = t % 32;
     const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * hd;
-    float m = -INFINITY, l = 0.f, acc[kGenericMaxHd / 32];
+    double m = -INFINITY, l = 0.0, acc[HPT];
 #pragma unroll
-    for (int j = 0; j < kGenericMaxHd / 32; j++) acc[j] = 0.f;
-    for (int p = start + warp; p < end; p += 4) {
-        const __half* kr = a.kc + base + size_t(p) * a.kv_dim;
-        const __half* vr = a.vc + base + size_t(p) * a.kv_dim;
-        float s = 0.f;
-        for (int d = lane; d < hd; d += 32) s += qs[d] * __half2float(kr[d]);
-        s = warp_sum(s);
-        const float m_new = fmaxf(m, s);
-        const float c = exp2f(m - m_new), e = exp2f(s - m_new);
-        l = l * c + e;
-#pragma unroll
-        for (int j = 0; j < kGenericMaxHd / 32; j++) {
-            const int d = lane + 32 * j;
-            if (d < hd) acc[j] = acc[j] * c + e * __half2float(vr[d]);
+    for (int j = 0; j < HPT; j++) acc[j] = 0.0;
+    for (int p0 = start; p0 < end; p0 += TP) {
+        const int np = min(TP, end - p0);
+        if (t < TP) {
+            float sc = -INFINITY;
+            if (t < np) {
+                const __half* kr = a.kc + base + size_t(p0 + t) * a.kv_dim;
+                sc = 0.f;
+                for (int d = 0; d < hd; d++) sc = __fadd_rn(sc, __fmul_rn(qs[d], __half2float(kr[d])));
+                sc = __fmul_rn(sc, a.scale);
+            }
+            ps[t] = sc;
         }
-        m = m_new;
-    }
-    if (lane == 0) {
-        wm[warp] = m;
-        wl[warp] = l;
-    }
+        __syncthreads();
+        if (t < 32) {
+            const float s0 = ps[lane], s1 = ps[lane + 32];
+            const float mx = warp_max(fmaxf(s0, s1));  // finite: the chunk has a position
+            const float e0 = __double2float_rn(detail::exp_lean(double(s0) - double(mx)));
+            const float e1 = __double2float_rn(detail::exp_lean(double(s1) - double(mx)));
+            const double sum = warp_sum(double(e0) + double(e1));
+            ps[lane] = e0;
+            ps[lane + 32] = e1;
+            if (lane == 0) attn_merge_chunk(m, l, mx, sum, cf[0], cf[1]);
+        }
+        __syncthreads();
+        const double c_old = cf[0], c_new = cf[1];
 #pragma unroll
-    for (int j = 0; j < kGenericMaxHd / 32; j++)
-        if (lane + 32 * j < hd) wacc[warp][lane + 32 * j] = acc[j];
+        for (int j = 0; j < HPT; j++) {
+            const int d = t + kThreads * j;
+            if (d < hd) {
+                float pv = 0.f;
+                for (int p = 0; p < np; p++)
+                    pv = __fadd_rn(pv, __fmul_rn(ps[p], __half2float(a.vc[base + size_t(p0 + p) * a.kv_dim + d])));
+                acc[j] = acc[j] * c_old + double(pv) * c_new;
+            }
+        }
+        __syncthreads();  // ps and cf are rewritten by the next chunk
+    }
+    // Thread 0 kept the running (m, l); every thread needs l.
+    if (t == 0) cf[0] = l, cf[1] = m;
     __syncthreads();
-    const float M = fmaxf(fmaxf(wm[0], wm[1]), fmaxf(wm[2], wm[3]));  // warp 0 saw `start`
-    float w[4], L = 0.f;
+    l = cf[0], m = cf[1];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        w[i] = exp2f(wm[i] - M);  // 0 for a warp that saw no position (wm = -inf)
-        L += wl[i] * w[i];
-    }
-    for (int d = threadIdx.x; d < hd; d += kThreads) {
-        const float o =
-            wacc[0][d] * w[0] + wacc[1][d] * w[1] + wacc[2][d] * w[2] + wacc[3][d] * w[3];
+    for (int j = 0; j < HPT; j++) {
+        const int d = t + kThreads * j;
+        if (d >= hd) continue;
         if (a.splits == 1)
-            a.out[size_t(row) * a.n_head * hd + size_t(h) * hd + d] = o / L;
+            a.out[size_t(row) * a.n_head * hd + size_t(h) * hd + d] = float(acc[j] / l);
         else
-            a.part_acc[idx * hd + d] = o;
+            a.part_acc[idx * hd + d] = acc[j];
     }
-    if (a.splits > 1 && threadIdx.x == 0) a.part_ml[idx] = make_float2(M, L);
+    if (a.splits > 1 && t == 0) a.part_ml[idx] = make_double2(m, l);
 }
 
 // The tiled decode kernel's shape: HD head size, NT threads (kThreads, or kWideThreads for the
@@ -220,8 +255,8 @@ struct DecodeTile {
     static_assert(NT % TP == 0 && NT % (HD / 2) == 0 && NT >= HD / 8,
                   "whole head sets in every phase; a thread per 16-byte chunk of a row");
     static size_t smem_bytes(int group) {  // (+ HD: the rope's cos and sin)
-        return size_t(2 * 2 * TP * ROW) * sizeof(__half) +
-               size_t(group * HD + group * TP + 3 * group + HD) * sizeof(float);
+        return size_t(2 * 2 * TP * ROW) * sizeof(__half) + size_t(4 * group) * sizeof(double) +
+               size_t(group * TP) * sizeof(double) + size_t(group * HD + HD) * sizeof(float);
     }
 };
 // The wide form runs at most 64 registers a thread: minimum blocks per multiprocessor for
@@ -289,12 +324,15 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     __half* kbuf = reinterpret_cast<__half*>(smem);  // [2][TP][ROW]
     __half* vbuf = kbuf + 2 * TP * ROW;              // [2][TP][ROW]
     const int G = GT > 0 ? GT : a.group;
-    float* qs = reinterpret_cast<float*>(vbuf + 2 * TP * ROW);  // [G][HD], pre-scaled
-    float* ps = qs + G * HD;                                    // [G][TP] scores, then weights
-    float* ms = ps + G * TP;                                    // [G] running max
-    float* ls = ms + G;                                         // [G] running sum
-    float* cs = ls + G;                                         // [G] this tile's rescale factor
-    float* rc = cs + G;                                         // [HD / 2] rope cos, then sin
+    double* ms = reinterpret_cast<double*>(vbuf + 2 * TP * ROW);  // [G] running max
+    double* ls = ms + G;                                           // [G] running sum
+    double* co = ls + G;  // [G] this tile's factor for the running P*V
+    double* cn = co + G;  // [G] and for the tile's own
+    // [G][TP] scores, then weights (floats); in the merge, the slices' weights (doubles)
+    float* ps = reinterpret_cast<float*>(cn + G);
+    double* wts = cn + G;
+    float* qs = ps + 2 * G * TP;  // [G][HD]
+    float* rc = qs + G * HD;      // [HD / 2] rope cos, then sin
 
     pdl_trigger();
     const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
@@ -389,7 +427,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     Newest nkv;
     if (put_first) nkv = load_newest(t);
 
-    // q pre-scaled, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
+    // q, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
     const float2* qrow =
         reinterpret_cast<const float2*>(a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD);
     for (int i = t; i < G * HD / 2; i += NT) {
@@ -398,20 +436,20 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             const int j = i % (HD / 2);
             v = detail::rope_turn(v.x, v.y, rc[j], rc[HD / 2 + j]);
         }
-        reinterpret_cast<float2*>(qs)[i] = make_float2(v.x * a.scale_log2, v.y * a.scale_log2);
+        reinterpret_cast<float2*>(qs)[i] = v;
     }
     if (put_first) put_newest(first_newest, t, nkv);
     if (t < G) {
         ms[t] = -INFINITY;
-        ls[t] = 0.f;
+        ls[t] = 0.0;
     }
 
     const int sp = t % TP, sg = t / TP;              // score phase
     const int d2 = t % (HD / 2), pg = t / (HD / 2);  // P*V phase
     const int warp = t / 32, lane = t % 32;          // softmax phase
-    float2 acc[MAXJ_PV];
+    double2 acc[MAXJ_PV];
 #pragma unroll
-    for (int j = 0; j < MAXJ_PV; j++) acc[j] = make_float2(0.f, 0.f);
+    for (int j = 0; j < MAXJ_PV; j++) acc[j] = make_double2(0.0, 0.0);
 
     for (int tile = 0; tile < n_tiles; tile++) {
         const int buf = tile & 1;
@@ -430,31 +468,34 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         // scores
         if (sp < np) {
             const __half* kr = kbuf + (buf * TP + sp) * ROW;
+            // The CPU's order: one product after another, each rounded, dims in order.
             float sc[MAXJ_S];
 #pragma unroll
             for (int j = 0; j < MAXJ_S; j++) sc[j] = 0.f;
-#pragma unroll
+#pragma unroll 2
             for (int c = 0; c < HD; c += 8) {
                 const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
-                const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
-                const float2 k1 = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
-                const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
-                const float2 k3 = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+                float k[8];
+                *reinterpret_cast<float2*>(k) = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+                *reinterpret_cast<float2*>(k + 2) = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+                *reinterpret_cast<float2*>(k + 4) = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
+                *reinterpret_cast<float2*>(k + 6) = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
 #pragma unroll
                 for (int j = 0; j < MAXJ_S; j++) {
                     const int g = sg + C::SETS_S * j;
                     if (g < G) {
-                        const float4 qa = *reinterpret_cast<const float4*>(qs + g * HD + c);
-                        const float4 qb = *reinterpret_cast<const float4*>(qs + g * HD + c + 4);
-                        sc[j] += qa.x * k0.x + qa.y * k0.y + qa.z * k1.x + qa.w * k1.y +
-                                 qb.x * k2.x + qb.y * k2.y + qb.z * k3.x + qb.w * k3.y;
+                        float q[8];
+                        *reinterpret_cast<float4*>(q) = *reinterpret_cast<const float4*>(qs + g * HD + c);
+                        *reinterpret_cast<float4*>(q + 4) = *reinterpret_cast<const float4*>(qs + g * HD + c + 4);
+#pragma unroll
+                        for (int e = 0; e < 8; e++) sc[j] = __fadd_rn(sc[j], __fmul_rn(q[e], k[e]));
                     }
                 }
             }
 #pragma unroll
             for (int j = 0; j < MAXJ_S; j++) {
                 const int g = sg + C::SETS_S * j;
-                if (g < G) ps[g * TP + sp] = sc[j];
+                if (g < G) ps[g * TP + sp] = __fmul_rn(sc[j], a.scale);
             }
         } else {
 #pragma unroll
@@ -465,7 +506,8 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         }
         __syncthreads();
 
-        // online softmax per head: lane takes positions lane, lane + 32, ...
+        // the tile's softmax per head (lane takes positions lane, lane + 32, ...), merged into
+        // the running (max, sum) in double
         for (int g = warp; g < G; g += NT / 32) {
             float s[PL], mx = -INFINITY;
 #pragma unroll
@@ -473,41 +515,26 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
                 s[i] = ps[g * TP + lane + 32 * i];
                 mx = fmaxf(mx, s[i]);
             }
-            const float m_old = ms[g];
-            const float m_new = fmaxf(m_old, warp_max(mx));  // finite: the tile has a position
-            float e = 0.f;
+            mx = warp_max(mx);  // finite: the tile has a position
+            double e = 0.0;
 #pragma unroll
             for (int i = 0; i < PL; i++) {
-                s[i] = exp2f(s[i] - m_new);
-                e += s[i];
+                s[i] = __double2float_rn(detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
+                e += double(s[i]);
             }
-            const float sum = warp_sum(e);
+            const double sum = warp_sum(e);
 #pragma unroll
             for (int i = 0; i < PL; i++) ps[g * TP + lane + 32 * i] = s[i];
-            // Every lane has read ms[g] before the reductions above; the explicit warp barrier
-            // makes that ordering visible to racecheck too.
-            __syncwarp();
-            if (lane == 0) {
-                const float c = exp2f(m_old - m_new);
-                cs[g] = c;
-                ls[g] = ls[g] * c + sum;
-                ms[g] = m_new;
-            }
+            if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g]);
         }
         __syncthreads();
 
-        // acc = acc * c + P * V
+        // the tile's P * V in float, positions in order; then acc = acc * c_old + PV * c_new
         {
             const __half* vr = vbuf + buf * TP * ROW + 2 * d2;
+            float2 pv[MAXJ_PV];
 #pragma unroll
-            for (int j = 0; j < MAXJ_PV; j++) {
-                const int g = pg + C::SETS_PV * j;
-                if (g < G) {
-                    const float c = cs[g];
-                    acc[j].x *= c;
-                    acc[j].y *= c;
-                }
-            }
+            for (int j = 0; j < MAXJ_PV; j++) pv[j] = make_float2(0.f, 0.f);
 #pragma unroll 8
             for (int p = 0; p < np; p++) {
                 const float2 vf = __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
@@ -516,9 +543,18 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
                     const int g = pg + C::SETS_PV * j;
                     if (g < G) {
                         const float w = ps[g * TP + p];
-                        acc[j].x += w * vf.x;
-                        acc[j].y += w * vf.y;
+                        pv[j].x = __fadd_rn(pv[j].x, __fmul_rn(w, vf.x));
+                        pv[j].y = __fadd_rn(pv[j].y, __fmul_rn(w, vf.y));
                     }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < MAXJ_PV; j++) {
+                const int g = pg + C::SETS_PV * j;
+                if (g < G) {
+                    const double c_old = co[g], c_new = cn[g];
+                    acc[j].x = acc[j].x * c_old + double(pv[j].x) * c_new;
+                    acc[j].y = acc[j].y * c_old + double(pv[j].y) * c_new;
                 }
             }
         }
@@ -531,15 +567,15 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         if (g >= G) continue;
         const int h = h0 + g;
         if (live == 1) {  // the whole context in this slice: its softmax is complete
-            const float inv = 1.f / ls[g];
-            const float2 o = make_float2(acc[j].x * inv, acc[j].y * inv);
+            const double l = ls[g];
+            const float2 o = make_float2(float(acc[j].x / l), float(acc[j].y / l));
             *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h) * HD +
                                        2 * d2) = o;
             if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + 2 * d2) = o;
         } else {
             const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
-            *reinterpret_cast<float2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
-            if (d2 == 0) a.part_ml[idx] = make_float2(ms[g], ls[g]);
+            *reinterpret_cast<double2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
+            if (d2 == 0) a.part_ml[idx] = make_double2(ms[g], ls[g]);
         }
     }
     if (live == 1) {
@@ -564,49 +600,48 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     if (!last) return;
     __threadfence();
     static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
-                  "a lane reads two slices' (m, l); the weights reuse the scores' [G][TP] buffer");
+                  "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
     // Every read here comes from L2 and waits on the one before it unless issued together:
-    // each (m, l) is read once, and the partials are read eight slices at a time.
-    float* wts = ps;  // [G][TP] slice weights
+    // each (m, l) is read once, and the partials are read eight slices at a time. In double,
+    // as the CPU merges its chunks.
     for (int g = warp; g < G; g += NT / 32) {
-        const float2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
-        const float2 ml0 = lane < live ? __ldcg(ml + lane) : make_float2(-INFINITY, 0.f);
-        const float2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : make_float2(-INFINITY, 0.f);
-        const float M = warp_max(fmaxf(ml0.x, ml1.x));  // finite: every live slice has positions
-        const float w0 = exp2f(ml0.x - M), w1 = exp2f(ml1.x - M);  // 0 past `live`
-        const float L = warp_sum(ml0.y * w0 + ml1.y * w1);
+        const double2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
+        const double2 none = make_double2(-INFINITY, 0.0);
+        const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
+        const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
+        const double M = warp_max(fmax(ml0.x, ml1.x));  // finite: every live slice has positions
+        const double w0 = detail::exp_lean(ml0.x - M), w1 = detail::exp_lean(ml1.x - M);  // 0 past `live`
+        const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
         if (lane < live) wts[g * TP + lane] = w0;
         if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
-        if (lane == 0) ls[g] = 1.f / L;
+        if (lane == 0) ls[g] = L;
     }
     __syncthreads();
-    constexpr int kBatch = 8;
-    for (int u = t; u < G * HD / 4; u += NT) {  // 4 consecutive dims of one head
-        const int g = u / (HD / 4), d = (u % (HD / 4)) * 4;
-        const float4* pa = reinterpret_cast<const float4*>(
+    constexpr int kBatch = 4;  // slices in flight (each a double2: 64 registers a thread)
+    for (int u = t; u < G * HD / 2; u += NT) {  // 2 consecutive dims of one head
+        const int g = u / (HD / 2), d = (u % (HD / 2)) * 2;
+        const double2* pa = reinterpret_cast<const double2*>(
             a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
-        const float* w = wts + g * TP;
-        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+        const double* w = wts + g * TP;
+        double2 o = make_double2(0.0, 0.0);
         for (int s0 = 0; s0 < live; s0 += kBatch) {
-            float4 v[kBatch];
+            double2 v[kBatch];
 #pragma unroll
             for (int i = 0; i < kBatch; i++)
-                if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 4));
+                if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 2));
 #pragma unroll
             for (int i = 0; i < kBatch; i++)
                 if (s0 + i < live) {
-                    const float ws = w[s0 + i];
+                    const double ws = w[s0 + i];
                     o.x += v[i].x * ws;
                     o.y += v[i].y * ws;
-                    o.z += v[i].z * ws;
-                    o.w += v[i].w * ws;
                 }
         }
-        const float inv = ls[g];
-        o = make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv);
-        *reinterpret_cast<float4*>(a.out + size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d) =
-            o;
-        if (a.qmode >= 0) *reinterpret_cast<float4*>(qs + g * HD + d) = o;
+        const double L = ls[g];
+        const float2 of = make_float2(float(o.x / L), float(o.y / L));
+        *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d) =
+            of;
+        if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + d) = of;
     }
     if (a.qmode >= 0) {
         __syncthreads();
@@ -614,34 +649,35 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     }
 }
 
-// Merges the slices of one (row, head): out = sum_s acc_s 2^(m_s - M) / sum_s l_s 2^(m_s - M).
+// Merges the slices of one (row, head), in double as the tiled kernel's last slice does:
+// out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M).
 __global__ void __launch_bounds__(kThreads)
-    attn_merge_kernel(const float* part_acc, const float2* part_ml, const int32_t* rows, int n_head,
-                      int hd, int splits, float* out) {
-    __shared__ float w[kMaxSplits];
-    __shared__ float inv_l;
+    attn_merge_kernel(const double* part_acc, const double2* part_ml, const int32_t* rows,
+                      int n_head, int hd, int splits, float* out) {
+    __shared__ double w[kMaxSplits];
+    __shared__ double total;
     const int z = blockIdx.x, h = blockIdx.y;
     const size_t idx0 = (size_t(z) * n_head + h) * splits;
     if (threadIdx.x < 32) {
-        float M = -INFINITY;
-        for (int s = threadIdx.x; s < splits; s += 32) M = fmaxf(M, part_ml[idx0 + s].x);
+        double M = -INFINITY;
+        for (int s = threadIdx.x; s < splits; s += 32) M = fmax(M, part_ml[idx0 + s].x);
         M = warp_max(M);  // finite: slice 0 always holds position 0
-        float L = 0.f;
+        double L = 0.0;
         for (int s = threadIdx.x; s < splits; s += 32) {
-            const float2 ml = part_ml[idx0 + s];
-            w[s] = exp2f(ml.x - M);  // 0 for empty slices (m = -inf, l = 0)
+            const double2 ml = part_ml[idx0 + s];
+            w[s] = detail::exp_lean(ml.x - M);  // 0 for empty slices (m = -inf, l = 0)
             L += ml.y * w[s];
         }
         L = warp_sum(L);
-        if (threadIdx.x == 0) inv_l = 1.f / L;
+        if (threadIdx.x == 0) total = L;
     }
     __syncthreads();
     float* o = out + size_t(rows[z]) * n_head * hd + size_t(h) * hd;
     for (int d = threadIdx.x; d < hd; d += kThreads) {
-        float acc = 0.f;
+        double acc = 0.0;
         for (int s = 0; s < splits; s++)
-            if (w[s] != 0.f) acc += part_acc[(idx0 + s) * hd + d] * w[s];
-        o[d] = acc * inv_l;
+            if (w[s] != 0.0) acc += part_acc[(idx0 + s) * hd + d] * w[s];
+        o[d] = float(acc / total);
     }
 }
 
@@ -950,7 +986,8 @@ int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count) {
 
 size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
     if (splits <= 1) return 0;
-    return size_t(n_rows) * size_t(s.n_head) * size_t(splits) * size_t(s.head_dim + 2);
+    // Each slice's partial P*V and (max, sum), in double.
+    return 2 * size_t(n_rows) * size_t(s.n_head) * size_t(splits) * size_t(s.head_dim + 2);
 }
 
 bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_cache,
@@ -969,9 +1006,10 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.pos = pos;
     a.seq = seq;
     a.rows = rows;
-    a.part_acc = scratch;
-    a.part_ml =
-        reinterpret_cast<float2*>(scratch + size_t(n_rows) * s.n_head * splits * s.head_dim);
+    if (reinterpret_cast<uintptr_t>(scratch) % 16 != 0)
+        fail("attention: the decode scratch is not 16-byte aligned.");
+    a.part_acc = reinterpret_cast<double*>(scratch);
+    a.part_ml = reinterpret_cast<double2*>(a.part_acc + size_t(n_rows) * s.n_head * splits * s.head_dim);
     a.out = out;
     a.done = done;
     a.n_head = s.n_head;
@@ -980,7 +1018,7 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.kv_dim = s.kv_dim();
     a.group = s.group();
     a.splits = splits;
-    a.scale_log2 = scale_log2(s.head_dim);
+    a.scale = 1.0f / std::sqrt(float(s.head_dim));  // the CPU's
     a.xq = nullptr;
     a.xd = nullptr;
     a.qmode = -1;

@@ -63,9 +63,10 @@ struct Staging {
 
 // Sums acc over the warp, then over the ksplit warps of each row group, and writes the rows
 // of CTA tile `tile` (kGemvWarps / ksplit groups of RW rows) into y.
-// `red` holds kGemvWarps * RW * NX floats of shared memory.
-template <int NX, int RW>
-__device__ __forceinline__ void gemv_reduce_store(float (&acc)[RW][NX], float* red, int ksplit,
+// `red` holds kGemvWarps * RW * NX accumulators of shared memory. The quantized types' sums are
+// double (see Quant<T>::dot) until each output rounds to float once; float weights' are float.
+template <int NX, int RW, class Acc>
+__device__ __forceinline__ void gemv_reduce_store(Acc (&acc)[RW][NX], Acc* red, int ksplit,
                                                   int64_t rows, int n, float* __restrict__ y,
                                                   int64_t tile) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -82,7 +83,7 @@ __device__ __forceinline__ void gemv_reduce_store(float (&acc)[RW][NX], float* r
                 const int64_t row = (tile * kGemvWarps + warp) * RW + r;
 #pragma unroll
                 for (int k = 0; k < NX; ++k)
-                    if (row < rows && k < n) y[int64_t(k) * rows + row] = acc[r][k];
+                    if (row < rows && k < n) y[int64_t(k) * rows + row] = float(acc[r][k]);
             }
         }
         return;
@@ -98,10 +99,10 @@ __device__ __forceinline__ void gemv_reduce_store(float (&acc)[RW][NX], float* r
     const int t = threadIdx.x;
     if (t < groups * RW * NX) {
         const int g = t / (RW * NX), idx = t % (RW * NX), r = idx / NX, k = idx % NX;
-        float s = 0.f;
+        Acc s = 0;
         for (int kp = 0; kp < ksplit; ++kp) s += red[((g * ksplit + kp) * RW + r) * NX + k];
         const int64_t row = (tile * groups + g) * RW + r;
-        if (row < rows && k < n) y[int64_t(k) * rows + row] = s;
+        if (row < rows && k < n) y[int64_t(k) * rows + row] = float(s);
     }
     __syncthreads();  // red is reused by the next tile
 }
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
     const size_t row_bytes = size_t(nb) * kBB;
     const uint8_t* wend = w + size_t(rows) * row_bytes;
     uint8_t* buf = smem + warp * (kGemvStages * RW * S::kStageBytes);
-    float* red = reinterpret_cast<float*>(smem + kGemvWarps * kGemvStages * RW * S::kStageBytes);
+    double* red = reinterpret_cast<double*>(smem + kGemvWarps * kGemvStages * RW * S::kStageBytes);
 
     // A tile is the CTA's groups x RW rows; CTAs take tiles blockIdx.x, + gridDim.x, ... (one
     // each when the grid has a CTA per tile). The copy pipeline runs on across tiles, so a
@@ -183,11 +184,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
     const int64_t xd_stride = cols / 32;
     int i = 0;
     for (int ti = 0; ti < my_tiles; ++ti) {
-        float acc[RW][NX];
+        double acc[RW][NX];
 #pragma unroll
         for (int r = 0; r < RW; ++r)
 #pragma unroll
-            for (int k = 0; k < NX; ++k) acc[r][k] = 0.f;
+            for (int k = 0; k < NX; ++k) acc[r][k] = 0.0;
         // Offset of each row's first block from 16-byte alignment (blocks keep it in the stage).
         int off[RW];
 #pragma unroll
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
     static_assert(kBB % 16 == 0, "the direct kernel needs 16-byte aligned blocks");
-    __shared__ float red[kGemvWarps * RW * NX];
+    __shared__ double red[kGemvWarps * RW * NX];
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int kpart = warp % ksplit;
@@ -251,11 +252,11 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
 #pragma unroll
     for (int r = 0; r < RW; ++r) wrow[r] = w + size_t(min(row0 + r, rows - 1)) * row_bytes;
 
-    float acc[RW][NX];
+    double acc[RW][NX];
 #pragma unroll
     for (int r = 0; r < RW; ++r)
 #pragma unroll
-        for (int k = 0; k < NX; ++k) acc[r][k] = 0.f;
+        for (int k = 0; k < NX; ++k) acc[r][k] = 0.0;
 
     const int part = lane % kLPB;
     const int64_t xd_stride = cols / 32;
@@ -294,7 +295,7 @@ __global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(NX))
 template <GgmlType T, int NX, int RW>
 constexpr size_t staged_smem_bytes() {
     return size_t(kGemvWarps) * kGemvStages * RW * Staging<T>::kStageBytes +
-           size_t(kGemvWarps) * RW * NX * sizeof(float);
+           size_t(kGemvWarps) * RW * NX * sizeof(double);
 }
 
 // Sets up the staged kernel once per instantiation and returns how many of its CTAs fit on the

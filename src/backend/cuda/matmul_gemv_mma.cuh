@@ -6,11 +6,14 @@
 // (Q8_0) against 52-92% for one row (bench_gemv). Here a warp multiplies 16 weight rows by all
 // (up to 8) activation rows with the integer mma, one per run of elements that share a weight
 // scale, and applies the scales to the 16 x 8 integer dot products:
-//   Q4_K  mma.m16n8k32 per 32-element sub-block: d * dx * sum(sc * dot) - dmin * sum(m * (dx *
-//         sum qx)) (xd holds (dx, dx * sum qx); dx is one per block);
+//   Q4_K  mma.m16n8k32 per 32-element sub-block: d * dx * sum(sc * dot) - dmin * dx * sum(m *
+//         sum qx) (xd holds (dx, dx * sum qx), from which sum qx comes back exactly; dx is one
+//         per block);
 //   Q6_K  mma.m16n8k16 per 16-element sub-block on the signed quants (q - 32):
 //         d * dx * sum(sc * dot);
 //   Q8_0  mma.m16n8k32 per block: d * dx * dot.
+// The scales multiply the exact integer sums in double and the outputs stay in double until they
+// round to float once, as every GEMV's (Quant<T>::dot says why), so these are the CPU's bits too.
 //
 // Fragments (PTX ISA, .s8): lane = 4 * g + t4; C c0, c1 (row g, columns 2t4, 2t4 + 1), c2, c3
 // (row g + 8). k16: A a0 (row g, k 4t4..+3), a1 (row g + 8); B b0 (k 4t4..+3, column g). k32:
@@ -112,14 +115,18 @@ struct MmaQ4k {
     }
     // The activations of K-quant weights are Q8_K: one dx for the whole block, so the scaled
     // dot products sum as integers (sc * dot, at most 8 * 63 * 32 * 15 * 127 < 2^31), as the
-    // CPU's vec_dot sums them, and meet d * dx once a block; the mins take dx * sum(qx) per
-    // sub-block (xd's second half) as floats.
+    // CPU's vec_dot sums them, and meet d * dx once a block; so do the mins (m * sum qx, with
+    // sum qx recovered from xd's second half: dx * sum qx rounded to float is within 2^-24 of
+    // itself, and |sum qx| <= 32 * 127, so the nearest integer to it / dx is sum qx exactly).
+    __device__ static int q8_sum(float dx, float dx_sum) {
+        return dx != 0.f ? __float2int_rn(dx_sum / dx) : 0;
+    }
     __device__ static void step(const MmaLane& l, const W& w, const X& x, int64_t kb,
-                                int64_t /*nb*/, float (&acc)[4]) {
+                                int64_t /*nb*/, double (&acc)[4]) {
         const uint32_t hw0[4] = {w.h0.x, w.h0.y, w.h0.z, w.h0.w};
         const uint32_t hw1[4] = {w.h1.x, w.h1.y, w.h1.z, w.h1.w};
         int is[4] = {0, 0, 0, 0};
-        float ms[4] = {0.f, 0.f, 0.f, 0.f};
+        int ms[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
             constexpr uint32_t M = 0x0F0F0F0Fu;
@@ -140,18 +147,20 @@ struct MmaQ4k {
             is[1] += sa0 * lo[1] + sb0 * hi[1];
             is[2] += sa1 * lo[2] + sb1 * hi[2];
             is[3] += sa1 * lo[3] + sb1 * hi[3];
-            ms[0] += float(ma0) * s0.y + float(mb0) * s0.w;
-            ms[1] += float(ma0) * s1.y + float(mb0) * s1.w;
-            ms[2] += float(ma1) * s0.y + float(mb1) * s0.w;
-            ms[3] += float(ma1) * s1.y + float(mb1) * s1.w;
+            const int q0a = q8_sum(s0.x, s0.y), q0b = q8_sum(s0.z, s0.w);
+            const int q1a = q8_sum(s1.x, s1.y), q1b = q8_sum(s1.z, s1.w);
+            ms[0] += ma0 * q0a + mb0 * q0b;
+            ms[1] += ma0 * q1a + mb0 * q1b;
+            ms[2] += ma1 * q0a + mb1 * q0b;
+            ms[3] += ma1 * q1a + mb1 * q1b;
         }
-        const float dx0 = l.xd0[kb * 8].x, dx1 = l.xd1[kb * 8].x;
-        const float d0 = h2f(hw0[0] & 0xFFFF), m0 = h2f(hw0[0] >> 16);
-        const float d1 = h2f(hw1[0] & 0xFFFF), m1 = h2f(hw1[0] >> 16);
-        acc[0] += d0 * dx0 * float(is[0]) - m0 * ms[0];
-        acc[1] += d0 * dx1 * float(is[1]) - m0 * ms[1];
-        acc[2] += d1 * dx0 * float(is[2]) - m1 * ms[2];
-        acc[3] += d1 * dx1 * float(is[3]) - m1 * ms[3];
+        const double dx[2] = {double(l.xd0[kb * 8].x), double(l.xd1[kb * 8].x)};
+        const double d[2] = {double(h2f(hw0[0] & 0xFFFF)), double(h2f(hw1[0] & 0xFFFF))};
+        const double m[2] = {double(h2f(hw0[0] >> 16)), double(h2f(hw1[0] >> 16))};
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            acc[i] += double(is[i]) * (d[i >> 1] * dx[i & 1]) -
+                      double(ms[i]) * (m[i >> 1] * dx[i & 1]);
     }
 };
 
@@ -182,7 +191,7 @@ struct MmaQ6k {
     }
     __device__ static void load_x(const MmaLane&, int64_t, int64_t, X&) {}
     __device__ static void step(const MmaLane& l, const W& w, const X&, int64_t kb,
-                                int64_t /*nb*/, float (&acc)[4]) {
+                                int64_t /*nb*/, double (&acc)[4]) {
         // Word m of row i: lane t4's aligned word after it is lane t4 + 1's word m (lane 3:
         // lane 0's word m + 1; after word 11, the scales' first aligned word). Each word is
         // made where it is first used, so that few are held at once.
@@ -241,9 +250,10 @@ struct MmaQ6k {
                     }
                 }
             }
-        const float dx[2] = {l.xd0[kb * 8].x, l.xd1[kb * 8].x};
+        const double dx[2] = {double(l.xd0[kb * 8].x), double(l.xd1[kb * 8].x)};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] += h2f(w.d[i >> 1]) * dx[i & 1] * float(is[i]);
+        for (int i = 0; i < 4; ++i)
+            acc[i] += double(is[i]) * (double(h2f(w.d[i >> 1])) * dx[i & 1]);
     }
 };
 
@@ -284,7 +294,7 @@ struct MmaQ80 {
         }
     }
     __device__ static void step(const MmaLane& l, const W& w, const X& x, int64_t st, int64_t nb,
-                                float (&acc)[4]) {
+                                double (&acc)[4]) {
         const int src = (l.lane & ~3) | ((l.t4 + 1) & 3);
 #pragma unroll
         for (int u = 0; u < kBlocksPerStep; ++u) {
@@ -303,11 +313,10 @@ struct MmaQ80 {
             }
             int dot[4];
             mma_s8_16832(dot, q[0][0], q[1][0], q[0][1], q[1][1], x.v[u].x, x.v[u].y);
-            const float dx0 = l.xd0[kb].x, dx1 = l.xd1[kb].x;
-            acc[0] += d[0] * dx0 * float(dot[0]);
-            acc[1] += d[0] * dx1 * float(dot[1]);
-            acc[2] += d[1] * dx0 * float(dot[2]);
-            acc[3] += d[1] * dx1 * float(dot[3]);
+            const double dx[2] = {double(l.xd0[kb].x), double(l.xd1[kb].x)};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                acc[i] += double(dot[i]) * (double(d[i >> 1]) * dx[i & 1]);
         }
     }
 };
@@ -344,7 +353,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
     l.xd0 = xd + int64_t(c0 < n ? c0 : 0) * xd_stride;
     l.xd1 = xd + int64_t(c1 < n ? c1 : 0) * xd_stride;
 
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};  // in double: see Quant<T>::dot
     typename P::X x;
     if (kpart < steps) P::load_x(l, kpart, nb, x);
     for (int64_t st = kpart; st < steps; st += KS) {
@@ -359,7 +368,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
         x = x_next;
     }
     if constexpr (KS > 1) {
-        __shared__ float red[WARPS][4][32];
+        __shared__ double red[WARPS][4][32];
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
         __syncthreads();
@@ -375,7 +384,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS)
     for (int i = 0; i < 4; ++i) {
         const int64_t row = rr[i >> 1];
         const int col = cc[i & 1];
-        if (row < rows && col < n) y[int64_t(col) * rows + row] = acc[i];
+        if (row < rows && col < n) y[int64_t(col) * rows + row] = float(acc[i]);
     }
 }
 

@@ -185,11 +185,11 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                           xd + int64_t(kb) * (Q::kBlockElems / 32), part, xr[u]);
         }
     }
-    float acc[kV][NX];
+    double acc[kV][NX];  // in double: see Quant<T>::dot
 #pragma unroll
     for (int h = 0; h < kV; ++h)
 #pragma unroll
-        for (int k = 0; k < NX; ++k) acc[h][k] = 0.f;
+        for (int k = 0; k < NX; ++k) acc[h][k] = 0.0;
     int64_t c_g = 0;
     int c_u = 0;
     for (int64_t i0 = 0; i0 < total; i0 += kStep) {
@@ -245,8 +245,8 @@ __global__ void __launch_bounds__(kPipeThreads, (PipeShape<T, NX, kXU>::kMinBloc
                         float v[kV];
 #pragma unroll
                         for (int h = 0; h < kV; ++h) {
-                            v[h] = warp_sum(acc[h][k]);
-                            acc[h][k] = 0.f;
+                            v[h] = float(warp_sum(acc[h][k]));  // the one rounding to float
+                            acc[h][k] = 0.0;
                         }
                         if (lane == 0 && k < n) {
                             if constexpr (kPair) {

@@ -144,9 +144,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks)
     __syncthreads();  // the only CTA barrier: warps run independently from here on
 
     const int part = lane % kLPB;
-    float acc[NX];
+    double acc[NX];  // in double: see Quant<T>::dot
 #pragma unroll
-    for (int k = 0; k < NX; ++k) acc[k] = 0.f;
+    for (int k = 0; k < NX; ++k) acc[k] = 0.0;
 
     for (int i = 0; i < total; ++i) {
         // Piece i's registers to the buffer (waits for their loads), then piece i + 1's loads go
@@ -185,9 +185,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamMinBlocks)
         if (pi == ppr - 1) {  // row done
 #pragma unroll
             for (int k = 0; k < NX; ++k) {
-                const float s = warp_sum(acc[k]);
+                const float s = float(warp_sum(acc[k]));  // the one rounding to float
                 if (lane == 0 && k < n) y[int64_t(k) * rows + row] = s;
-                acc[k] = 0.f;
+                acc[k] = 0.0;
             }
         }
         __syncwarp();  // the buffer is overwritten next

@@ -207,8 +207,9 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     uint8_t* buf = smem + size_t(warp) * S * stage_bytes;
     uint64_t* bars =
         reinterpret_cast<uint64_t*>(smem + size_t(W) * S * stage_bytes) + warp * kTmaMaxStages;
-    // With kSplit: the slices' sums of the CTA's rows, [slices][sp.cta_rows], after the barriers.
-    float* cta_part = reinterpret_cast<float*>(smem + size_t(W) * S * stage_bytes +
+    // With kSplit: the slices' sums of the CTA's rows, [slices][sp.cta_rows], after the barriers
+    // (double, as the accumulators: the row rounds to float once all slices are in).
+    double* cta_part = reinterpret_cast<double*>(smem + size_t(W) * S * stage_bytes +
                                                size_t(W) * kTmaMaxStages * 8);
 
     const int64_t rows = pr.rows();
@@ -285,9 +286,9 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         const int slot = int(j % S);
         mbar_wait(bars + slot, uint32_t((j / S) & 1));
         const uint8_t* st = buf + slot * stage_bytes;
-        float acc[kV];
+        double acc[kV];  // in double: see Quant<T>::dot
 #pragma unroll
-        for (int h = 0; h < kV; ++h) acc[h] = 0.f;
+        for (int h = 0; h < kV; ++h) acc[h] = 0.0;
             // Rows decoded one at a time right before their dot products, as in the pipe kernel.
 #pragma unroll
         for (int u = 0; u < kXU; ++u) {
@@ -306,7 +307,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         __syncwarp();  // every lane has read the slot: it may be refilled
         if (lane == 0 && j + S < total) issue(j + S);
         const int64_t g = g0 + j;
-        float v[kV];
+        double v[kV];
 #pragma unroll
         for (int h = 0; h < kV; ++h) v[h] = warp_sum(acc[h]);
         if (lane == 0) {
@@ -315,12 +316,12 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
                 for (int h = 0; h < kV; ++h)
                     cta_part[slice * sp.cta_rows + (g - c0) * kV + h] = v[h];
             } else if constexpr (kPair) {
-                pr.y0[g] = silu_mul(v[0], v[1]);
+                pr.y0[g] = silu_mul(float(v[0]), float(v[1]));
             } else {
                 const int m = pr.matrix(g * kV);
                 const int64_t b = pr.begin(m);
 #pragma unroll
-                for (int h = 0; h < kV; ++h) pr.out(m)[g * kV + h - b] = v[h];
+                for (int h = 0; h < kV; ++h) pr.out(m)[g * kV + h - b] = float(v[h]);
             }
         }
     }
@@ -330,9 +331,9 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         // Every slice of the CTA's rows is in shared memory: added in slice order.
         __syncthreads();
         auto sum = [&](int64_t r) {
-            float s = cta_part[r];
+            double s = cta_part[r];
             for (int q = 1; q < sp.slices; ++q) s += cta_part[q * sp.cta_rows + r];
-            return s;
+            return float(s);
         };
         if constexpr (kPair) {
             for (int64_t r = threadIdx.x; r < c1 - c0; r += blockDim.x)
@@ -449,7 +450,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     auto sums_fit = [&] {
         if constexpr (kSplit) {
             sp.cta_rows = int((groups + grid - 1) / grid * kV);
-            smem = ring_smem + (size_t(sp.slices) * sp.cta_rows * sizeof(float) + 15) / 16 * 16;
+            smem = ring_smem + (size_t(sp.slices) * sp.cta_rows * sizeof(double) + 15) / 16 * 16;
         }
     };
     for (int pass = 0; pass < (kSplit ? 3 : 1); ++pass) {

@@ -8,6 +8,15 @@
 //
 // Activations (x) for the integer path: per row, xq = int8 quants, xd = one float2 per 32
 // elements: (d, d * sum(q)). A block of 256 weights meets 8 consecutive float2.
+//
+// dot() returns the lane's share of the block's term in double, the CPU's arithmetic
+// (nt::vec_dot): every product of the weight's and the activation's scales and the exact integer
+// sums formed in double, the shares added in double by the kernels in their own order, and the
+// row's total rounded once to float. In double the order moves the total by about 1e-16 of
+// itself, far below the float it rounds to, so the GPU's outputs are the CPU's bits but for
+// ties. (Summed in float, the two orders differed in the last bit of about every other output,
+// and with 8-bit activations one such bit anywhere moves the whole forward pass: top-1 agreement
+// with the CPU stayed near 97%.)
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -232,7 +241,7 @@ struct Quant;
 //   kBlockElems, kBlockBytes, kLanesPerBlock, kUnits (blocks a lane visits per staged chunk),
 //   struct W (a lane's weights), struct X (its activations for one x row),
 //   load_w(block, part, W&), load_x(xq at block start, xd at block start, part, X&),
-//   dot(W, X) -> float, dequant8(block, group, float[8]) for elements 8*group .. 8*group+7.
+//   dot(W, X) -> double, dequant8(block, group, float[8]) for elements 8*group .. 8*group+7.
 
 // ---- 32-element types: one lane per block (Q8_0: two) ------------------------------------
 
@@ -257,13 +266,15 @@ struct Quant<GgmlType::Q4_0> {
         ld_x16<kAny>(xq + 16, x.hi);
         x.d = ld_xd<kAny>(xd);
     }
-    NT_HD static float dot(const W& w, const X& x) {
+    // sum (q - 8) x = sum q x - 8 sum x: x.d.y = d * sum x is exact in float (an f16 times at
+    // most 32 * 127), so the offset's term is exact in double too.
+    NT_HD static double dot(const W& w, const X& x) {
         int s = 0;
         for (int i = 0; i < 4; ++i) {
             s = dp4a(w.q[i] & 0x0F0F0F0Fu, x.lo[i], s);
             s = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.hi[i], s);
         }
-        return w.d * (x.d.x * float(s) - 8.f * x.d.y);
+        return double(w.d) * (double(x.d.x) * double(s) - 8.0 * double(x.d.y));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
@@ -291,13 +302,14 @@ struct Quant<GgmlType::Q4_1> {
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q4_0>::load_x<kAny>(xq, xd, part, x);
     }
-    NT_HD static float dot(const W& w, const X& x) {
+    // The min meets Q8_1's s field (x.d.y), as on the CPU.
+    NT_HD static double dot(const W& w, const X& x) {
         int s = 0;
         for (int i = 0; i < 4; ++i) {
             s = dp4a(w.q[i] & 0x0F0F0F0Fu, x.lo[i], s);
             s = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.hi[i], s);
         }
-        return w.d * x.d.x * float(s) + w.m * x.d.y;
+        return double(s) * (double(w.d) * double(x.d.x)) + double(w.m) * double(x.d.y);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
@@ -331,13 +343,13 @@ struct Quant<GgmlType::Q5_0> {
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q4_0>::load_x<kAny>(xq, xd, part, x);
     }
-    NT_HD static float dot(const W& w, const X& x) {
+    NT_HD static double dot(const W& w, const X& x) {  // the offset as Q4_0's
         int s = 0;
         for (int i = 0; i < 4; ++i) {
             s = dp4a(w.lo[i], x.lo[i], s);
             s = dp4a(w.hi[i], x.hi[i], s);
         }
-        return w.d * (x.d.x * float(s) - 16.f * x.d.y);
+        return double(w.d) * (double(x.d.x) * double(s) - 16.0 * double(x.d.y));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
@@ -375,13 +387,13 @@ struct Quant<GgmlType::Q5_1> {
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q4_0>::load_x<kAny>(xq, xd, part, x);
     }
-    NT_HD static float dot(const W& w, const X& x) {
+    NT_HD static double dot(const W& w, const X& x) {
         int s = 0;
         for (int i = 0; i < 4; ++i) {
             s = dp4a(w.lo[i], x.lo[i], s);
             s = dp4a(w.hi[i], x.hi[i], s);
         }
-        return w.d * x.d.x * float(s) + w.m * x.d.y;
+        return double(s) * (double(w.d) * double(x.d.x)) + double(w.m) * double(x.d.y);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
@@ -432,10 +444,10 @@ struct Quant<GgmlType::Q8_0> {
         ld_x16<kAny>(xq + 16 * part, x.q);
         x.d = ld_xd<kAny>(xd).x;
     }
-    NT_HD static float dot(const W& w, const X& x) {
+    NT_HD static double dot(const W& w, const X& x) {
         int s = 0;
         for (int i = 0; i < 4; ++i) s = dp4a(w.q[i], x.q[i], s);
-        return w.d * x.d * float(s);
+        return double(s) * (double(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
@@ -485,15 +497,19 @@ struct Quant<GgmlType::Q2_K> {
             for (int i = 0; i < 4; ++i) x.s[j] = dp4a(0x01010101u, x.q[j][i], x.s[j]);
         }
     }
-    NT_HD static float dot(const W& w, const X& x) {
-        float acc = 0.f;
+    // Each half x-block's scaled integer sums times d * dx and dmin * dx, in double. (x.d[j] is
+    // Q8_K's one d for the whole block; taking each half's own keeps the function general.)
+    NT_HD static double dot(const W& w, const X& x) {
+        double t = 0.0;
         for (int j = 0; j < 4; ++j) {
             int sq = 0;
             for (int i = 0; i < 4; ++i) sq = dp4a((w.q[i] >> (2 * j)) & 0x03030303u, x.q[j][i], sq);
             const int sc = (w.sc >> (8 * j)) & 0xFF;
-            acc += x.d[j] * (w.d * float(sq * (sc & 0xF)) - w.dmin * float(x.s[j] * (sc >> 4)));
+            const double dy = double(x.d[j]);
+            t += double(sq * (sc & 0xF)) * (double(w.d) * dy) -
+                 double(x.s[j] * (sc >> 4)) * (double(w.dmin) * dy);
         }
-        return acc;
+        return t;
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
@@ -531,8 +547,8 @@ struct Quant<GgmlType::Q3_K> {
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q2_K>::load_x<kAny>(xq, xd, part, x);
     }
-    NT_HD static float dot(const W& w, const X& x) {
-        float acc = 0.f;
+    NT_HD static double dot(const W& w, const X& x) {
+        double t = 0.0;
         for (int j = 0; j < 4; ++j) {
             int sq = 0;
             for (int i = 0; i < 4; ++i) {
@@ -540,9 +556,9 @@ struct Quant<GgmlType::Q3_K> {
                 const uint32_t neg = ((~w.h[i] >> j) & 0x01010101u) << 2;
                 sq = dp4a(sub_bytes(lo, neg), x.q[j][i], sq);
             }
-            acc += x.d[j] * float(sq * w.sc[j]);
+            t += double(sq * w.sc[j]) * (double(w.d) * double(x.d[j]));
         }
-        return w.d * acc;
+        return t;
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
@@ -561,6 +577,15 @@ struct Quant<GgmlType::Q3_K> {
 // Q4_K: d @0, dmin @2, scales[12] @4, qs[128] @16 (144 bytes: blocks 16-byte aligned).
 // Elements 64c + l (l < 32) are the low nibbles of qs[32c + l] (sub-block 2c), elements
 // 64c + 32 + l the high nibbles (sub-block 2c + 1). Lane part c takes those 32 bytes.
+// A lane's share of a Q4_K or Q5_K block's term: its two sub-blocks' integer sums sa, sb
+// scaled (W's d1, d2 = d * sc, m1, m2 = dmin * m, each exact in float), in double.
+template <class W, class X>
+NT_HD double k_quant_share(const W& w, const X& x, int sa, int sb) {
+    const double da = double(x.da.x), db = double(x.db.x);
+    return (double(sa) * double(w.d1) - double(x.sa) * double(w.m1)) * da +
+           (double(sb) * double(w.d2) - double(x.sb) * double(w.m2)) * db;
+}
+
 template <>
 struct Quant<GgmlType::Q4_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 144, kLanesPerBlock = 4, kUnits = 1;
@@ -568,9 +593,12 @@ struct Quant<GgmlType::Q4_K> {
         uint32_t q[8];
         float d1, d2, m1, m2;
     };
+    // sa, sb: the sums of the two 32-element halves' quants (for the mins), formed once per
+    // load so that register-held activations pay for them once per kernel.
     struct X {
         int a[8], b[8];
         float2 da, db;
+        int sa, sb;
     };
     struct Raw {
         uint32_t h[4], q[8];
@@ -610,15 +638,20 @@ struct Quant<GgmlType::Q4_K> {
         ld_x16<kAny>(xq + 64 * part + 48, x.b + 4);
         x.da = ld_xd<kAny>(xd + 2 * part);
         x.db = ld_xd<kAny>(xd + 2 * part + 1);
+        x.sa = x.sb = 0;
+        for (int i = 0; i < 8; ++i) {
+            x.sa = dp4a(0x01010101u, x.a[i], x.sa);
+            x.sb = dp4a(0x01010101u, x.b[i], x.sb);
+        }
     }
-    NT_HD static float dot(const W& w, const X& x) {
+    // The mins meet the exact sums of the activation quants (x.sa, x.sb).
+    NT_HD static double dot(const W& w, const X& x) {
         int sa = 0, sb = 0;
         for (int i = 0; i < 8; ++i) {
             sa = dp4a(w.q[i] & 0x0F0F0F0Fu, x.a[i], sa);
             sb = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.b[i], sb);
         }
-        return w.d1 * x.da.x * float(sa) + w.d2 * x.db.x * float(sb) -
-               (w.m1 * x.da.y + w.m2 * x.db.y);
+        return k_quant_share(w, x, sa, sb);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, sub = e0 >> 5, c = sub >> 1, l0 = e0 & 31;
@@ -661,14 +694,13 @@ struct Quant<GgmlType::Q5_K> {
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         Quant<GgmlType::Q4_K>::load_x<kAny>(xq, xd, part, x);
     }
-    NT_HD static float dot(const W& w, const X& x) {
+    NT_HD static double dot(const W& w, const X& x) {
         int sa = 0, sb = 0;
         for (int i = 0; i < 8; ++i) {
             sa = dp4a(w.a[i], x.a[i], sa);
             sb = dp4a(w.b[i], x.b[i], sb);
         }
-        return w.d1 * x.da.x * float(sa) + w.d2 * x.db.x * float(sb) -
-               (w.m1 * x.da.y + w.m2 * x.db.y);
+        return k_quant_share(w, x, sa, sb);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, sub = e0 >> 5, c = sub >> 1, l0 = e0 & 31;
@@ -754,8 +786,8 @@ struct Quant<GgmlType::Q6_K> {
     // so dp4a's signed bytes read them right) and the offset costs one multiply-add per 16
     // rather than a byte-wise subtraction per word. The high bits are moved into place by
     // one shift and one mask, which the compiler merges with the low nibble's mask.
-    NT_HD static float dot(const W& w, const X& x) {
-        float acc = 0.f;
+    NT_HD static double dot(const W& w, const X& x) {
+        double acc = 0.0;
         for (int t = 0; t < 4; ++t) {
             int sq = 0;
             for (int i = 0; i < 4; ++i) {
@@ -768,9 +800,9 @@ struct Quant<GgmlType::Q6_K> {
                                     0x30303030u;
                 sq = dp4a(lo | hi, x.q[t][i], sq);
             }
-            acc += x.d[t] * float((sq - 32 * x.s[t]) * w.sc[t]);
+            acc += double((sq - 32 * x.s[t]) * w.sc[t]) * (double(w.d) * double(x.d[t]));
         }
-        return w.d * acc;
+        return acc;
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, t = (e0 >> 5) & 3, l0 = e0 & 31;
