@@ -11,8 +11,9 @@ namespace {
 using x86::load_i32;
 
 struct Avx2 {
-    static constexpr int L = 8;      // weight rows per tile (32-bit lanes)
-    static constexpr int kCols = 4;  // activation columns per pass over a decoded block
+    static constexpr int L = 8;            // weight rows per tile (32-bit lanes)
+    static constexpr int kCols = 4;        // activation columns per pass over a decoded block
+    static constexpr int kLegacyCols = 4;  // the same for the 32-element formats
     // Row-direct kernels (up to x86::row_cols<T>() activation columns) in groups of kRowGroup.
     static constexpr int kRowGroup = 2;
     static constexpr int kFloatRows = 4, kFloatCols = 2;
@@ -47,6 +48,42 @@ struct Avx2 {
         s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
     }
+
+    // Doubles: the quantized kernels' sums (dot_x86.h, "Batch invariance"). A tile's L lanes
+    // are two VD, lanes 0..3 and 4..7; D8 is the row-direct kernels' eight rows.
+    using VD = __m256d;
+    static VD zero_pd() { return _mm256_setzero_pd(); }
+    static VD set1_pd(double v) { return _mm256_set1_pd(v); }
+    static VD loadu_pd(const double* p) { return _mm256_loadu_pd(p); }
+    static void storeu_pd(double* p, VD v) { _mm256_storeu_pd(p, v); }
+    static VD mul_pd(VD a, VD b) { return _mm256_mul_pd(a, b); }
+    static VD fmadd_pd(VD a, VD b, VD c) { return _mm256_fmadd_pd(a, b, c); }
+    static VD fnmadd_pd(VD a, VD b, VD c) { return _mm256_fnmadd_pd(a, b, c); }  // c - a * b
+    static VD cvt_lo_pd(VI a) { return _mm256_cvtepi32_pd(_mm256_castsi256_si128(a)); }
+    static VD cvt_hi_pd(VI a) { return _mm256_cvtepi32_pd(_mm256_extracti128_si256(a, 1)); }
+    static VD cvtps_lo_pd(VF a) { return _mm256_cvtps_pd(_mm256_castps256_ps128(a)); }
+    static VD cvtps_hi_pd(VF a) { return _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)); }
+    static VF cvtpd_ps(VD lo, VD hi) {  // round to nearest
+        return _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+    }
+    struct D8 {
+        VD lo, hi;
+    };
+    static D8 d8_zero() { return {zero_pd(), zero_pd()}; }
+    static D8 d8_add(D8 a, D8 b) { return {_mm256_add_pd(a.lo, b.lo), _mm256_add_pd(a.hi, b.hi)}; }
+    static D8 d8_mul(D8 a, D8 b) { return {_mm256_mul_pd(a.lo, b.lo), _mm256_mul_pd(a.hi, b.hi)}; }
+    static D8 d8_i32(__m256i a) { return {cvt_lo_pd(a), cvt_hi_pd(a)}; }
+    static D8 d8_ps(__m256 a) { return {cvtps_lo_pd(a), cvtps_hi_pd(a)}; }
+    static D8 d8_mul(D8 a, double b) {
+        return {_mm256_mul_pd(a.lo, set1_pd(b)), _mm256_mul_pd(a.hi, set1_pd(b))};
+    }
+    static D8 d8_fmadd(D8 a, D8 b, D8 c) {
+        return {_mm256_fmadd_pd(a.lo, b.lo, c.lo), _mm256_fmadd_pd(a.hi, b.hi, c.hi)};
+    }
+    static D8 d8_fnmadd(D8 a, D8 b, D8 c) {
+        return {_mm256_fnmadd_pd(a.lo, b.lo, c.lo), _mm256_fnmadd_pd(a.hi, b.hi, c.hi)};
+    }
+    static __m256 d8_cvt_ps(D8 a) { return cvtpd_ps(a.lo, a.hi); }
 
     // f16 in the low / high half of each lane -> float.
     static VF half_lo(VI a) {

@@ -1,19 +1,32 @@
 // The portable dot products: the path used where no SIMD level applies, and the reference the
 // SIMD paths are tested against, bit for bit.
 //
-// The arithmetic is the x86 kernels' (dot_x86.h, "Batch invariance"), so that a result does not
-// depend on the machine's instruction set: each block's integer dot product exactly (int32),
-// then one float chain per output over the blocks in order, from +0, with the fused steps as
-// std::fma (one rounding, the hardware instruction where the CPU has one, glibc's exact software
-// fma elsewhere):
-//   32-element formats: acc = fma(float(isum), dw * dy, acc); Q4_1/Q5_1 then acc = fma(m, s, acc)
-//   K-quants:           acc = fma(float(isum), d * dy, acc); with mins
-//                       acc = fma(-float(msum), dmin * dy, acc)
-// The offsets (q - 8, q - 16, q - 4, q - 32) are inside isum, which is exact whatever the order
-// of its terms. The mins of Q4_1/Q5_1 multiply the activation block's s = d * sum(q) field, as in
-// llama.cpp (s is an f16: its rounding, 2^-12 relative, is part of the Q8_1 format); the K-quant
-// mins use the exact Q8_K bsums. CMake builds this file with -ffp-contract=off, so that the
-// compiler cannot fuse the other multiplies and adds.
+// The arithmetic is the specification every backend follows (dot_x86.h, "Batch invariance"):
+// each block's integer dot product exactly (int32), then each block's term in double, summed in
+// double and rounded once to float at the end. The terms are exact or nearly so (every scale
+// product is exact in double), and a double sum of them is within about 1e-16 relative of the
+// exact sum, far below float's 6e-8, so the float is the same whatever the order of the sum: a
+// GPU adding the same terms in a tree gets the same float except where the exact sum lies that
+// close to a float rounding boundary (VecDot.QuantizedMatchesSpecification checks exactly
+// this). A float sum (one rounding per block) differs from the exact sum rounded once at about
+// half the outputs, and with 8-bit activations one ulp anywhere moves some activation across a
+// quantization step and the whole forward pass apart (CPU and GPU then agreed on ~97% of top-1
+// tokens).
+// Here, as in the SIMD kernels, the sum is one double chain per output over the blocks in
+// order, from +0, with the fused steps as std::fma (one rounding; the hardware instruction where
+// the CPU has one, glibc's exact software fma elsewhere), so that every level gives the same
+// bits by construction, not only almost surely:
+//   32-element formats: f = fma(double(isum), double(dw) * double(dy), f);
+//                       Q4_1/Q5_1 then f = fma(double(m), double(s), f)
+//   K-quants:           f = fma(double(isum), double(d) * double(dy), f); with mins
+//                       f = fma(-double(msum), double(dmin) * double(dy), f)
+//   result:             float(f), round to nearest
+// The products of two scales are exact in double (11 + 24 bits at most). The offsets (q - 8,
+// q - 16, q - 4, q - 32) are inside isum, which is exact whatever the order of its terms. The
+// mins of Q4_1/Q5_1 multiply the activation block's s = d * sum(q) field, as in llama.cpp (s is
+// an f16: its rounding, 2^-12 relative, is part of the Q8_1 format); the K-quant mins use the
+// exact Q8_K bsums (msum = sum(min_j * bsum_j)). CMake builds this file with -ffp-contract=off,
+// so that the compiler cannot fuse the other multiplies and adds.
 //
 // The float weights (F32/F16/BF16) are not matched: the SIMD levels disagree among themselves
 // there (AVX2 adds the elements in 8 fma chains, AVX-512 in 16), and an fma per element costs
@@ -30,19 +43,24 @@ inline float h2f(f16_t h) {
     return f16_to_f32(h);
 }
 
-// One block's step of the chain: its exact integer sum times the two scales' product, fused.
-inline float add_block(float acc, int isum, float dw, float dy) {
-    return std::fma(float(isum), dw * dy, acc);
+// One block's step of the chain: its exact integer sum times the two scales' (exact) product,
+// fused.
+inline double add_block(double acc, int isum, float dw, float dy) {
+    return std::fma(double(isum), double(dw) * double(dy), acc);
+}
+// The mins of Q4_1/Q5_1: m * s, fused.
+inline double add_min(double acc, float m, float s) {
+    return std::fma(double(m), double(s), acc);
 }
 // The mins of a K-quant block, subtracted in one fused step (the x86 kernels' FNMADD).
-inline float sub_mins(float acc, int msum, float dmin, float dy) {
-    return std::fma(-float(msum), dmin * dy, acc);
+inline double sub_mins(double acc, int msum, float dmin, float dy) {
+    return std::fma(-double(msum), double(dmin) * double(dy), acc);
 }
 
 float dot_q4_0(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q4_0*>(vw);
     const auto* a = static_cast<const block_q8_0*>(va);
-    float acc = 0.0f;
+    double acc = 0.0;
     for (int64_t b = 0; b < n / 32; ++b) {
         int s = 0;
         for (int j = 0; j < 16; ++j) {
@@ -51,13 +69,13 @@ float dot_q4_0(int64_t n, const void* vw, const void* va) {
         }
         acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
     }
-    return acc;
+    return float(acc);
 }
 
 float dot_q4_1(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q4_1*>(vw);
     const auto* a = static_cast<const block_q8_1*>(va);
-    float acc = 0.0f;
+    double acc = 0.0;
     for (int64_t b = 0; b < n / 32; ++b) {
         int s = 0;
         for (int j = 0; j < 16; ++j) {
@@ -65,9 +83,9 @@ float dot_q4_1(int64_t n, const void* vw, const void* va) {
             s += (w[b].qs[j] >> 4) * a[b].qs[j + 16];
         }
         acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
-        acc = std::fma(h2f(w[b].m), h2f(a[b].s), acc);
+        acc = add_min(acc, h2f(w[b].m), h2f(a[b].s));
     }
-    return acc;
+    return float(acc);
 }
 
 // The 5-bit quants of Q5_0/Q5_1 blocks, 0..31.
@@ -84,7 +102,7 @@ inline void q5_values(const Block& x, int q[32]) {
 float dot_q5_0(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q5_0*>(vw);
     const auto* a = static_cast<const block_q8_0*>(va);
-    float acc = 0.0f;
+    double acc = 0.0;
     int q[32];
     for (int64_t b = 0; b < n / 32; ++b) {
         q5_values(w[b], q);
@@ -92,41 +110,41 @@ float dot_q5_0(int64_t n, const void* vw, const void* va) {
         for (int j = 0; j < 32; ++j) s += (q[j] - 16) * a[b].qs[j];
         acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
     }
-    return acc;
+    return float(acc);
 }
 
 float dot_q5_1(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q5_1*>(vw);
     const auto* a = static_cast<const block_q8_1*>(va);
-    float acc = 0.0f;
+    double acc = 0.0;
     int q[32];
     for (int64_t b = 0; b < n / 32; ++b) {
         q5_values(w[b], q);
         int s = 0;
         for (int j = 0; j < 32; ++j) s += q[j] * a[b].qs[j];
         acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
-        acc = std::fma(h2f(w[b].m), h2f(a[b].s), acc);
+        acc = add_min(acc, h2f(w[b].m), h2f(a[b].s));
     }
-    return acc;
+    return float(acc);
 }
 
 float dot_q8_0(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q8_0*>(vw);
     const auto* a = static_cast<const block_q8_0*>(va);
-    float acc = 0.0f;
+    double acc = 0.0;
     for (int64_t b = 0; b < n / 32; ++b) {
         int s = 0;
         for (int j = 0; j < 32; ++j) s += w[b].qs[j] * a[b].qs[j];
         acc = add_block(acc, s, h2f(w[b].d), h2f(a[b].d));
     }
-    return acc;
+    return float(acc);
 }
 
 // K-quants: the integer part is sum over groups of scale * (quants . activation quants).
 float dot_q2_K(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q2_K*>(vw);
     const auto* a = static_cast<const block_q8_K*>(va);
-    float acc = 0.0f;
+    double acc = 0.0;
     for (int64_t b = 0; b < n / QK_K; ++b) {
         int isum = 0, msum = 0;
         for (int g = 0; g < 16; ++g) {
@@ -141,13 +159,13 @@ float dot_q2_K(int64_t n, const void* vw, const void* va) {
         acc = add_block(acc, isum, h2f(w[b].d), a[b].d);
         acc = sub_mins(acc, msum, h2f(w[b].dmin), a[b].d);
     }
-    return acc;
+    return float(acc);
 }
 
 float dot_q3_K(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q3_K*>(vw);
     const auto* a = static_cast<const block_q8_K*>(va);
-    float acc = 0.0f;
+    double acc = 0.0;
     int8_t sc[16];
     for (int64_t b = 0; b < n / QK_K; ++b) {
         unpack_q3k_scales(w[b].scales, sc);
@@ -164,14 +182,14 @@ float dot_q3_K(int64_t n, const void* vw, const void* va) {
         }
         acc = add_block(acc, isum, h2f(w[b].d), a[b].d);
     }
-    return acc;
+    return float(acc);
 }
 
 template <bool kFive, typename Block>
 float dot_q45_K(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const Block*>(vw);
     const auto* a = static_cast<const block_q8_K*>(va);
-    float acc = 0.0f;
+    double acc = 0.0;
     uint8_t sc[8], m[8];
     for (int64_t b = 0; b < n / QK_K; ++b) {
         unpack_k4_scales(w[b].scales, sc, m);
@@ -191,7 +209,7 @@ float dot_q45_K(int64_t n, const void* vw, const void* va) {
         acc = add_block(acc, isum, h2f(w[b].d), a[b].d);
         acc = sub_mins(acc, msum, h2f(w[b].dmin), a[b].d);
     }
-    return acc;
+    return float(acc);
 }
 
 float dot_q4_K(int64_t n, const void* w, const void* a) {
@@ -204,7 +222,7 @@ float dot_q5_K(int64_t n, const void* w, const void* a) {
 float dot_q6_K(int64_t n, const void* vw, const void* va) {
     const auto* w = static_cast<const block_q6_K*>(vw);
     const auto* a = static_cast<const block_q8_K*>(va);
-    float acc = 0.0f;
+    double acc = 0.0;
     for (int64_t b = 0; b < n / QK_K; ++b) {
         int isum = 0;
         for (int g = 0; g < 16; ++g) {
@@ -219,7 +237,7 @@ float dot_q6_K(int64_t n, const void* vw, const void* va) {
         }
         acc = add_block(acc, isum, h2f(w[b].d), a[b].d);
     }
-    return acc;
+    return float(acc);
 }
 
 // Float weights against float activations: eight interleaved partial sums, added pairwise at

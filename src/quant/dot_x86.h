@@ -24,16 +24,28 @@
 //
 // Batch invariance: an output element is bit-identical whatever the number of columns, the
 // column's place among them and the rows around it, so that a sequence decodes to the same
-// logits alone or inside a batch. The tiles set the arithmetic, per lane (row): each block's
-// integer dot product exactly (int32, whose sums do not depend on their order), then one float
-// chain per output element over the blocks in order, from +0:
-//   32-element formats: f = fma(float(isum), dw * dy, f); Q4_1/Q5_1 then f = fma(m, s, f)
-//   K-quants:           f = fma(float(isum), d * dy, f); with mins f = f - float(msum) * (dmin *
-//   dy)
+// logits alone or inside a batch. The arithmetic is the one every backend follows
+// (dot_scalar.cpp's header says why: the GPU sums the same double terms in another order and
+// gets the same float): per lane (row), each block's integer dot product exactly (int32, whose
+// sums do not depend on their order), then one double chain per output element over the blocks
+// in order, from +0, rounded once to float at the end:
+//   32-element formats: f = fma(double(isum), double(dw) * double(dy), f);
+//                       Q4_1/Q5_1 then f = fma(double(m), double(s), f)
+//   K-quants:           f = fma(double(isum), double(d) * double(dy), f); with mins
+//                       f = f - double(msum) * (double(dmin) * double(dy)), fused
+//   output:             float(f)
 // where isum includes the sub-block scales and offsets and msum = sum(min_j * bsum_j). The
-// row-direct kernels compute the integers with lanes as elements, reduce them to one total per
-// row, and run the same chains with eight rows as the lanes. The float kernels keep one
-// accumulator vector per output element in every shape.
+// scale products are exact in double. For the 32-element formats the whole products are too
+// (|isum| < 2^19, d * dy two f16 values: 22 bits, exact even in float; m * s likewise), so the
+// row-direct kernels form them as plain products, d * dy and m * s in float, and add them: the
+// same roundings as the fused steps. The row-direct kernels compute the integers with lanes as
+// elements, reduce them to one total per row, and run the same chains with eight rows as the
+// lanes (8 doubles: two vectors at AVX2, one at AVX-512); the tiles keep a column's L lanes in
+// two double vectors, in a scratch row between passes over chunks of blocks. The doubles cost
+// the 32-element formats' tiles up to a quarter of their GEMM speed (the per-block scaling is
+// twice the vector work it was in float), the GEMV and the K-quants a few percent (bench_quant,
+// Zen 4, one thread, against the float chains). The float kernels (F32/F16/BF16, not part of
+// that arithmetic) keep one float accumulator vector per output element in every shape.
 #pragma once
 #include <immintrin.h>
 
@@ -203,17 +215,24 @@ constexpr size_t kBlockBytes = T == GgmlType::Q4_0   ? sizeof(block_q4_0)
 
 template <class I>
 struct LegacyBlock {
-    typename I::VI w[8];  // unsigned quants (Q8_0: q + 128)
-    typename I::VF d, m;
+    typename I::VI w[8];        // unsigned quants (Q8_0: q + 128)
+    typename I::VD d[2], m[2];  // the scales, lanes 0..L/2-1 and L/2..L-1
 };
+
+// A tile's L float lanes as two double vectors, exactly.
+template <class I>
+inline void to_pd(typename I::VF v, typename I::VD out[2]) {
+    out[0] = I::cvtps_lo_pd(v);
+    out[1] = I::cvtps_hi_pd(v);
+}
 
 template <class I, GgmlType T>
 inline void decode_legacy(const typename I::Rows& rows, int64_t b, LegacyBlock<I>& out) {
     using VI = typename I::VI;
     const size_t at = size_t(b) * kBlockBytes<T>;
     const VI dm = rows.gather(at);  // d (and m) in the first 32-bit word of every block
-    out.d = I::half_lo(dm);
-    if constexpr (kHasMin<T>) out.m = I::half_hi(dm);
+    to_pd<I>(I::half_lo(dm), out.d);
+    if constexpr (kHasMin<T>) to_pd<I>(I::half_hi(dm), out.m);
     VI q[4];
     if constexpr (T == GgmlType::Q8_0) {
         const VI flip = I::set1_i8(char(0x80));
@@ -237,10 +256,11 @@ inline void decode_legacy(const typename I::Rows& rows, int64_t b, LegacyBlock<I
     }
 }
 
-// One decoded block against columns c0..c0+G-1: f[g] += d * dy * sum + m * dy * sy.
+// One decoded block against columns c0..c0+G-1, in double: f[g] = fma(isum, d * dy, f[g]),
+// then for Q4_1/Q5_1 f[g] = fma(m, s, f[g]); f[g][0] holds lanes 0..L/2-1, f[g][1] the rest.
 template <class I, GgmlType T, int G>
 inline void legacy_block(const LegacyBlock<I>& B, int64_t b, const ActQ8& act, int c0,
-                         typename I::VF* f) {
+                         typename I::VD (*f)[2]) {
     using VI = typename I::VI;
     VI acc[G];
     for (int g = 0; g < G; ++g) {
@@ -258,19 +278,50 @@ inline void legacy_block(const LegacyBlock<I>& B, int64_t b, const ActQ8& act, i
     }
     for (int g = 0; g < G; ++g) {
         const size_t ci = act.idx(c0 + g, b);
-        f[g] = I::fmadd(I::cvt(acc[g]), I::mul(B.d, I::set1_ps(act.dy[ci])), f[g]);
-        if constexpr (kHasMin<T>) f[g] = I::fmadd(B.m, I::set1_ps(act.ds[ci]), f[g]);
+        const typename I::VD dy = I::set1_pd(act.dy[ci]);
+        f[g][0] = I::fmadd_pd(I::cvt_lo_pd(acc[g]), I::mul_pd(B.d[0], dy), f[g][0]);
+        f[g][1] = I::fmadd_pd(I::cvt_hi_pd(acc[g]), I::mul_pd(B.d[1], dy), f[g][1]);
+        if constexpr (kHasMin<T>) {
+            const typename I::VD ds = I::set1_pd(act.ds[ci]);
+            f[g][0] = I::fmadd_pd(B.m[0], ds, f[g][0]);
+            f[g][1] = I::fmadd_pd(B.m[1], ds, f[g][1]);
+        }
+    }
+}
+
+// The double sums of a tile's columns between passes over its blocks: column c's L lanes at
+// acc + c * L. The first pass starts them at +0, the last rounds them to float into out.
+template <class I, int G>
+inline void load_sums(const double* acc, int c0, bool first, typename I::VD (*f)[2]) {
+    for (int g = 0; g < G; ++g) {
+        const double* p = acc + size_t(c0 + g) * I::L;
+        f[g][0] = first ? I::zero_pd() : I::loadu_pd(p);
+        f[g][1] = first ? I::zero_pd() : I::loadu_pd(p + I::L / 2);
+    }
+}
+template <class I, int G>
+inline void store_sums(typename I::VD (*f)[2], double* acc, int c0, bool last, float* out,
+                       size_t out_stride, int nvalid) {
+    for (int g = 0; g < G; ++g) {
+        if (last) {
+            I::store_rows(out + size_t(c0 + g) * out_stride, nvalid, I::cvtpd_ps(f[g][0], f[g][1]));
+        } else {
+            double* p = acc + size_t(c0 + g) * I::L;
+            I::storeu_pd(p, f[g][0]);
+            I::storeu_pd(p + I::L / 2, f[g][1]);
+        }
     }
 }
 
 // Many columns: a chunk of blocks decoded once, then every column group runs over it.
 template <class I, GgmlType T, int G>
 void legacy_chunk_cols(const LegacyBlock<I>* blk, int nbc, int64_t b0, const ActQ8& act, int c0,
-                       float* out, size_t out_stride, int nvalid) {
-    typename I::VF f[G];
-    for (int g = 0; g < G; ++g) f[g] = I::load_rows(out + size_t(c0 + g) * out_stride, nvalid);
+                       double* acc, bool first, bool last, float* out, size_t out_stride,
+                       int nvalid) {
+    typename I::VD f[G][2];
+    load_sums<I, G>(acc, c0, first, f);
     for (int i = 0; i < nbc; ++i) legacy_block<I, T, G>(blk[i], b0 + i, act, c0, f);
-    for (int g = 0; g < G; ++g) I::store_rows(out + size_t(c0 + g) * out_stride, nvalid, f[g]);
+    store_sums<I, G>(f, acc, c0, last, out, out_stride, nvalid);
 }
 
 // Calls fn.template operator()<G>(c0) over ncols in groups of kG and one remainder group.
@@ -302,6 +353,7 @@ inline void for_col_groups(int ncols, F&& fn) {
     }
 }
 
+// Float zeros for a tile whose rows have no blocks (n = 0).
 template <class I>
 inline void zero_tile(float* out, size_t out_stride, int ncols, int nvalid) {
     for (int c = 0; c < ncols; ++c)
@@ -454,8 +506,11 @@ inline __m256i rd_legacy_quants(const uint8_t* x) {
                                   : T == GgmlType::Q4_1 ? 4
                                   : T == GgmlType::Q5_0 ? 6
                                                         : 8;
-        const __m128i q = _mm_loadu_si128((const __m128i*)(x + qs_off));
-        __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), bytes_mask(0x0F));
+        // The 16 bytes in both halves (a load, no shuffle), the high half shifted by a nibble.
+        const __m256i q =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(x + qs_off)));
+        __m256i w = _mm256_and_si256(
+            _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), bytes_mask(0x0F));
         if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
             const uint32_t qh = uint32_t(load_i32(x + (T == GgmlType::Q5_0 ? 2 : 4)));
             w = _mm256_or_si256(w, _mm256_and_si256(bits_to_bytes(qh), bytes_mask(0x10)));
@@ -466,10 +521,11 @@ inline __m256i rd_legacy_quants(const uint8_t* x) {
 }
 
 // Eight rows against columns c0..c0+G-1, block after block: legacy_block's formula on the rows'
-// lanes, f = fma(float(isum), d * dy, f), then for Q4_1/Q5_1 f = fma(m, s, f).
+// lanes, in double: t = fma(isum, d * dy, t), then for Q4_1/Q5_1 t = fma(m, s, t); f = float(t).
 template <class I, GgmlType T, int G>
 void rd_legacy(int64_t nb, const uint8_t* const* rows, const ActQ8& act, int c0, __m256* f) {
-    for (int g = 0; g < G; ++g) f[g] = _mm256_setzero_ps();
+    typename I::D8 sum[G];
+    for (int g = 0; g < G; ++g) sum[g] = I::d8_zero();
     for (int64_t b = 0; b < nb; ++b) {
         const size_t at = size_t(b) * kBlockBytes<T>;
         const __m256i dm = words8(rows, at);  // d (and m) of each row's block
@@ -486,14 +542,17 @@ void rd_legacy(int64_t nb, const uint8_t* const* rows, const ActQ8& act, int c0,
             }
         }
         const __m256 d = f16_lo8(dm);
-        for (int g = 0; g < G; ++g) {
+        __m256 m;
+        if constexpr (kHasMin<T>) m = f16_hi8(dm);
+        for (int g = 0; g < G; ++g) {  // exact products, rounded sums (see the file's header)
             const size_t ci = act.idx(c0 + g, b);
-            f[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8_epi32(isum[g])),
-                                   _mm256_mul_ps(d, _mm256_set1_ps(act.dy[ci])), f[g]);
+            const __m256 dd = _mm256_mul_ps(d, _mm256_set1_ps(act.dy[ci]));
+            sum[g] = I::d8_add(sum[g], I::d8_mul(I::d8_i32(hsum8x8_epi32(isum[g])), I::d8_ps(dd)));
             if constexpr (kHasMin<T>)
-                f[g] = _mm256_fmadd_ps(f16_hi8(dm), _mm256_set1_ps(act.ds[ci]), f[g]);
+                sum[g] = I::d8_add(sum[g], I::d8_ps(_mm256_mul_ps(m, _mm256_set1_ps(act.ds[ci]))));
         }
     }
+    for (int g = 0; g < G; ++g) f[g] = I::d8_cvt_ps(sum[g]);
 }
 
 // The 12 scale bytes of Q4_K/Q5_K -> bytes 0..7: the 6-bit scales, 8..15: the 6-bit mins,
@@ -658,7 +717,8 @@ inline void rd_k_ints(const uint8_t* x, int64_t b, const ActQ8K& act, int c0, __
 }
 
 // Eight rows against columns c0..c0+G-1, block after block: KAccum::finish's formula on the
-// rows' lanes, f = fma(float(isum), d * dy, f), then with mins f = f - float(msum) * (dmin * dy).
+// rows' lanes, in double: s = fma(isum, d * dy, s), then with mins s = s - msum * (dmin * dy)
+// (fused); f = float(s).
 template <class I, GgmlType T, int G>
 void rd_k(int64_t nb, const uint8_t* const* rows, const ActQ8K& act, int c0, __m256* f) {
     // Where the f16 d (low half; dmin in the high half) sits, as in decode_k_scales.
@@ -666,7 +726,8 @@ void rd_k(int64_t nb, const uint8_t* const* rows, const ActQ8K& act, int c0, __m
                           : T == GgmlType::Q3_K ? 106
                           : T == GgmlType::Q6_K ? 206
                                                 : 0;
-    for (int g = 0; g < G; ++g) f[g] = _mm256_setzero_ps();
+    typename I::D8 sum[G];
+    for (int g = 0; g < G; ++g) sum[g] = I::d8_zero();
     for (int64_t b = 0; b < nb; ++b) {
         const size_t at = size_t(b) * kKBlockBytes<T>;
         __m256i isum[G][8], msum[G][8];
@@ -679,16 +740,19 @@ void rd_k(int64_t nb, const uint8_t* const* rows, const ActQ8K& act, int c0, __m
             }
         }
         const __m256i dd = words8(rows, at + kD);
-        const __m256 d = T == GgmlType::Q3_K || T == GgmlType::Q6_K ? f16_hi8(dd) : f16_lo8(dd);
+        const typename I::D8 d =
+            I::d8_ps(T == GgmlType::Q3_K || T == GgmlType::Q6_K ? f16_hi8(dd) : f16_lo8(dd));
+        typename I::D8 dmin;
+        if constexpr (kKMins<T>) dmin = I::d8_ps(f16_hi8(dd));
         for (int g = 0; g < G; ++g) {
-            const __m256 dy = _mm256_set1_ps(act.blk(c0 + g, b)->d);
-            f[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum8x8_epi32(isum[g])), _mm256_mul_ps(d, dy),
-                                   f[g]);
+            const double dy = act.blk(c0 + g, b)->d;
+            sum[g] = I::d8_fmadd(I::d8_i32(hsum8x8_epi32(isum[g])), I::d8_mul(d, dy), sum[g]);
             if constexpr (kKMins<T>)
-                f[g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(hsum8x8_epi32(msum[g])),
-                                        _mm256_mul_ps(f16_hi8(dd), dy), f[g]);
+                sum[g] =
+                    I::d8_fnmadd(I::d8_i32(hsum8x8_epi32(msum[g])), I::d8_mul(dmin, dy), sum[g]);
         }
     }
+    for (int g = 0; g < G; ++g) f[g] = I::d8_cvt_ps(sum[g]);
 }
 
 template <class I, GgmlType T>
@@ -706,17 +770,21 @@ void tile_legacy(int64_t n, int nrows, int ncols, const void* w, size_t w_stride
                                  });
         return;
     }
+    thread_local std::vector<double> accv;
+    double* acc = scratch(accv, size_t(ncols) * I::L);
     for (int r0 = 0; r0 < nrows; r0 += I::L) {
         const typename I::Rows rows(wb + size_t(r0) * w_stride, w_stride,
                                     std::min(I::L, nrows - r0));
         float* o = out + r0;
         alignas(64) LegacyBlock<I> blk[kChunk];
-        zero_tile<I>(o, out_stride, ncols, rows.nvalid);
+        if (nb == 0) zero_tile<I>(o, out_stride, ncols, rows.nvalid);
         for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
             const int nbc = int(std::min<int64_t>(kChunk, nb - b0));
+            const bool first = b0 == 0, last = b0 + nbc == nb;
             for (int i = 0; i < nbc; ++i) decode_legacy<I, T>(rows, b0 + i, blk[i]);
-            for_col_groups<I::kCols>(ncols, [&]<int G>(int c0) {
-                legacy_chunk_cols<I, T, G>(blk, nbc, b0, act, c0, o, out_stride, rows.nvalid);
+            for_col_groups<I::kLegacyCols>(ncols, [&]<int G>(int c0) {
+                legacy_chunk_cols<I, T, G>(blk, nbc, b0, act, c0, acc, first, last, o, out_stride,
+                                           rows.nvalid);
             });
         }
     }
@@ -731,9 +799,9 @@ void tile_legacy(int64_t n, int nrows, int ncols, const void* w, size_t w_stride
 
 template <class I>
 struct KScales {
-    typename I::VI sc[16];   // the integer scale of each sub-block (signed for Q3_K, Q6_K)
-    typename I::VI mins[8];  // 16-bit pairs of mins, matched to 32-bit words of the bsums
-    typename I::VF d, dmin;
+    typename I::VI sc[16];         // the integer scale of each sub-block (signed for Q3_K, Q6_K)
+    typename I::VI mins[8];        // 16-bit pairs of mins, matched to 32-bit words of the bsums
+    typename I::VD d[2], dmin[2];  // lanes 0..L/2-1 and L/2..L-1
 };
 
 template <class I, GgmlType T>
@@ -742,8 +810,8 @@ inline void decode_k_scales(const typename I::Rows& rows, int64_t b, KScales<I>&
     const size_t at = size_t(b) * kKBlockBytes<T>;
     if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
         const VI dd = rows.gather(at);
-        out.d = I::half_lo(dd);
-        out.dmin = I::half_hi(dd);
+        to_pd<I>(I::half_lo(dd), out.d);
+        to_pd<I>(I::half_hi(dd), out.dmin);
         // 6-bit scales and mins: bytes 0..3 low six bits are sc0..3, bytes 4..7 m0..3; bytes
         // 8..11 hold the low four bits of sc4..7 / m4..7, their top two bits are bytes 0..7's.
         const VI s0 = rows.gather(at + 4), s1 = rows.gather(at + 8), s2 = rows.gather(at + 12);
@@ -758,13 +826,13 @@ inline void decode_k_scales(const typename I::Rows& rows, int64_t b, KScales<I>&
             out.mins[j + 4] = I::or_(y, I::slli32(y, 16));
         }
     } else if constexpr (T == GgmlType::Q6_K) {
-        out.d = I::half_hi(rows.gather(at + 206));
+        to_pd<I>(I::half_hi(rows.gather(at + 206)), out.d);
         for (int i = 0; i < 4; ++i) {
             const VI g = rows.gather(at + 192 + 4 * i);
             for (int j = 0; j < 4; ++j) out.sc[4 * i + j] = I::srai32(I::slli32(g, 24 - 8 * j), 24);
         }
     } else if constexpr (T == GgmlType::Q3_K) {
-        out.d = I::half_hi(rows.gather(at + 106));
+        to_pd<I>(I::half_hi(rows.gather(at + 106)), out.d);
         const VI a = rows.gather(at + 96), bb = rows.gather(at + 100), c = rows.gather(at + 104);
         // Scale j: low four bits from byte j % 8 (low nibble for j < 8, high for j >= 8), top two
         // bits from byte 8 + j % 4 at bit 2 * (j / 4).
@@ -777,8 +845,8 @@ inline void decode_k_scales(const typename I::Rows& rows, int64_t b, KScales<I>&
         }
     } else {  // Q2_K: scale in the low nibble, min in the high nibble of scales[j]
         const VI dd = rows.gather(at + 80);
-        out.d = I::half_lo(dd);
-        out.dmin = I::half_hi(dd);
+        to_pd<I>(I::half_lo(dd), out.d);
+        to_pd<I>(I::half_hi(dd), out.dmin);
         for (int i = 0; i < 4; ++i) {
             const VI g = rows.gather(at + 4 * i);
             for (int j = 0; j < 4; ++j)
@@ -901,17 +969,20 @@ struct KAccum {
             for (int g = 0; g < G; ++g) isum[g] = I::add32(isum[g], I::mullo32(acc[g], S.sc[j]));
         }
     }
-    // f[g] = fma(isum, d * dy, f[g]), then f[g] = fma(-msum, dmin * dy, f[g]) with
+    // In double: f[g] = fma(isum, d * dy, f[g]), then f[g] = fma(-msum, dmin * dy, f[g]) with
     // msum = sum(mins * bsums): the row-direct kernels' chain.
-    inline void finish(VF* f) {
+    inline void finish(typename I::VD (*f)[2]) {
+        using VD = typename I::VD;
         for (int g = 0; g < G; ++g) {
             const block_q8_K* yb = act.blk(c0 + g, b);
-            const VF dy = I::set1_ps(yb->d);
-            f[g] = I::fmadd(I::cvt(isum[g]), I::mul(S.d, dy), f[g]);
+            const VD dy = I::set1_pd(yb->d);
+            f[g][0] = I::fmadd_pd(I::cvt_lo_pd(isum[g]), I::mul_pd(S.d[0], dy), f[g][0]);
+            f[g][1] = I::fmadd_pd(I::cvt_hi_pd(isum[g]), I::mul_pd(S.d[1], dy), f[g][1]);
             if constexpr (kKMins<T>) {
                 VI m = I::zero();
                 for (int i = 0; i < 8; ++i) m = I::dot_pairs16(m, S.mins[i], yb->bsums + 2 * i);
-                f[g] = I::fnmadd(I::cvt(m), I::mul(S.dmin, dy), f[g]);
+                f[g][0] = I::fnmadd_pd(I::cvt_lo_pd(m), I::mul_pd(S.dmin[0], dy), f[g][0]);
+                f[g][1] = I::fnmadd_pd(I::cvt_hi_pd(m), I::mul_pd(S.dmin[1], dy), f[g][1]);
             }
         }
     }
@@ -924,14 +995,14 @@ struct KBlock {
 };
 
 template <class I, GgmlType T, int G>
-void k_block_cols(const KBlock<I>& B, int64_t b, const ActQ8K& act, int c0, float* out,
-                  size_t out_stride, int nvalid) {
+void k_block_cols(const KBlock<I>& B, int64_t b, const ActQ8K& act, int c0, double* sums,
+                  bool first, bool last, float* out, size_t out_stride, int nvalid) {
     KAccum<I, T, G> acc(B.s, act, b, c0);
     for (int k = 0; k < 64; ++k) acc(k, B.w[k]);
-    typename I::VF f[G];
-    for (int g = 0; g < G; ++g) f[g] = I::load_rows(out + size_t(c0 + g) * out_stride, nvalid);
+    typename I::VD f[G][2];
+    load_sums<I, G>(sums, c0, first, f);
     acc.finish(f);
-    for (int g = 0; g < G; ++g) I::store_rows(out + size_t(c0 + g) * out_stride, nvalid, f[g]);
+    store_sums<I, G>(f, sums, c0, last, out, out_stride, nvalid);
 }
 
 template <class I, GgmlType T>
@@ -949,16 +1020,19 @@ void tile_k(int64_t n, int nrows, int ncols, const void* w, size_t w_stride, con
     }
     const ActQ8K act = prepare_q8k(a, a_stride, ncols, nb, kKOffset<T>);
     thread_local const std::unique_ptr<KBlock<I>> blk(new KBlock<I>);  // 6 KiB, per thread
+    thread_local std::vector<double> sumv;
+    double* sums = scratch(sumv, size_t(ncols) * I::L);
     for (int r0 = 0; r0 < nrows; r0 += I::L) {
         const typename I::Rows rows(wb + size_t(r0) * w_stride, w_stride,
                                     std::min(I::L, nrows - r0));
         float* o = out + r0;
-        zero_tile<I>(o, out_stride, ncols, rows.nvalid);
+        if (nb == 0) zero_tile<I>(o, out_stride, ncols, rows.nvalid);
         for (int64_t b = 0; b < nb; ++b) {
             decode_k_scales<I, T>(rows, b, blk->s);
             decode_k_quants<I, T>(rows, b, [&](int k, typename I::VI wk) { blk->w[k] = wk; });
             for_col_groups<I::kCols>(ncols, [&]<int G>(int c0) {
-                k_block_cols<I, T, G>(*blk, b, act, c0, o, out_stride, rows.nvalid);
+                k_block_cols<I, T, G>(*blk, b, act, c0, sums, b == 0, b == nb - 1, o, out_stride,
+                                      rows.nvalid);
             });
         }
     }

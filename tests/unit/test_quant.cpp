@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,7 +29,6 @@ namespace {
 using quant_detail::SimdLevel;
 
 using testing_quant::kWeightTypes;
-
 
 // ---------------------------------------------------------------------------------------------
 // Bit-exact against gguf-py: tests/python/gen_quant_fixtures.py writes the fixtures.
@@ -491,6 +492,197 @@ TEST(VecDot, SimdLevelsEqualScalar) {
             }
         }
     }
+}
+
+// The quantized dot products' arithmetic against its specification (dot_scalar.cpp's header),
+// independently of any kernel's order: each block's term T_b is formed exactly (long double has
+// room for every one), the terms are summed, and the kernel's float must be that sum rounded
+// once. A GPU summing the same double terms in another order relies on exactly this. Near ties
+// are the exception the specification allows: where the double rounding of the kernel's (or a
+// GPU's) sum may decide the float, i.e. where float(S - B) != float(S + B) for a bound B on
+// that rounding, the output is not checked; they must stay rare (exact sums, ties included,
+// are checked: every double operation on them is exact). The float chains this replaced (one
+// float rounding per block) failed here at 47-69% of the outputs, depending on the type.
+
+// Byte offsets of a weight block's f16 scale fields: d, and dmin (the K-quants) or m (Q4_1,
+// Q5_1); -1 where the type has none.
+struct ScaleFields {
+    int d, min;
+};
+ScaleFields scale_fields(GgmlType t) {
+    switch (t) {
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_1:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+            return {0, 2};
+        case GgmlType::Q2_K:
+            return {80, 82};
+        case GgmlType::Q3_K:
+            return {108, -1};
+        case GgmlType::Q6_K:
+            return {208, -1};
+        default:
+            return {0, -1};
+    }
+}
+
+// One block's integers, read through dequantize_row with its scale fields replaced: d = 1 and
+// the min 0 give q (with sub-block scales and offsets), d = 0 and the min 1 give -min per
+// element, both exact in float.
+std::vector<int> block_ints(GgmlType t, const uint8_t* blk, bool mins) {
+    const int be = traits(t).block_elems, bb = traits(t).block_bytes;
+    const ScaleFields f = scale_fields(t);
+    std::vector<uint8_t> b(blk, blk + bb);
+    put_f16(&b[size_t(f.d)], mins ? 0.0f : 1.0f);
+    if (f.min >= 0) put_f16(&b[size_t(f.min)], mins ? 1.0f : 0.0f);
+    std::vector<float> v(size_t(be), NAN);
+    dequantize_row(t, b.data(), v.data(), be);
+    std::vector<int> q(static_cast<size_t>(be));
+    for (int i = 0; i < be; ++i) {
+        q[size_t(i)] = int(v[size_t(i)]);
+        EXPECT_EQ(float(q[size_t(i)]), v[size_t(i)]) << "not an integer";
+    }
+    return q;
+}
+
+// The exponent of the lowest set bit of x != 0 (x = odd integer * 2^result).
+int lsb_exponent(long double x) {
+    int e;
+    const long double fr = std::frexp(std::fabs(x), &e);  // x = fr * 2^e, 0.5 <= fr < 1
+    const auto m = uint64_t(std::ldexp(fr, 64));          // exact: x has at most 64 bits
+    return e - 64 + __builtin_ctzll(m);
+}
+
+struct SpecSum {
+    long double sum = 0;  // sum of the exact terms
+    long double mag = 0;  // sum of their magnitudes
+    int lsb = INT_MAX;    // the lowest set bit of any term (all are multiples of 2^lsb)
+    double reversed = 0;  // the double terms summed last block first (a GPU's freedom)
+
+    void add(long double t) {
+        sum += t;
+        mag += std::fabs(t);
+        if (t != 0) lsb = std::min(lsb, lsb_exponent(t));
+    }
+    // Whether every double operation on these terms is exact, in any order: the terms and all
+    // partial sums are multiples of 2^lsb below 2^(53 + lsb) in magnitude. Needs long double's
+    // 64 bits, so that the terms themselves are exact here.
+    bool exact_in_double() const {
+        return std::numeric_limits<long double>::digits >= 64 &&
+               (lsb == INT_MAX || mag < std::ldexp(1.0L, 53 + lsb));
+    }
+};
+
+// The specification for weight row w against activation row a (n elements).
+SpecSum spec_dot(GgmlType t, int64_t n, const uint8_t* w, const uint8_t* a) {
+    using ld = long double;
+    using quant_detail::load_u16;
+    const GgmlType at = vec_dot_type(t);
+    const int be = traits(t).block_elems, wb = traits(t).block_bytes, ab = traits(at).block_bytes;
+    const ScaleFields f = scale_fields(t);
+    const bool k = at == GgmlType::Q8_K, q8_1 = at == GgmlType::Q8_1;
+    const size_t qs_off = k || q8_1 ? 4 : 2;  // the activation quants in their block
+    SpecSum r;
+    std::vector<double> terms;
+    for (int64_t b = 0; b < n / be; ++b) {
+        const uint8_t* x = w + size_t(b) * size_t(wb);
+        const uint8_t* y = a + size_t(b) * size_t(ab);
+        double dy;
+        if (k) {
+            float d;
+            std::memcpy(&d, y, 4);
+            dy = d;
+        } else {
+            dy = f16_to_f32(load_u16(y));
+        }
+        const auto* yq = reinterpret_cast<const int8_t*>(y + qs_off);
+        const double dw = f16_to_f32(load_u16(x + f.d));
+        int64_t isum = 0;
+        const std::vector<int> q = block_ints(t, x, false);
+        for (int i = 0; i < be; ++i) isum += int64_t(q[size_t(i)]) * yq[i];
+        r.add(ld(isum) * (ld(dw) * ld(dy)));
+        double term = double(isum) * (dw * dy);
+        if (f.min >= 0) {
+            const double dmin = f16_to_f32(load_u16(x + f.min));
+            if (k) {  // - msum * (dmin * dy), msum = sum(min_j * bsum_j)
+                int64_t msum = 0;
+                const std::vector<int> m = block_ints(t, x, true);
+                for (int i = 0; i < be; ++i) msum -= int64_t(m[size_t(i)]) * yq[i];
+                r.add(-ld(msum) * (ld(dmin) * ld(dy)));
+                term -= double(msum) * (dmin * dy);
+            } else {  // + m * s, s the Q8_1 block's f16 field
+                const double s = f16_to_f32(load_u16(y + 2));
+                r.add(ld(dmin) * ld(s));
+                term += dmin * s;
+            }
+        }
+        terms.push_back(term);
+    }
+    for (size_t i = terms.size(); i-- > 0;) r.reversed += terms[i];
+    return r;
+}
+
+TEST(VecDot, QuantizedMatchesSpecification) {
+    std::mt19937 rng(14);
+    const int rows = 37, max_cols = 9;
+    long checked = 0, near_ties = 0;
+    for (GgmlType t : kWeightTypes) {
+        if (traits(t).block_elems == 1) continue;  // the float weights are not specified
+        for (int64_t n : lengths_for(t)) {
+            const Weights w = random_weights(t, n, rows, rng, 8);
+            const Acts a = random_acts(t, n, max_cols, rng, 16);
+            const int64_t nb = n / traits(t).block_elems;
+            // What the double roundings can move a sum by: at most 4 per block (the product, the
+            // min's product, two additions), each half an ulp of a partial sum <= mag; plus the
+            // long double sum's own roundings.
+            const long double per_mag =
+                (4.0L * nb + 4) *
+                (std::ldexp(1.0L, -53) + std::numeric_limits<long double>::epsilon());
+            std::vector<float> want(size_t(rows) * max_cols);
+            std::vector<bool> tie(want.size());
+            for (int c = 0; c < max_cols; ++c) {
+                for (int r = 0; r < rows; ++r) {
+                    const SpecSum s = spec_dot(t, n, w.data.data() + size_t(r) * w.stride,
+                                               a.data.data() + size_t(c) * a.stride);
+                    const long double B = s.exact_in_double() ? 0.0L : per_mag * s.mag;
+                    const size_t i = size_t(c) * rows + size_t(r);
+                    want[i] = float(s.sum);
+                    tie[i] = float(s.sum - B) != float(s.sum + B);
+                    if (!tie[i]) {
+                        ASSERT_EQ(bits(float(s.reversed)), bits(want[i])) << "the bound B is wrong";
+                    }
+                }
+            }
+            for (SimdLevel l : testing_quant::simd_levels()) {
+                for (int cols = 1; cols <= max_cols; ++cols) {
+                    SCOPED_TRACE(std::string(type_name(t)) + " n=" + std::to_string(n) + " cols=" +
+                                 std::to_string(cols) + " level=" + quant_detail::level_name(l));
+                    const size_t out_stride = size_t(rows) + 3;
+                    std::vector<float> out(out_stride * size_t(cols), NAN);
+                    quant_detail::tile_kernel(l, t)(n, rows, cols, w.data.data(), w.stride,
+                                                    a.data.data(), a.stride, out.data(),
+                                                    out_stride);
+                    for (int c = 0; c < cols; ++c) {
+                        for (int r = 0; r < rows; ++r) {
+                            const size_t i = size_t(c) * rows + size_t(r);
+                            const float got = out[size_t(c) * out_stride + size_t(r)];
+                            if (tie[i]) {
+                                ++near_ties;
+                                continue;
+                            }
+                            ++checked;
+                            ASSERT_EQ(bits(got), bits(want[i]))
+                                << "row " << r << " col " << c << ": " << got << " vs " << want[i]
+                                << " (exact sum rounded once)";
+                        }
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_GT(checked, 10000);
+    EXPECT_LE(near_ties, checked / 1000) << near_ties << " near ties of " << checked;
 }
 
 // The public entry points: vec_dot_tile equals vec_dot element by element at the active level,
