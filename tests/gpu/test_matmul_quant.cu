@@ -90,6 +90,84 @@ void check_type(std::vector<int> f16_offsets) {
     }
 }
 
+// The CPU's dot product of a whole row, bit for bit, from the lanes' double shares (dot())
+// summed in an order unlike any kernel's (last block and last part first) and rounded once:
+// what every GEMV kernel relies on to give the CPU backend's bits whatever its own order. The
+// activations are the CPU's quantization, laid out as the GPU's quantize_q8 lays them out (int8
+// quants, and per 32 elements (d, d * sum q) for Q8_0 and Q8_K, (d, s) for Q8_1).
+template <GgmlType T>
+void check_row_sums(std::vector<int> f16_offsets) {
+    using Q = Quant<T>;
+    const GgmlType at = nt::vec_dot_type(T);
+    for (int nb : {1, 7, 18, 56}) {
+        const int n = nb * Q::kBlockElems;
+        Rng rng(uint64_t(T) * 31 + uint64_t(nb));
+        std::vector<float> x(n);
+        for (float& v : x) v = (rng.uniform() * 2.f - 1.f) * 4.f;
+        std::vector<uint8_t> act(nt::row_bytes(at, n));
+        nt::quantize_row(at, x.data(), act.data(), n);
+        std::vector<int8_t> xq(n);
+        std::vector<float2> xd(n / 32);
+        for (int b32 = 0; b32 < n / 32; ++b32) {
+            const int8_t* q = nullptr;
+            float d = 0.f, s = 0.f;
+            if (at == GgmlType::Q8_K) {
+                const auto* blk = reinterpret_cast<const nt::block_q8_K*>(act.data()) + b32 / 8;
+                q = blk->qs + (b32 % 8) * 32;
+                d = blk->d;
+            } else if (at == GgmlType::Q8_1) {
+                const auto* blk = reinterpret_cast<const nt::block_q8_1*>(act.data()) + b32;
+                q = blk->qs;
+                d = nt::f16_to_f32(blk->d);
+                s = nt::f16_to_f32(blk->s);
+            } else {
+                const auto* blk = reinterpret_cast<const nt::block_q8_0*>(act.data()) + b32;
+                q = blk->qs;
+                d = nt::f16_to_f32(blk->d);
+            }
+            int sum = 0;
+            for (int i = 0; i < 32; ++i) sum += (xq[size_t(b32) * 32 + i] = q[i]);
+            xd[size_t(b32)] = {d, at == GgmlType::Q8_1 ? s : d * float(sum)};
+        }
+        for (int row = 0; row < 9; ++row) {
+            std::vector<uint8_t> w(size_t(nb) * Q::kBlockBytes);
+            for (auto& byte : w) byte = uint8_t(rng.next());
+            for (int i = 0; i < nb; ++i)
+                for (int o : f16_offsets) {
+                    const uint16_t h = nt::f32_to_f16((rng.uniform() * 2.f - 1.f) * 0.01f);
+                    std::memcpy(&w[size_t(i) * Q::kBlockBytes + o], &h, 2);
+                }
+            double sum = 0;
+            for (int i = nb - 1; i >= 0; --i)
+                for (int part = Q::kLanesPerBlock - 1; part >= 0; --part) {
+                    typename Q::W wr;
+                    typename Q::X xv;
+                    Q::load_w(&w[size_t(i) * Q::kBlockBytes], part, wr);
+                    Q::load_x(&xq[size_t(i) * Q::kBlockElems], &xd[size_t(i) * Q::kBlockElems / 32],
+                              part, xv);
+                    sum += Q::dot(wr, xv);
+                }
+            const float got = float(sum), want = nt::vec_dot(T, n, w.data(), act.data());
+            ASSERT_EQ(0, std::memcmp(&got, &want, sizeof(float)))
+                << nt::type_name(T) << " blocks " << nb << " row " << row << ": " << got
+                << " against the CPU's " << want;
+        }
+    }
+}
+
+TEST(MatmulQuantHost, RowSumsAreTheCpus) {
+    check_row_sums<GgmlType::Q4_0>({0});
+    check_row_sums<GgmlType::Q4_1>({0, 2});
+    check_row_sums<GgmlType::Q5_0>({0});
+    check_row_sums<GgmlType::Q5_1>({0, 2});
+    check_row_sums<GgmlType::Q8_0>({0});
+    check_row_sums<GgmlType::Q2_K>({80, 82});
+    check_row_sums<GgmlType::Q3_K>({108});
+    check_row_sums<GgmlType::Q4_K>({0, 2});
+    check_row_sums<GgmlType::Q5_K>({0, 2});
+    check_row_sums<GgmlType::Q6_K>({208});
+}
+
 TEST(MatmulQuantHost, Q4_0) {
     check_type<GgmlType::Q4_0>({0});
 }
