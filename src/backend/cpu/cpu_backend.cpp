@@ -225,13 +225,21 @@ void CpuBackend::attention(int layer, const float* q, const float* k, const floa
             std::fill(acc, acc + hd, 0.0);
             for (int p0 = 0; p0 < len; p0 += kAttnChunk) {
                 const int np = std::min(kAttnChunk, len - p0);
+                // Four positions at a time: four independent chains (each one the dims in
+                // order, as the GPU sums them) keep the adds' latency covered.
                 float m = -INFINITY;
-                for (int p = 0; p < np; p++) {
-                    const uint16_t* kr = kc + (base + size_t(p0 + p)) * size_t(kvdim) + size_t(kvh) * size_t(hd);
-                    float sc = 0;
-                    for (int d = 0; d < hd; d++) sc += qr[d] * tab[kr[d]];
-                    s[p] = sc * scale;
-                    m = std::max(m, s[p]);
+                for (int p = 0; p < np; p += 4) {
+                    const uint16_t* kr[4];
+                    for (int j = 0; j < 4; j++)
+                        kr[j] = kc + (base + size_t(p0 + std::min(p + j, np - 1))) * size_t(kvdim) +
+                                size_t(kvh) * size_t(hd);
+                    float sc[4] = {0, 0, 0, 0};
+                    for (int d = 0; d < hd; d++)
+                        for (int j = 0; j < 4; j++) sc[j] += qr[d] * tab[kr[j][d]];
+                    for (int j = 0; j < 4 && p + j < np; j++) {
+                        s[p + j] = sc[j] * scale;
+                        m = std::max(m, s[p + j]);
+                    }
                 }
                 double l = 0;
                 for (int p = 0; p < np; p++) {
