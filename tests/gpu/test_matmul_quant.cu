@@ -56,21 +56,24 @@ void check_type(std::vector<int> f16_offsets) {
     std::vector<int8_t> xq(n);
     std::vector<float2> xd(n / 32);
     std::vector<float> xr(n);
-    for (int b = 0; b < n / 32; ++b) {
-        float x[32], amax = 0.f;
-        for (float& v : x) {
-            v = (rng.uniform() * 2.f - 1.f) * 3.f;
-            amax = std::max(amax, std::fabs(v));
-        }
+    // One scale per 32 elements, or per 256 for the K-quants (their activations are Q8_K).
+    std::vector<float> xs(n);
+    for (float& v : xs) v = (rng.uniform() * 2.f - 1.f) * 3.f;
+    const int group = Q::kBlockElems == 256 ? 256 : 32;
+    for (int g0 = 0; g0 < n; g0 += group) {
+        float amax = 0.f;
+        for (int i = 0; i < group; ++i) amax = std::max(amax, std::fabs(xs[g0 + i]));
         const float d = amax / 127.f, id = 127.f / amax;
-        int s = 0;
-        for (int i = 0; i < 32; ++i) {
-            const int q = int(std::nearbyint(x[i] * id));
-            xq[b * 32 + i] = int8_t(q);
-            xr[b * 32 + i] = d * float(q);
-            s += q;
+        for (int b = g0 / 32; b < (g0 + group) / 32; ++b) {
+            int s = 0;
+            for (int i = 0; i < 32; ++i) {
+                const int q = int(std::nearbyint(xs[b * 32 + i] * id));
+                xq[b * 32 + i] = int8_t(q);
+                xr[b * 32 + i] = d * float(q);
+                s += q;
+            }
+            xd[b] = {d, d * float(s)};
         }
-        xd[b] = {d, d * float(s)};
     }
     for (int i = 0; i < nb; ++i) {
         double want = 0, mag = 0, got = 0;

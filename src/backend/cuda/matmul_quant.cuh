@@ -471,11 +471,12 @@ struct Quant<GgmlType::Q2_K> {
         float d, dmin;
     };  // sc: the 4 scale bytes, j = 0..3
     // q[j]: 16 quants of x block j; s[j]: their sum (for the mins, and for Q6_K's offset of
-    // 32), formed once per load so that register-held activations pay for it once per kernel.
+    // 32), formed once per load so that register-held activations pay for it once per kernel;
+    // d: Q8_K's one scale for the whole block.
     struct X {
         int q[4][4];
         int s[4];
-        float d[4];
+        float d;
     };
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
         const int n = part >> 1, s = part & 1;
@@ -490,26 +491,26 @@ struct Quant<GgmlType::Q2_K> {
     template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
         const int n = part >> 1, s = part & 1;
+        x.d = ld_xd<kAny>(xd + 4 * n).x;
         for (int j = 0; j < 4; ++j) {
             ld_x16<kAny>(xq + 128 * n + 32 * j + 16 * s, x.q[j]);
-            x.d[j] = ld_xd<kAny>(xd + 4 * n + j).x;
             x.s[j] = 0;
             for (int i = 0; i < 4; ++i) x.s[j] = dp4a(0x01010101u, x.q[j][i], x.s[j]);
         }
     }
-    // Each half x-block's scaled integer sums times d * dx and dmin * dx, in double. (x.d[j] is
-    // Q8_K's one d for the whole block; taking each half's own keeps the function general.)
+    // The scales and mins as integers (the CPU's isum and msum, in part), then d * dx and
+    // dmin * dx in double. (Integers first keep the double temporaries, and registers, few.)
     NT_HD static double dot(const W& w, const X& x) {
-        double t = 0.0;
+        int isum = 0, msum = 0;
         for (int j = 0; j < 4; ++j) {
             int sq = 0;
             for (int i = 0; i < 4; ++i) sq = dp4a((w.q[i] >> (2 * j)) & 0x03030303u, x.q[j][i], sq);
             const int sc = (w.sc >> (8 * j)) & 0xFF;
-            const double dy = double(x.d[j]);
-            t += double(sq * (sc & 0xF)) * (double(w.d) * dy) -
-                 double(x.s[j] * (sc >> 4)) * (double(w.dmin) * dy);
+            isum += sq * (sc & 0xF);
+            msum += x.s[j] * (sc >> 4);
         }
-        return t;
+        const double dx = double(x.d);
+        return double(isum) * (double(w.d) * dx) - double(msum) * (double(w.dmin) * dx);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
@@ -548,7 +549,7 @@ struct Quant<GgmlType::Q3_K> {
         Quant<GgmlType::Q2_K>::load_x<kAny>(xq, xd, part, x);
     }
     NT_HD static double dot(const W& w, const X& x) {
-        double t = 0.0;
+        int isum = 0;
         for (int j = 0; j < 4; ++j) {
             int sq = 0;
             for (int i = 0; i < 4; ++i) {
@@ -556,9 +557,9 @@ struct Quant<GgmlType::Q3_K> {
                 const uint32_t neg = ((~w.h[i] >> j) & 0x01010101u) << 2;
                 sq = dp4a(sub_bytes(lo, neg), x.q[j][i], sq);
             }
-            t += double(sq * w.sc[j]) * (double(w.d) * double(x.d[j]));
+            isum += sq * w.sc[j];
         }
-        return t;
+        return double(isum) * (double(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
@@ -578,20 +579,26 @@ struct Quant<GgmlType::Q3_K> {
 // Elements 64c + l (l < 32) are the low nibbles of qs[32c + l] (sub-block 2c), elements
 // 64c + 32 + l the high nibbles (sub-block 2c + 1). Lane part c takes those 32 bytes.
 // A lane's share of a Q4_K or Q5_K block's term: its two sub-blocks' integer sums sa, sb
-// scaled (W's d1, d2 = d * sc, m1, m2 = dmin * m, each exact in float), in double.
+// times their 6-bit scales and the quants' sums times their 6-bit mins, as integers (the CPU's
+// isum and msum, in part), then d * dx and dmin * dx in double (x.da.x is Q8_K's one dx for the
+// block). Integers first keep the double temporaries few: the TMA kernel's CTAs a
+// multiprocessor holds are counted in registers.
 template <class W, class X>
 NT_HD double k_quant_share(const W& w, const X& x, int sa, int sb) {
-    const double da = double(x.da.x), db = double(x.db.x);
-    return (double(sa) * double(w.d1) - double(x.sa) * double(w.m1)) * da +
-           (double(sb) * double(w.d2) - double(x.sb) * double(w.m2)) * db;
+    const int isum = sa * int(w.sm & 63) + sb * int((w.sm >> 8) & 63);
+    const int msum = x.sa * int((w.sm >> 16) & 63) + x.sb * int(w.sm >> 24);
+    const double dx = double(x.da.x);
+    return double(isum) * (double(w.d) * dx) - double(msum) * (double(w.dmin) * dx);
 }
 
 template <>
 struct Quant<GgmlType::Q4_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 144, kLanesPerBlock = 4, kUnits = 1;
+    // sm: the lane's two sub-blocks' 6-bit scales and mins, bytes sc1, sc2, m1, m2.
     struct W {
         uint32_t q[8];
-        float d1, d2, m1, m2;
+        float d, dmin;
+        uint32_t sm;
     };
     // sa, sb: the sums of the two 32-element halves' quants (for the mins), formed once per
     // load so that register-held activations pay for them once per kernel.
@@ -612,18 +619,19 @@ struct Quant<GgmlType::Q4_K> {
         scales_from_header(r.h, part, w);
         for (int i = 0; i < 8; ++i) w.q[i] = r.q[i];
     }
-    NT_HD static void load_scales(const uint8_t* b, int c, W& w) {
+    template <class WT>
+    NT_HD static void load_scales(const uint8_t* b, int c, WT& w) {
         uint32_t hdr[4];
         ld_u32x4(b, hdr);
         scales_from_header(hdr, c, w);
     }
-    NT_HD static void scales_from_header(const uint32_t (&hdr)[4], int c, W& w) {
+    template <class WT>
+    NT_HD static void scales_from_header(const uint32_t (&hdr)[4], int c, WT& w) {
         int sc1, m1, sc2, m2;
         scale_min_k4_words(2 * c, hdr[1], hdr[2], hdr[3], sc1, m1);
         scale_min_k4_words(2 * c + 1, hdr[1], hdr[2], hdr[3], sc2, m2);
-        const float d = h2f(hdr[0] & 0xFFFF), dmin = h2f(hdr[0] >> 16);
-        w.d1 = d * float(sc1), w.d2 = d * float(sc2);
-        w.m1 = dmin * float(m1), w.m2 = dmin * float(m2);
+        w.d = h2f(hdr[0] & 0xFFFF), w.dmin = h2f(hdr[0] >> 16);
+        w.sm = uint32_t(sc1) | uint32_t(sc2) << 8 | uint32_t(m1) << 16 | uint32_t(m2) << 24;
     }
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
         Raw r;
@@ -670,15 +678,14 @@ struct Quant<GgmlType::Q4_K> {
 template <>
 struct Quant<GgmlType::Q5_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 176, kLanesPerBlock = 4, kUnits = 1;
-    struct W {
+    struct W {  // scales as Q4_K's
         uint32_t a[8], b[8];
-        float d1, d2, m1, m2;
+        float d, dmin;
+        uint32_t sm;
     };
     using X = Quant<GgmlType::Q4_K>::X;
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
-        Quant<GgmlType::Q4_K>::W s;
-        Quant<GgmlType::Q4_K>::load_scales(b, part, s);
-        w.d1 = s.d1, w.d2 = s.d2, w.m1 = s.m1, w.m2 = s.m2;
+        Quant<GgmlType::Q4_K>::load_scales(b, part, w);
         uint32_t q[8], h[8];
         ld_u32x4(b + 48 + 32 * part, q);
         ld_u32x4(b + 64 + 32 * part, q + 4);
@@ -787,7 +794,7 @@ struct Quant<GgmlType::Q6_K> {
     // rather than a byte-wise subtraction per word. The high bits are moved into place by
     // one shift and one mask, which the compiler merges with the low nibble's mask.
     NT_HD static double dot(const W& w, const X& x) {
-        double acc = 0.0;
+        int isum = 0;
         for (int t = 0; t < 4; ++t) {
             int sq = 0;
             for (int i = 0; i < 4; ++i) {
@@ -800,9 +807,9 @@ struct Quant<GgmlType::Q6_K> {
                                     0x30303030u;
                 sq = dp4a(lo | hi, x.q[t][i], sq);
             }
-            acc += double((sq - 32 * x.s[t]) * w.sc[t]) * (double(w.d) * double(x.d[t]));
+            isum += (sq - 32 * x.s[t]) * w.sc[t];
         }
-        return acc;
+        return double(isum) * (double(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, t = (e0 >> 5) & 3, l0 = e0 & 31;
