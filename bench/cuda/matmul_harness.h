@@ -41,25 +41,10 @@ struct Rng {  // splitmix64: fast enough to fill gigabytes
 // Offsets of the f16 scale fields (d, dmin, m) inside each block: random bytes there could be
 // NaN or huge, so they get finite values.
 inline std::vector<int> scale_offsets(GgmlType t) {
-    switch (t) {
-        case GgmlType::Q4_0:
-        case GgmlType::Q5_0:
-        case GgmlType::Q8_0:
-            return {0};
-        case GgmlType::Q4_1:
-        case GgmlType::Q5_1:
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-            return {0, 2};
-        case GgmlType::Q2_K:
-            return {80, 82};
-        case GgmlType::Q3_K:
-            return {108};
-        case GgmlType::Q6_K:
-            return {208};
-        default:
-            return {};
-    }
+    std::vector<int> v;
+    for (int o : {nt::block_scales(t).d, nt::block_scales(t).min})
+        if (o >= 0) v.push_back(o);
+    return v;
 }
 
 // rows x cols weights of type t: random quant bytes, finite scales of either sign, or random

@@ -77,4 +77,32 @@ inline size_t row_bytes(GgmlType t, int64_t n) {
     return size_t(n / tr.block_elems) * size_t(tr.block_bytes);
 }
 
+// Byte offsets of a quantized block's f16 scale fields: d, and dmin (the K-quants) or m (Q4_1,
+// Q5_1); -1 where the type has none. Tests and benchmarks that fill blocks with random bytes
+// give these fields finite values.
+struct BlockScales {
+    int d = -1, min = -1;
+};
+constexpr BlockScales block_scales(GgmlType t) {
+    switch (t) {
+        case GgmlType::Q4_0:
+        case GgmlType::Q5_0:
+        case GgmlType::Q8_0:
+            return {0, -1};
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_1:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+            return {0, 2};
+        case GgmlType::Q2_K:
+            return {80, 82};
+        case GgmlType::Q3_K:
+            return {108, -1};
+        case GgmlType::Q6_K:
+            return {208, -1};
+        default:
+            return {};
+    }
+}
+
 }  // namespace nt

@@ -29,18 +29,27 @@ struct Rng {
     float uniform() { return float(next() >> 40) * (1.f / 16777216.f); }
 };
 
+// nb random blocks of type T, with finite scales (nt::block_scales) of either sign.
 template <GgmlType T>
-void check_type(std::vector<int> f16_offsets) {
+std::vector<uint8_t> random_blocks(int nb, Rng& rng) {
+    constexpr int kBytes = Quant<T>::kBlockBytes;
+    std::vector<uint8_t> w(size_t(nb) * kBytes);
+    for (auto& b : w) b = uint8_t(rng.next());
+    for (int i = 0; i < nb; ++i)
+        for (int o : {nt::block_scales(T).d, nt::block_scales(T).min})
+            if (o >= 0) {
+                const uint16_t h = nt::f32_to_f16((rng.uniform() * 2.f - 1.f) * 0.01f);
+                std::memcpy(&w[size_t(i) * kBytes + o], &h, 2);
+            }
+    return w;
+}
+
+template <GgmlType T>
+void check_type() {
     using Q = Quant<T>;
     const int nb = 97, n = nb * Q::kBlockElems;
     Rng rng(uint64_t(T) + 1);
-    std::vector<uint8_t> w(size_t(nb) * Q::kBlockBytes);
-    for (auto& b : w) b = uint8_t(rng.next());
-    for (int i = 0; i < nb; ++i)
-        for (int o : f16_offsets) {
-            const uint16_t h = nt::f32_to_f16((rng.uniform() * 2.f - 1.f) * 0.01f);
-            std::memcpy(&w[size_t(i) * Q::kBlockBytes + o], &h, 2);
-        }
+    const std::vector<uint8_t> w = random_blocks<T>(nb, rng);
 
     // dequant8 (the GEMM path's FP16 copy, before rounding) equals dequantize_row exactly.
     std::vector<float> ref(n), mine(n);
@@ -99,7 +108,7 @@ void check_type(std::vector<int> f16_offsets) {
 // activations are the CPU's quantization, laid out as the GPU's quantize_q8 lays them out (int8
 // quants, and per 32 elements (d, d * sum q) for Q8_0 and Q8_K, (d, s) for Q8_1).
 template <GgmlType T>
-void check_row_sums(std::vector<int> f16_offsets) {
+void check_row_sums() {
     using Q = Quant<T>;
     const GgmlType at = nt::vec_dot_type(T);
     for (int nb : {1, 7, 18, 56}) {
@@ -133,13 +142,7 @@ void check_row_sums(std::vector<int> f16_offsets) {
             xd[size_t(b32)] = {d, at == GgmlType::Q8_1 ? s : d * float(sum)};
         }
         for (int row = 0; row < 9; ++row) {
-            std::vector<uint8_t> w(size_t(nb) * Q::kBlockBytes);
-            for (auto& byte : w) byte = uint8_t(rng.next());
-            for (int i = 0; i < nb; ++i)
-                for (int o : f16_offsets) {
-                    const uint16_t h = nt::f32_to_f16((rng.uniform() * 2.f - 1.f) * 0.01f);
-                    std::memcpy(&w[size_t(i) * Q::kBlockBytes + o], &h, 2);
-                }
+            const std::vector<uint8_t> w = random_blocks<T>(nb, rng);
             double sum = 0;
             for (int i = nb - 1; i >= 0; --i)
                 for (int part = Q::kLanesPerBlock - 1; part >= 0; --part) {
@@ -159,47 +162,47 @@ void check_row_sums(std::vector<int> f16_offsets) {
 }
 
 TEST(MatmulQuantHost, RowSumsAreTheCpus) {
-    check_row_sums<GgmlType::Q4_0>({0});
-    check_row_sums<GgmlType::Q4_1>({0, 2});
-    check_row_sums<GgmlType::Q5_0>({0});
-    check_row_sums<GgmlType::Q5_1>({0, 2});
-    check_row_sums<GgmlType::Q8_0>({0});
-    check_row_sums<GgmlType::Q2_K>({80, 82});
-    check_row_sums<GgmlType::Q3_K>({108});
-    check_row_sums<GgmlType::Q4_K>({0, 2});
-    check_row_sums<GgmlType::Q5_K>({0, 2});
-    check_row_sums<GgmlType::Q6_K>({208});
+    check_row_sums<GgmlType::Q4_0>();
+    check_row_sums<GgmlType::Q4_1>();
+    check_row_sums<GgmlType::Q5_0>();
+    check_row_sums<GgmlType::Q5_1>();
+    check_row_sums<GgmlType::Q8_0>();
+    check_row_sums<GgmlType::Q2_K>();
+    check_row_sums<GgmlType::Q3_K>();
+    check_row_sums<GgmlType::Q4_K>();
+    check_row_sums<GgmlType::Q5_K>();
+    check_row_sums<GgmlType::Q6_K>();
 }
 
 TEST(MatmulQuantHost, Q4_0) {
-    check_type<GgmlType::Q4_0>({0});
+    check_type<GgmlType::Q4_0>();
 }
 TEST(MatmulQuantHost, Q4_1) {
-    check_type<GgmlType::Q4_1>({0, 2});
+    check_type<GgmlType::Q4_1>();
 }
 TEST(MatmulQuantHost, Q5_0) {
-    check_type<GgmlType::Q5_0>({0});
+    check_type<GgmlType::Q5_0>();
 }
 TEST(MatmulQuantHost, Q5_1) {
-    check_type<GgmlType::Q5_1>({0, 2});
+    check_type<GgmlType::Q5_1>();
 }
 TEST(MatmulQuantHost, Q8_0) {
-    check_type<GgmlType::Q8_0>({0});
+    check_type<GgmlType::Q8_0>();
 }
 TEST(MatmulQuantHost, Q2_K) {
-    check_type<GgmlType::Q2_K>({80, 82});
+    check_type<GgmlType::Q2_K>();
 }
 TEST(MatmulQuantHost, Q3_K) {
-    check_type<GgmlType::Q3_K>({108});
+    check_type<GgmlType::Q3_K>();
 }
 TEST(MatmulQuantHost, Q4_K) {
-    check_type<GgmlType::Q4_K>({0, 2});
+    check_type<GgmlType::Q4_K>();
 }
 TEST(MatmulQuantHost, Q5_K) {
-    check_type<GgmlType::Q5_K>({0, 2});
+    check_type<GgmlType::Q5_K>();
 }
 TEST(MatmulQuantHost, Q6_K) {
-    check_type<GgmlType::Q6_K>({208});
+    check_type<GgmlType::Q6_K>();
 }
 
 }  // namespace

@@ -504,35 +504,13 @@ TEST(VecDot, SimdLevelsEqualScalar) {
 // are checked: every double operation on them is exact). The float chains this replaced (one
 // float rounding per block) failed here at 47-69% of the outputs, depending on the type.
 
-// Byte offsets of a weight block's f16 scale fields: d, and dmin (the K-quants) or m (Q4_1,
-// Q5_1); -1 where the type has none.
-struct ScaleFields {
-    int d, min;
-};
-ScaleFields scale_fields(GgmlType t) {
-    switch (t) {
-        case GgmlType::Q4_1:
-        case GgmlType::Q5_1:
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-            return {0, 2};
-        case GgmlType::Q2_K:
-            return {80, 82};
-        case GgmlType::Q3_K:
-            return {108, -1};
-        case GgmlType::Q6_K:
-            return {208, -1};
-        default:
-            return {0, -1};
-    }
-}
 
 // One block's integers, read through dequantize_row with its scale fields replaced: d = 1 and
 // the min 0 give q (with sub-block scales and offsets), d = 0 and the min 1 give -min per
 // element, both exact in float.
 std::vector<int> block_ints(GgmlType t, const uint8_t* blk, bool mins) {
     const int be = traits(t).block_elems, bb = traits(t).block_bytes;
-    const ScaleFields f = scale_fields(t);
+    const BlockScales f = block_scales(t);
     std::vector<uint8_t> b(blk, blk + bb);
     put_f16(&b[size_t(f.d)], mins ? 0.0f : 1.0f);
     if (f.min >= 0) put_f16(&b[size_t(f.min)], mins ? 1.0f : 0.0f);
@@ -580,7 +558,7 @@ SpecSum spec_dot(GgmlType t, int64_t n, const uint8_t* w, const uint8_t* a) {
     using quant_detail::load_u16;
     const GgmlType at = vec_dot_type(t);
     const int be = traits(t).block_elems, wb = traits(t).block_bytes, ab = traits(at).block_bytes;
-    const ScaleFields f = scale_fields(t);
+    const BlockScales f = block_scales(t);
     const bool k = at == GgmlType::Q8_K, q8_1 = at == GgmlType::Q8_1;
     const size_t qs_off = k || q8_1 ? 4 : 2;  // the activation quants in their block
     SpecSum r;
