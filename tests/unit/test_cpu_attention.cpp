@@ -1,4 +1,4 @@
-// The CPU backend's attention against a double-precision reference, across the chunks of
+// The CPU backend's attention against the double-precision reference, across the chunks of
 // kAttnChunk positions its softmax and P*V go in (CpuBackend::attention defines the arithmetic
 // the CUDA decode kernels reproduce bit for bit; this checks that it is also accurate), and its
 // batch invariance: a row gives the same bits alone or inside a prompt.
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/attention_reference.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/f16.h"
 
@@ -41,34 +42,6 @@ std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
     return v;
 }
 
-// Attention of row i (all heads) over positions 0..pos of one sequence whose k and v rows are
-// given (rounded to F16, as the cache holds them), in double.
-std::vector<double> reference(const ModelShape& s, const std::vector<float>& q, const std::vector<float>& k,
-                              const std::vector<float>& v, int i, int pos) {
-    const int hd = s.head_dim, group = s.n_head / s.n_head_kv, kvd = s.n_head_kv * hd;
-    auto f16 = [](float x) { return double(f16_to_f32(f32_to_f16(x))); };
-    std::vector<double> out(size_t(s.n_head) * hd), w(size_t(pos) + 1);
-    for (int h = 0; h < s.n_head; h++) {
-        const int kvh = h / group;
-        double mx = -INFINITY;
-        for (int p = 0; p <= pos; p++) {
-            double d = 0;
-            for (int j = 0; j < hd; j++)
-                d += double(q[(size_t(i) * s.n_head + h) * hd + j]) * f16(k[size_t(p) * kvd + kvh * hd + j]);
-            w[size_t(p)] = d / std::sqrt(double(hd));
-            mx = std::max(mx, w[size_t(p)]);
-        }
-        double sum = 0;
-        for (int p = 0; p <= pos; p++) sum += (w[size_t(p)] = std::exp(w[size_t(p)] - mx));
-        for (int j = 0; j < hd; j++) {
-            double a = 0;
-            for (int p = 0; p <= pos; p++) a += w[size_t(p)] * f16(v[size_t(p) * kvd + kvh * hd + j]);
-            out[size_t(h) * hd + j] = a / sum;
-        }
-    }
-    return out;
-}
-
 TEST(CpuAttention, AgainstDoubleReferenceAcrossChunks) {
     static_assert(kAttnChunk == 64);
     for (const auto& [hd, nh, nkv] : std::vector<std::array<int, 3>>{{64, 9, 3}, {128, 4, 1}, {96, 4, 4}}) {
@@ -91,9 +64,11 @@ TEST(CpuAttention, AgainstDoubleReferenceAcrossChunks) {
             std::memcpy(a.v, v.data(), v.size() * sizeof(float));
             cpu.attention(0, a.q, a.k, a.v, a.att);
             std::vector<float> prompt(a.att, a.att + n * qd);
+            KvMirror kv(int(kvd), 1, n);
+            for (int i = 0; i < n; i++) kv.store(0, i, &k[size_t(i) * kvd], &v[size_t(i) * kvd]);
             double worst = 0;
             for (int i : {0, 1, 62, 63, 64, 65, 127, 128, 150, 199}) {
-                const std::vector<double> want = reference(s, q, k, v, i, i);
+                const std::vector<float> want = reference_row(s, kv, &q[size_t(i) * qd], 0, i);
                 for (size_t e = 0; e < qd; e++)
                     worst = std::max(worst, std::fabs(double(prompt[size_t(i) * qd + e]) - want[e]));
             }
