@@ -154,13 +154,13 @@ struct MmaQ4k {
             ms[2] += ma1 * q0a + mb1 * q0b;
             ms[3] += ma1 * q1a + mb1 * q1b;
         }
-        const double dx[2] = {f2d(l.xd0[kb * 8].x), f2d(l.xd1[kb * 8].x)};
-        const double d[2] = {f2d(h2f(hw0[0] & 0xFFFF)), f2d(h2f(hw1[0] & 0xFFFF))};
-        const double m[2] = {f2d(h2f(hw0[0] >> 16)), f2d(h2f(hw1[0] >> 16))};
+        const double dx[2] = {double(l.xd0[kb * 8].x), double(l.xd1[kb * 8].x)};
+        const double d[2] = {double(h2f(hw0[0] & 0xFFFF)), double(h2f(hw1[0] & 0xFFFF))};
+        const double m[2] = {double(h2f(hw0[0] >> 16)), double(h2f(hw1[0] >> 16))};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            acc[i] += i2d(is[i]) * (d[i >> 1] * dx[i & 1]) -
-                      i2d(ms[i]) * (m[i >> 1] * dx[i & 1]);
+            acc[i] += double(is[i]) * (d[i >> 1] * dx[i & 1]) -
+                      double(ms[i]) * (m[i >> 1] * dx[i & 1]);
     }
 };
 
@@ -250,10 +250,10 @@ struct MmaQ6k {
                     }
                 }
             }
-        const double dx[2] = {f2d(l.xd0[kb * 8].x), f2d(l.xd1[kb * 8].x)};
+        const double dx[2] = {double(l.xd0[kb * 8].x), double(l.xd1[kb * 8].x)};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            acc[i] += i2d(is[i]) * (f2d(h2f(w.d[i >> 1])) * dx[i & 1]);
+            acc[i] += double(is[i]) * (double(h2f(w.d[i >> 1])) * dx[i & 1]);
     }
 };
 
@@ -313,10 +313,10 @@ struct MmaQ80 {
             }
             int dot[4];
             mma_s8_16832(dot, q[0][0], q[1][0], q[0][1], q[1][1], x.v[u].x, x.v[u].y);
-            const double dx[2] = {f2d(l.xd0[kb].x), f2d(l.xd1[kb].x)};
+            const double dx[2] = {double(l.xd0[kb].x), double(l.xd1[kb].x)};
 #pragma unroll
             for (int i = 0; i < 4; ++i)
-                acc[i] += i2d(dot[i]) * (f2d(d[i >> 1]) * dx[i & 1]);
+                acc[i] += double(dot[i]) * (double(d[i >> 1]) * dx[i & 1]);
         }
     }
 };

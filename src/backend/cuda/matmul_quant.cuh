@@ -116,29 +116,6 @@ NT_HD void a2x4_words(const A2x4& r, uint32_t v[4]) {
     for (int i = 0; i < 4; ++i) v[i] = r.w[i];
 #endif
 }
-// int and float to double without the conversion unit, which an SM runs at 16 a clock: at one
-// conversion per term the GEMVs' double sums took 3.6% of 8B decode on an H100 (441.5 -> 425.4
-// tok/s). i2d: the int in the low word of 2^52 + 2^31, minus that (exact for every int);
-// f2d: a normal float's fields moved into a double's (zero, subnormals, inf and NaN take the
-// conversion).
-NT_HD double i2d(int i) {
-#ifdef __CUDA_ARCH__
-    return __hiloint2double(0x43300000, int(uint32_t(i) ^ 0x80000000u)) - 4503601774854144.0;
-#else
-    return double(i);
-#endif
-}
-NT_HD double f2d(float f) {
-#ifdef __CUDA_ARCH__
-    const uint32_t u = __float_as_uint(f), e = (u >> 23) & 0xFFu;
-    if (e == 0 || e == 0xFFu) return double(f);
-    return __hiloint2double(int((u & 0x80000000u) | ((e + 896u) << 20) | ((u >> 3) & 0xFFFFFu)),
-                            int(u << 29));
-#else
-    return double(f);
-#endif
-}
-
 // Four consecutive 32-bit words from a 16-byte aligned address.
 NT_HD void ld_u32x4(const uint8_t* p, uint32_t v[4]) {
 #ifdef __CUDA_ARCH__
@@ -297,7 +274,7 @@ struct Quant<GgmlType::Q4_0> {
             s = dp4a(w.q[i] & 0x0F0F0F0Fu, x.lo[i], s);
             s = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.hi[i], s);
         }
-        return f2d(w.d) * (f2d(x.d.x) * i2d(s) - 8.0 * f2d(x.d.y));
+        return double(w.d) * (double(x.d.x) * double(s) - 8.0 * double(x.d.y));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
@@ -332,7 +309,7 @@ struct Quant<GgmlType::Q4_1> {
             s = dp4a(w.q[i] & 0x0F0F0F0Fu, x.lo[i], s);
             s = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.hi[i], s);
         }
-        return i2d(s) * (f2d(w.d) * f2d(x.d.x)) + f2d(w.m) * f2d(x.d.y);
+        return double(s) * (double(w.d) * double(x.d.x)) + double(w.m) * double(x.d.y);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
@@ -372,7 +349,7 @@ struct Quant<GgmlType::Q5_0> {
             s = dp4a(w.lo[i], x.lo[i], s);
             s = dp4a(w.hi[i], x.hi[i], s);
         }
-        return f2d(w.d) * (f2d(x.d.x) * i2d(s) - 16.0 * f2d(x.d.y));
+        return double(w.d) * (double(x.d.x) * double(s) - 16.0 * double(x.d.y));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
@@ -416,7 +393,7 @@ struct Quant<GgmlType::Q5_1> {
             s = dp4a(w.lo[i], x.lo[i], s);
             s = dp4a(w.hi[i], x.hi[i], s);
         }
-        return i2d(s) * (f2d(w.d) * f2d(x.d.x)) + f2d(w.m) * f2d(x.d.y);
+        return double(s) * (double(w.d) * double(x.d.x)) + double(w.m) * double(x.d.y);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
@@ -470,7 +447,7 @@ struct Quant<GgmlType::Q8_0> {
     NT_HD static double dot(const W& w, const X& x) {
         int s = 0;
         for (int i = 0; i < 4; ++i) s = dp4a(w.q[i], x.q[i], s);
-        return i2d(s) * (f2d(w.d) * f2d(x.d));
+        return double(s) * (double(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
@@ -532,8 +509,8 @@ struct Quant<GgmlType::Q2_K> {
             isum += sq * (sc & 0xF);
             msum += x.s[j] * (sc >> 4);
         }
-        const double dx = f2d(x.d);
-        return i2d(isum) * (f2d(w.d) * dx) - i2d(msum) * (f2d(w.dmin) * dx);
+        const double dx = double(x.d);
+        return double(isum) * (double(w.d) * dx) - double(msum) * (double(w.dmin) * dx);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
@@ -582,7 +559,7 @@ struct Quant<GgmlType::Q3_K> {
             }
             isum += sq * w.sc[j];
         }
-        return i2d(isum) * (f2d(w.d) * f2d(x.d));
+        return double(isum) * (double(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
@@ -610,8 +587,8 @@ template <class W, class X>
 NT_HD double k_quant_share(const W& w, const X& x, int sa, int sb) {
     const int isum = sa * int(w.sm & 63) + sb * int((w.sm >> 8) & 63);
     const int msum = x.sa * int((w.sm >> 16) & 63) + x.sb * int(w.sm >> 24);
-    const double dx = f2d(x.da.x);
-    return i2d(isum) * (f2d(w.d) * dx) - i2d(msum) * (f2d(w.dmin) * dx);
+    const double dx = double(x.da.x);
+    return double(isum) * (double(w.d) * dx) - double(msum) * (double(w.dmin) * dx);
 }
 
 template <>
@@ -832,7 +809,7 @@ struct Quant<GgmlType::Q6_K> {
             }
             isum += (sq - 32 * x.s[t]) * w.sc[t];
         }
-        return i2d(isum) * (f2d(w.d) * f2d(x.d));
+        return double(isum) * (double(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, t = (e0 >> 5) & 3, l0 = e0 & 31;
