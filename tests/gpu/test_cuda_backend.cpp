@@ -17,6 +17,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "../common/attention_reference.h"
+#include "../common/fixtures.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/matmul_kernels.cuh"
@@ -36,14 +37,6 @@ namespace {
     do {                                                                           \
         if (cuda_usable_device_count() == 0) GTEST_SKIP() << "no usable CUDA GPU"; \
     } while (0)
-
-std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n);
-    for (float& x : v) x = d(rng);
-    return v;
-}
 
 // Every element within atol + rtol * |want|; reports the first offender and the worst error.
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, float atol,
@@ -83,21 +76,6 @@ double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
         den += double(want[i]) * double(want[i]);
     }
     return std::sqrt(num / std::max(den, 1e-30));
-}
-
-ModelShape make_shape(int head_dim, int n_head, int n_head_kv, int n_layer = 1) {
-    ModelShape s;
-    s.head_dim = head_dim;
-    s.n_head = n_head;
-    s.n_head_kv = n_head_kv;
-    s.n_embd = n_head * head_dim;
-    s.n_layer = n_layer;
-    s.n_ff = 2 * s.n_embd;
-    s.n_vocab = 96;
-    s.norm_eps = 1e-5f;
-    s.rope.n_rot = head_dim;
-    s.rope.freq_base = 10000.f;
-    return s;
 }
 
 // Both backends initialised with the same shape; activations are set and read through helpers

@@ -8,11 +8,11 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "../common/attention_reference.h"
+#include "../common/fixtures.h"
 #include "backend/cpu/cpu_backend.h"
 #include "core/f16.h"
 
@@ -20,33 +20,10 @@ namespace {
 
 using namespace nt;
 
-ModelShape attention_shape(int head_dim, int n_head, int n_head_kv) {
-    ModelShape s;
-    s.head_dim = head_dim;
-    s.n_head = n_head;
-    s.n_head_kv = n_head_kv;
-    s.n_embd = n_head * head_dim;
-    s.n_layer = 1;
-    s.n_ff = 2 * s.n_embd;
-    s.n_vocab = 32;
-    s.norm_eps = 1e-5f;
-    s.rope.n_rot = head_dim;
-    s.rope.freq_base = 10000.f;
-    return s;
-}
-
-std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(lo, hi);
-    std::vector<float> v(n);
-    for (float& x : v) x = u(rng);
-    return v;
-}
-
 TEST(CpuAttention, AgainstDoubleReferenceAcrossChunks) {
     static_assert(kAttnChunk == 64);
     for (const auto& [hd, nh, nkv] : std::vector<std::array<int, 3>>{{64, 9, 3}, {128, 4, 1}, {96, 4, 4}}) {
-        const ModelShape s = attention_shape(hd, nh, nkv);
+        const ModelShape s = make_shape(hd, nh, nkv);
         const int n = 200;  // positions 0..199: four chunks, the last partial
         CpuBackend cpu;
         cpu.init(s, n, 1, 256);
@@ -100,7 +77,7 @@ TEST(CpuAttention, AgainstDoubleReferenceAcrossChunks) {
 // rounding); this checks it for many slice counts and contexts, with glibc's exp standing in
 // for the kernels' own double exp.
 TEST(CpuAttention, SlicesMergedInDoubleGiveTheSameBits) {
-    const ModelShape s = attention_shape(64, 2, 1);
+    const ModelShape s = make_shape(64, 2, 1);
     const int n_ctx = 1100, hd = s.head_dim, kvd = hd;
     CpuBackend cpu;
     cpu.init(s, n_ctx, 1, n_ctx);
