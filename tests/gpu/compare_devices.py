@@ -113,7 +113,10 @@ def main():
         agree = float((cpu.argmax(1) == gpu.argmax(1)).mean())
         agree1 = float((cpu.argmax(1) == gpu1.argmax(1)).mean())
         rel = float(np.abs(cpu - gpu).max() / cpu.std())
-        check(f"{name} top-1 prompt path", agree >= 0.99, f"{agree * 100:.2f}% of {len(toks)} positions, max|diff| {rel:.4f} x std {floor_note}")
+        same = int((cpu == gpu).all(1).sum())
+        check(f"{name} top-1 prompt path", agree >= 0.99,
+              f"{agree * 100:.2f}% of {len(toks)} positions, {same} rows bit-identical to the CPU's, "
+              f"max|diff| {rel:.4f} x std {floor_note}")
         # The decode path computes the CPU's arithmetic (each block's term and every sum across
         # lanes, chunks and slices in double): its rows should be the CPU's, bit for bit.
         same1 = int((cpu == gpu1).all(1).sum())

@@ -239,8 +239,10 @@ double check_matmul(GgmlType t, int64_t rows, int64_t cols, int n, uint64_t seed
     cudaStreamDestroy(stream);
     const std::vector<float> y = dy.get();
 
-    // What the GPU multiplies.
-    const bool gemv = ncu::matmul_takes_gemv(t, n);
+    // What the GPU multiplies: the int8 activations on the GEMV and the integer GEMM, FP16 ones
+    // (and FP16 weights) on the cuBLAS GEMM.
+    const bool gemv = ncu::matmul_takes_gemv(t, n) ||
+                      (ncu::prompt_exact() && ncu::detail::mmq_supported(t));
     const bool quantized = !is_float_type(t);
     ActRef act;
     if (quantized) act = act_roundtrip(t, x, cols);
@@ -544,9 +546,12 @@ TEST(MatmulQuantizer, BitExactWithCpu) {
     }
 }
 
-// GEMV parity with the CPU backend: matmul() for n <= 8 equals nt::vec_dot of the same weight
-// row with the CPU's quantized activations, bit for bit, for every quantized type: both form
-// each block's term in double and round the row's double sum once (Quant<T>::dot).
+// Parity with the CPU backend: matmul() equals nt::vec_dot of the same weight row with the CPU's
+// quantized activations, bit for bit, for every quantized type at n <= 8 (the GEMV) and, for the
+// types with the integer GEMM, at prompt sizes too (9: one partial token tile; 70: a full one
+// and a partial one; 600), on a Llama-sized row and (32-element blocks) SmolLM2's 576 columns,
+// not a multiple of the GEMM's 256-element step: both form each block's term in double and round
+// the row's double sum once (Quant<T>::dot).
 TEST(MatmulParity, GemvEqualsCpuVecDot) {
     SKIP_WITHOUT_GPU();
     cudaStream_t stream;
@@ -554,13 +559,17 @@ TEST(MatmulParity, GemvEqualsCpuVecDot) {
     for (GgmlType t :
          {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
           GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-        const int64_t rows = 67, cols = 4096;
-        const std::vector<uint8_t> w = random_weights(t, rows, cols, 500 + uint64_t(t));
+      std::vector<std::pair<int64_t, int64_t>> shapes = {{67, 4096}};
+      if (nt::traits(t).block_elems == 32) shapes.push_back({130, 576});
+      for (auto [rows, cols] : shapes) {
+        const std::vector<uint8_t> w = random_weights(t, rows, cols, 500 + uint64_t(t) + cols);
         const size_t rb = nt::row_bytes(t, cols);
         const GgmlType at = nt::vec_dot_type(t);
         const size_t ab = nt::row_bytes(at, cols);
         Dev<uint8_t> dw(w);
-        for (int n : {1, 3, 8}) {
+        for (int n : {1, 3, 8, 9, 70, 600}) {
+            if (n > ncu::kGemvMaxBatch && !(ncu::prompt_exact() && ncu::detail::mmq_supported(t)))
+                continue;
             Rng rng(600 + uint64_t(n));
             std::vector<float> x(size_t(n) * cols);
             for (auto& v : x) v = rng.normal();
@@ -587,12 +596,13 @@ TEST(MatmulParity, GemvEqualsCpuVecDot) {
                         mag += std::fabs(double(wr[c]) * ar.xr[size_t(i) * cols + c]);
                     const float got = y[size_t(i) * rows + r];
                     ASSERT_EQ(0, std::memcmp(&got, &want, sizeof(float)))
-                        << nt::type_name(t) << " n=" << n << " row " << r << " batch " << i
-                        << ": GPU " << got << ", CPU vec_dot " << want << " (sum|wx| " << mag
-                        << ")";
+                        << nt::type_name(t) << " " << rows << "x" << cols << " n=" << n
+                        << " row " << r << " batch " << i << ": GPU " << got
+                        << ", CPU vec_dot " << want << " (sum|wx| " << mag << ")";
                 }
             }
         }
+      }
     }
     cudaStreamDestroy(stream);
 }
@@ -811,8 +821,9 @@ TEST(MatmulWorkspace, SlicedGemmMatches) {
     const int n = 16;
     const size_t small = (size_t(32) << 20) + size_t(n) * cols * 2 + 256 + size_t(300) * cols * 2 +
                          ncu::matmul_tail_bytes();  // 256-row slices
-    check_matmul(GgmlType::Q4_K, rows, cols, n, 11, small);
-    check_matmul(GgmlType::Q8_0, rows, cols, n, 12, small);
+    // Types without the integer GEMM (which needs no FP16 copy), so the slices are exercised.
+    check_matmul(GgmlType::Q5_K, rows, cols, n, 11, small);
+    check_matmul(GgmlType::Q4_0, rows, cols, n, 12, small);
 }
 
 TEST(MatmulWorkspace, TooSmallIsAClearError) {

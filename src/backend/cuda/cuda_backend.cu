@@ -409,7 +409,10 @@ void CudaBackend::begin_step(const Batch& batch) {
     // tiles; every other row is a decode row.
     n_dec_ = n_tiles_ = 0;
     cuda::AttnShape as{shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_ctx_};
-    const bool all_decode = n <= kGraphMaxBatch || !cuda::attn_has_prefill(as);
+    // With the CPU's arithmetic (cuda::prompt_exact()) every row is a decode row: the decode
+    // kernels sum each row's context in the CPU's chunks, the prefill kernel in FP16 tiles.
+    const bool all_decode =
+        n <= kGraphMaxBatch || !cuda::attn_has_prefill(as) || cuda::prompt_exact();
     for (int i = 0; i < n;) {
         int j = i + 1;
         if (!all_decode)

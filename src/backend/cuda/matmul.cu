@@ -216,6 +216,11 @@ int gemv_chunked_max_batch() {
 
 }  // namespace
 
+bool prompt_exact() {
+    static const bool on = env_switch("NT_EXACT_PROMPT");
+    return on;
+}
+
 bool matmul_takes_gemv(GgmlType t, int n) {
     if (n <= kGemvMaxBatch) return true;
     return detail::mma_compiled(t) && n <= gemv_chunked_max_batch();
@@ -385,6 +390,12 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
             ws.held = {};  // it would name the last pass's rows only
         else
             forget_if_overwritten(ws, x, n, cols, y, rows);
+        return;
+    }
+    if (prompt_exact() && detail::mmq_supported(w.type)) {
+        const ActivationSlot a = gemv_activations(w.type, x, n, cols, ws, stream, x_unchanged);
+        detail::gemm_mmq(w.type, w.data, rows, cols, a.xq, a.xd, n, y, stream);
+        forget_if_overwritten(ws, x, n, cols, y, rows);
         return;
     }
     ws.held = {};  // the GEMM path below overwrites the quantized activations

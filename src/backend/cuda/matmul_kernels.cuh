@@ -47,6 +47,15 @@ void quantize_to_f16(const float* x, int n, int64_t cols, ActQuant mode, __half*
 void convert_to_f16(const float* x, int64_t count, __half* out, cudaStream_t stream);
 void convert_to_bf16(const float* x, int64_t count, __nv_bfloat16* out, cudaStream_t stream);
 
+// ---- GEMM on the integer tensor cores, n > 8 (matmul_mmq.cu) ------------------------------
+
+// Types with a kernel: the weights stay quantized and meet quantize_q8's activations in exact
+// integer sums scaled in double, the CPU's (and the GEMV's) arithmetic.
+bool mmq_supported(GgmlType t);
+// y [n][rows] from W (rows x cols, 16-byte aligned) and x quantized by quantize_q8 for t.
+void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+              const float2* xd, int n, float* y, cudaStream_t stream);
+
 // ---- GEMV, n <= 8 --------------------------------------------------------------------------
 
 enum class GemvKernel : int {
