@@ -54,6 +54,9 @@ constexpr int kMmqTokens = kMmqTiles * 8;            // 64 tokens a CTA
 constexpr int kMmqThreads = kMmqWarps * 32;
 constexpr int kStepElems = 256;
 constexpr int kXdStride = 80;  // bytes a token in the stage's scales: 8 float2 and 16 of padding
+// Bytes a token in the stage's sums of quants a sub-block (K-quants with mins): 16 hi, 16 lo and
+// padding that puts the 8 tokens of a tile in distinct banks.
+constexpr int kQminStride = 48;
 
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -77,18 +80,36 @@ struct MmqTile {
     const int8_t* xr;     // token 8 * tile + g, the step's 256 quants
     const uint8_t* xd0;   // token 8 * tile + 2t4: the step's 8 float2
     const uint8_t* xd1;   // token 8 * tile + 2t4 + 1
-    const uint8_t* qmin;  // Q4_K: token 8 * tile + g's 8 sub-block sums, hi then lo
+    const uint8_t* qmin;  // token 8 * tile + g's sums of quants a sub-block: 16 hi then 16 lo
 };
 __device__ __forceinline__ float2 xd_at(const uint8_t* p, int j) {
     return reinterpret_cast<const float2*>(p)[j];
 }
 
-// ---- Q4_K -----------------------------------------------------------------------------------
-struct MmqQ4k {
-    static constexpr GgmlType kType = GgmlType::Q4_K;
-    static constexpr int kStepBytes = 144, kWSlot = 144, kXStride = 288, kMinBytes = 16;
-    static constexpr int kMaxOff = 0, kStages = 3;  // 144-byte blocks: rows 16-byte aligned
-    static constexpr bool kMins = true;
+// sum over sub-blocks of m * (the token's sum of quants), the K-quants' mins term, on the
+// tensor cores (mma.m16n8k16: k = sub-block, lane t4 holds sub-blocks 4t4..4t4+3): a token's
+// sums (|s| <= 32 * 127) go as 64 * hi + lo, hi in -64..63 and lo in 0..63, both int8.
+__device__ __forceinline__ void mins_mma(const uint32_t (&amin)[2], const MmqTile& t, bool live,
+                                         int t4, int (&ms)[4]) {
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(t.qmin);
+    const uint32_t bh = live ? q[t4] : 0u;
+    const uint32_t bl = live ? q[4 + t4] : 0u;
+    int mh[4], ml[4];
+    mma_s8_16816(mh, amin[0], amin[1], bh);
+    mma_s8_16816(ml, amin[0], amin[1], bl);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ms[i] = 64 * mh[i] + ml[i];
+}
+
+// ---- Q4_K and Q5_K: d @0, dmin @2, scales @4, (Q5_K: qh[32] @16,) qs[128] @16 or @48 ---------
+// Elements 64c + l (l < 32) are the low nibbles of qs[32c + l] (sub-block 2c), 64c + 32 + l the
+// high ones (2c + 1); Q5_K's fifth bit of element 64c + l is bit 2c of qh[l], of 64c + 32 + l
+// bit 2c + 1. Lane t4 takes elements 8t4..8t4+7 of each sub-block (k 4t4.. and 16 + 4t4..).
+template <bool Q5>
+struct MmqQ45k {
+    static constexpr GgmlType kType = Q5 ? GgmlType::Q5_K : GgmlType::Q4_K;
+    static constexpr int kStepBytes = Q5 ? 176 : 144, kWSlot = kStepBytes, kXStride = 288;
+    static constexpr int kMaxOff = 0, kStages = 3, kMinSubs = 8;  // blocks 16-byte aligned
     struct A {
         uint32_t lo[4][4], hi[4][4];  // sub-blocks 2c (low nibbles) and 2c + 1, rows g, g + 8
         int sc[2][8];
@@ -112,15 +133,28 @@ struct MmqQ4k {
                                  uint32_t(m[7]) << 24;
             a.amin[i] = t4 == 0 ? m03 : t4 == 1 ? m47 : 0u;
         }
+        constexpr int kQs = Q5 ? 48 : 16;
+        uint2 qh[2] = {make_uint2(0, 0), make_uint2(0, 0)};
+        if constexpr (Q5) {
+            qh[0] = *reinterpret_cast<const uint2*>(r0 + 16 + 8 * t4);
+            qh[1] = *reinterpret_cast<const uint2*>(r1 + 16 + 8 * t4);
+        }
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-            constexpr uint32_t M = 0x0F0F0F0Fu;
-            const uint2 q0 = *reinterpret_cast<const uint2*>(r0 + 16 + 32 * c + 8 * t4);
-            const uint2 q1 = *reinterpret_cast<const uint2*>(r1 + 16 + 32 * c + 8 * t4);
-            a.lo[c][0] = q0.x & M, a.lo[c][1] = q1.x & M, a.lo[c][2] = q0.y & M,
-            a.lo[c][3] = q1.y & M;
-            a.hi[c][0] = (q0.x >> 4) & M, a.hi[c][1] = (q1.x >> 4) & M,
-            a.hi[c][2] = (q0.y >> 4) & M, a.hi[c][3] = (q1.y >> 4) & M;
+            constexpr uint32_t M = 0x0F0F0F0Fu, B = 0x01010101u;
+            const uint2 q0 = *reinterpret_cast<const uint2*>(r0 + kQs + 32 * c + 8 * t4);
+            const uint2 q1 = *reinterpret_cast<const uint2*>(r1 + kQs + 32 * c + 8 * t4);
+            const uint32_t w[4] = {q0.x, q1.x, q0.y, q1.y};  // A's a0..a3
+            const uint32_t h[4] = {qh[0].x, qh[1].x, qh[0].y, qh[1].y};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                a.lo[c][k] = w[k] & M;
+                a.hi[c][k] = (w[k] >> 4) & M;
+                if constexpr (Q5) {
+                    a.lo[c][k] |= ((h[k] >> (2 * c)) & B) << 4;
+                    a.hi[c][k] |= ((h[k] >> (2 * c + 1)) & B) << 4;
+                }
+            }
         }
     }
     __device__ static void tile(const A& a, const MmqTile& t, int t4, int /*nblk*/,
@@ -137,36 +171,37 @@ struct MmqQ4k {
             for (int i = 0; i < 4; ++i)
                 is[i] += a.sc[i >> 1][2 * c] * lo[i] + a.sc[i >> 1][2 * c + 1] * hi[i];
         }
-        // sum(m * sum qx) = 64 * sum(m * hi) + sum(m * lo): |sum qx| <= 32 * 127, so hi in
-        // -64..63 and lo in 0..63 are int8.
-        const uint32_t bh = t4 < 2 ? *reinterpret_cast<const uint32_t*>(t.qmin + 4 * t4) : 0u;
-        const uint32_t bl = t4 < 2 ? *reinterpret_cast<const uint32_t*>(t.qmin + 8 + 4 * t4) : 0u;
-        int mh[4], ml[4];
-        mma_s8_16816(mh, a.amin[0], a.amin[1], bh);
-        mma_s8_16816(ml, a.amin[0], a.amin[1], bl);
+        int ms[4];
+        mins_mma(a.amin, t, t4 < 2, t4, ms);
         const double dx[2] = {double(xd_at(t.xd0, 0).x), double(xd_at(t.xd1, 0).x)};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int ms = 64 * mh[i] + ml[i];
+        for (int i = 0; i < 4; ++i)
             acc[i] += double(is[i]) * (double(a.d[i >> 1]) * dx[i & 1]) -
-                      double(ms) * (double(a.dmin[i >> 1]) * dx[i & 1]);
-        }
+                      double(ms[i]) * (double(a.dmin[i >> 1]) * dx[i & 1]);
     }
 };
 
-// ---- Q6_K -----------------------------------------------------------------------------------
-// ql[128] @0, qh[64] @128, scales[16] @192, d @208; element 128n + 32t + 16s + e is the nibble
-// t >> 1 of ql[64n + 32(t & 1) + 16s + e] with bits 2t of qh[32n + 16s + e] above it, scale
-// 8n + 2t + s (matmul_gemv_mma.cuh). Lane t4 takes elements 4t4..4t4+3 of each sub-block.
-struct MmqQ6k {
-    static constexpr GgmlType kType = GgmlType::Q6_K;
-    static constexpr int kStepBytes = 210, kWSlot = 224, kXStride = 272, kMinBytes = 0;
-    static constexpr int kMaxOff = 14, kStages = 3;
-    static constexpr bool kMins = false;
+// ---- Q2_K, Q3_K, Q6_K: 16 sub-blocks of 16, sub-block k = 8n + 2j + s is elements 16k.. -------
+//   Q2_K  scales[16] @0 (low nibble scale, high min), qs[64] @16, d @80, dmin @82: bits 2j of
+//         qs[32n + 16s + l];
+//   Q3_K  hmask[32] @0, qs[64] @32, scales[12] @96, d @108: bits 2j of qs[32n + 16s + l], minus
+//         4 where bit 4n + j of hmask[16s + l] is clear; signed 6-bit scales;
+//   Q6_K  ql[128] @0, qh[64] @128, scales[16] @192, d @208: the nibble j >> 1 of ql[64n +
+//         32(j & 1) + 16s + l] with bits 2j of qh[32n + 16s + l] above it, minus 32.
+// Lane t4 takes elements 4t4..4t4+3 of each sub-block (mma.m16n8k16's k).
+template <GgmlType T>
+struct MmqK16 {
+    static constexpr GgmlType kType = T;
+    static constexpr bool kQ2 = T == GgmlType::Q2_K, kQ3 = T == GgmlType::Q3_K;
+    static constexpr int kStepBytes = kQ2 ? 84 : kQ3 ? 110 : 210;
+    static constexpr int kMaxOff = kQ2 ? 12 : 14;  // Q2_K's blocks are 4-byte aligned
+    static constexpr int kWSlot = (kStepBytes + kMaxOff + 15) / 16 * 16, kXStride = 272;
+    static constexpr int kStages = 3, kMinSubs = kQ2 ? 16 : 0;
     struct A {
-        uint32_t q[16][2];  // sub-block j = 8n + 2t + s, rows g, g + 8: the signed quants
+        uint32_t q[16][2];  // sub-block k, rows g, g + 8: the quants as int8
         int sc[2][16];
-        float d[2];
+        uint32_t amin[2];  // Q2_K: mins 4t4..4t4+3 as m16n8k16's A
+        float d[2], dmin[2];
     };
     __device__ static void prepare(const uint8_t* r0, const uint8_t* r1, int t4, int /*nblk*/,
                                    A& a) {
@@ -174,61 +209,111 @@ struct MmqQ6k {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const uint8_t* b = rows[i];
-            a.d[i] = h2f(*reinterpret_cast<const uint16_t*>(b + 208));
+            if constexpr (kQ2) {
+                a.d[i] = h2f(*reinterpret_cast<const uint16_t*>(b + 80));
+                a.dmin[i] = h2f(*reinterpret_cast<const uint16_t*>(b + 82));
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                const uint32_t s = lds_u32_a2(b + 192 + 4 * w);
+                for (int w = 0; w < 4; ++w) {
+                    const uint32_t s = *reinterpret_cast<const uint32_t*>(b + 4 * w);
 #pragma unroll
-                for (int k = 0; k < 4; ++k) a.sc[i][4 * w + k] = int(int8_t(uint8_t(s >> (8 * k))));
-            }
+                    for (int k = 0; k < 4; ++k) a.sc[i][4 * w + k] = int((s >> (8 * k)) & 0xF);
+                }
+                a.amin[i] = (*reinterpret_cast<const uint32_t*>(b + 4 * t4) >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
-            for (int n = 0; n < 2; ++n)
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int s = 0; s < 2; ++s) {
+                        const uint32_t q =
+                            *reinterpret_cast<const uint32_t*>(b + 16 + 32 * n + 16 * s + 4 * t4);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            a.q[8 * n + 2 * j + s][i] = (q >> (2 * j)) & 0x03030303u;
+                    }
+            } else if constexpr (kQ3) {
+                a.d[i] = h2f(*reinterpret_cast<const uint16_t*>(b + 108));
+                const uint32_t v0 = lds_u32_a2(b + 96), v1 = lds_u32_a2(b + 100),
+                               v2 = lds_u32_a2(b + 104);
+#pragma unroll
+                for (int k = 0; k < 16; ++k) a.sc[i][k] = scale_q3k_words(k, v0, v1, v2);
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
-                    const uint32_t h = lds_u32_a2(b + 128 + 32 * n + 16 * s + 4 * t4);
+                    const uint32_t hm = lds_u32_a2(b + 16 * s + 4 * t4);
 #pragma unroll
-                    for (int tb = 0; tb < 2; ++tb) {
-                        const uint32_t ql = lds_u32_a2(b + 64 * n + 32 * tb + 16 * s + 4 * t4);
+                    for (int n = 0; n < 2; ++n) {
+                        const uint32_t q = lds_u32_a2(b + 32 + 32 * n + 16 * s + 4 * t4);
 #pragma unroll
-                        for (int nib = 0; nib < 2; ++nib) {
-                            const int t = tb + 2 * nib;
-                            const uint32_t lo = (ql >> (4 * nib)) & 0x0F0F0F0Fu;
-                            const uint32_t hi = (t == 0   ? h << 4
-                                                 : t == 1 ? h << 2
-                                                 : t == 2 ? h
-                                                          : h >> 2) &
-                                                0x30303030u;
-                            a.q[8 * n + 2 * t + s][i] = sub_bytes(lo | hi, 0x20202020u);
+                        for (int j = 0; j < 4; ++j) {
+                            const uint32_t lo = (q >> (2 * j)) & 0x03030303u;
+                            const uint32_t neg = ((~hm >> (4 * n + j)) & 0x01010101u) << 2;
+                            a.q[8 * n + 2 * j + s][i] = sub_bytes(lo, neg);
                         }
                     }
                 }
+            } else {
+                a.d[i] = h2f(*reinterpret_cast<const uint16_t*>(b + 208));
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {
+                    const uint32_t s = lds_u32_a2(b + 192 + 4 * w);
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+                        a.sc[i][4 * w + k] = int(int8_t(uint8_t(s >> (8 * k))));
+                }
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int s = 0; s < 2; ++s) {
+                        const uint32_t h = lds_u32_a2(b + 128 + 32 * n + 16 * s + 4 * t4);
+#pragma unroll
+                        for (int tb = 0; tb < 2; ++tb) {
+                            const uint32_t ql = lds_u32_a2(b + 64 * n + 32 * tb + 16 * s + 4 * t4);
+#pragma unroll
+                            for (int nib = 0; nib < 2; ++nib) {
+                                const int j = tb + 2 * nib;
+                                const uint32_t lo = (ql >> (4 * nib)) & 0x0F0F0F0Fu;
+                                const uint32_t hi = (j == 0   ? h << 4
+                                                     : j == 1 ? h << 2
+                                                     : j == 2 ? h
+                                                              : h >> 2) &
+                                                    0x30303030u;
+                                a.q[8 * n + 2 * j + s][i] = sub_bytes(lo | hi, 0x20202020u);
+                            }
+                        }
+                    }
+            }
         }
     }
     __device__ static void tile(const A& a, const MmqTile& t, int t4, int /*nblk*/,
                                 double (&acc)[4]) {
         int is[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const int n = j >> 3, tt = (j >> 1) & 3, s = j & 1;
-            const uint32_t b =
-                *reinterpret_cast<const uint32_t*>(t.xr + 128 * n + 32 * tt + 16 * s + 4 * t4);
+        for (int k = 0; k < 16; ++k) {
+            const uint32_t b = *reinterpret_cast<const uint32_t*>(t.xr + 16 * k + 4 * t4);
             int dot[4];
-            mma_s8_16816(dot, a.q[j][0], a.q[j][1], b);
+            mma_s8_16816(dot, a.q[k][0], a.q[k][1], b);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) is[i] += a.sc[i >> 1][j] * dot[i];
+            for (int i = 0; i < 4; ++i) is[i] += a.sc[i >> 1][k] * dot[i];
         }
         const double dx[2] = {double(xd_at(t.xd0, 0).x), double(xd_at(t.xd1, 0).x)};
+        if constexpr (kQ2) {
+            int ms[4];
+            mins_mma(a.amin, t, true, t4, ms);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[i] += double(is[i]) * (double(a.d[i >> 1]) * dx[i & 1]);
+            for (int i = 0; i < 4; ++i)
+                acc[i] += double(is[i]) * (double(a.d[i >> 1]) * dx[i & 1]) -
+                          double(ms[i]) * (double(a.dmin[i >> 1]) * dx[i & 1]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                acc[i] += double(is[i]) * (double(a.d[i >> 1]) * dx[i & 1]);
+        }
     }
 };
 
 // ---- Q8_0: eight 34-byte blocks a step ---------------------------------------------------------
 struct MmqQ80 {
     static constexpr GgmlType kType = GgmlType::Q8_0;
-    static constexpr int kStepBytes = 8 * 34, kWSlot = 288, kXStride = 288, kMinBytes = 0;
-    static constexpr int kMaxOff = 14, kStages = 2;  // 3 stages would leave one CTA an SM
-    static constexpr bool kMins = false;
+    static constexpr int kStepBytes = 8 * 34, kWSlot = 288, kXStride = 288;
+    static constexpr int kMaxOff = 14, kStages = 2, kMinSubs = 0;  // 3 stages: one CTA an SM
     struct A {
         uint32_t q[8][4];  // block u: rows g, g + 8, quants 8t4..8t4+3 and 8t4+4..8t4+7
         float d[8][2];
@@ -262,16 +347,28 @@ struct MmqQ80 {
     }
 };
 
-// ---- Q4_1: eight 20-byte blocks a step (d, m, 16 bytes of quants: element l is the low nibble
-// of byte l, element 16 + l the high one). Lane t4 takes quant byte 4t4..4t4+3: elements
-// 4t4..4t4+3 (A's k 4t4..) and 16 + 4t4.. (k 16 + 4t4..), the fragments' own order.
-struct MmqQ41 {
-    static constexpr GgmlType kType = GgmlType::Q4_1;
-    static constexpr int kStepBytes = 8 * 20, kWSlot = 176, kXStride = 272, kMinBytes = 0;
-    static constexpr int kMaxOff = 12, kStages = 3;
-    static constexpr bool kMins = false;
+// ---- Q4_0, Q4_1, Q5_0, Q5_1: eight blocks a step ---------------------------------------------
+// d @0, (Q4_1, Q5_1: m @2,) (Q5: qh, 4 bytes,) 16 bytes of quants: element l is the low nibble
+// of byte l, element 16 + l the high one (Q5: bit l and bit 16 + l of qh above them). Lane t4
+// takes quant bytes 4t4..4t4+3: elements 4t4.. (A's k 4t4..) and 16 + 4t4.. (k 16 + 4t4..),
+// the fragments' own order. The terms are Quant<T>::dot's: the unsigned quants' sum with the
+// offset (Q4_0: 8, Q5_0: 16) or the min meeting the activations' s (x.d.y).
+template <GgmlType T>
+struct MmqLegacy4 {
+    static constexpr GgmlType kType = T;
+    static constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+    static constexpr bool kQ5 = T == GgmlType::Q5_0 || T == GgmlType::Q5_1;
+    static constexpr int kBlockBytes = T == GgmlType::Q4_0   ? 18
+                                       : T == GgmlType::Q4_1 ? 20
+                                       : T == GgmlType::Q5_0 ? 22
+                                                             : 24;
+    static constexpr int kQh = kMin ? 4 : 2, kQs = 2 + (kMin ? 2 : 0) + (kQ5 ? 4 : 0);
+    static constexpr int kStepBytes = 8 * kBlockBytes;
+    static constexpr int kMaxOff = kBlockBytes % 8 == 0 ? 8 : kBlockBytes % 4 == 0 ? 12 : 14;
+    static constexpr int kWSlot = (kStepBytes + kMaxOff + 15) / 16 * 16, kXStride = 272;
+    static constexpr int kStages = 3, kMinSubs = 0;
     struct A {
-        uint32_t q[8][2];  // block u: the quant word of rows g, g + 8
+        uint32_t lo[8][2], hi[8][2];  // block u, rows g, g + 8: elements 4t4.. and 16 + 4t4..
         float d[8][2], m[8][2];
     };
     __device__ static void prepare(const uint8_t* r0, const uint8_t* r1, int t4, int nblk, A& a) {
@@ -281,11 +378,17 @@ struct MmqQ41 {
             if (u >= nblk) break;
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-                const uint8_t* b = rows[i] + 20 * u;
-                const uint32_t dm = *reinterpret_cast<const uint32_t*>(b);
-                a.d[u][i] = h2f(dm & 0xFFFF);
-                a.m[u][i] = h2f(dm >> 16);
-                a.q[u][i] = *reinterpret_cast<const uint32_t*>(b + 4 + 4 * t4);
+                const uint8_t* b = rows[i] + kBlockBytes * u;
+                a.d[u][i] = h2f(*reinterpret_cast<const uint16_t*>(b));
+                a.m[u][i] = kMin ? h2f(*reinterpret_cast<const uint16_t*>(b + 2)) : 0.f;
+                const uint32_t q = lds_u32_a2(b + kQs + 4 * t4);
+                a.lo[u][i] = q & 0x0F0F0F0Fu;
+                a.hi[u][i] = (q >> 4) & 0x0F0F0F0Fu;
+                if constexpr (kQ5) {
+                    const uint32_t qh = lds_u32_a2(b + kQh);
+                    a.lo[u][i] |= spread4_to_bit4((qh >> (4 * t4)) & 0xF);
+                    a.hi[u][i] |= spread4_to_bit4((qh >> (16 + 4 * t4)) & 0xF);
+                }
             }
         }
     }
@@ -293,17 +396,22 @@ struct MmqQ41 {
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
             if (u >= nblk) break;
-            constexpr uint32_t M = 0x0F0F0F0Fu;
             const uint32_t b0 = *reinterpret_cast<const uint32_t*>(t.xr + 32 * u + 4 * t4);
             const uint32_t b1 = *reinterpret_cast<const uint32_t*>(t.xr + 32 * u + 16 + 4 * t4);
-            int dot[4];
-            mma_s8_16832(dot, a.q[u][0] & M, a.q[u][1] & M, (a.q[u][0] >> 4) & M,
-                         (a.q[u][1] >> 4) & M, b0, b1);
+            int s[4];
+            mma_s8_16832(s, a.lo[u][0], a.lo[u][1], a.hi[u][0], a.hi[u][1], b0, b1);
             const float2 x[2] = {xd_at(t.xd0, u), xd_at(t.xd1, u)};
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-                acc[i] += double(dot[i]) * (double(a.d[u][i >> 1]) * double(x[i & 1].x)) +
-                          double(a.m[u][i >> 1]) * double(x[i & 1].y);
+            for (int i = 0; i < 4; ++i) {
+                const double d = double(a.d[u][i >> 1]);
+                const float2 xi = x[i & 1];
+                if constexpr (kMin)
+                    acc[i] += double(s[i]) * (d * double(xi.x)) +
+                              double(a.m[u][i >> 1]) * double(xi.y);
+                else
+                    acc[i] += d * (double(xi.x) * double(s[i]) -
+                                   (kQ5 ? 16.0 : 8.0) * double(xi.y));
+            }
         }
     }
 };
@@ -313,7 +421,7 @@ struct MmqLayout {
     static constexpr int kWBytes = kMmqRows * P::kWSlot;
     static constexpr int kXBytes = kMmqTokens * P::kXStride;
     static constexpr int kXdBytes = kMmqTokens * kXdStride;
-    static constexpr int kMinBytes = kMmqTokens * P::kMinBytes;
+    static constexpr int kMinBytes = P::kMinSubs ? kMmqTokens * kQminStride : 0;
     static constexpr int kStage = kWBytes + kXBytes + kXdBytes + kMinBytes;
     static constexpr int kBytes = P::kStages * kStage;
     static_assert(kWBytes % 16 == 0 && kXBytes % 16 == 0 && kXdBytes % 16 == 0);
@@ -325,7 +433,7 @@ struct MmqLayout {
 // weights come from L2 after the first), blockIdx.y: row tile.
 template <class P>
 __global__ void __launch_bounds__(kMmqThreads, 2)
-    gemm_mmq(const uint8_t* __restrict__ w, int64_t rows, int64_t cols,
+    gemm_mmq(const uint8_t* __restrict__ w, int64_t rows, int64_t cols, int64_t row_bytes,
              const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
              float* __restrict__ y) {
     using L = MmqLayout<P>;
@@ -333,12 +441,6 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t row0 = int64_t(blockIdx.y) * kMmqRows;
     const int tok0 = blockIdx.x * kMmqTokens;
-    const int64_t blk_elems = P::kType == GgmlType::Q4_K || P::kType == GgmlType::Q6_K ? 256 : 32;
-    const int64_t nb = cols / blk_elems;
-    const int64_t row_bytes = nb * (P::kType == GgmlType::Q4_K   ? 144
-                                    : P::kType == GgmlType::Q6_K ? 210
-                                    : P::kType == GgmlType::Q8_0 ? 34
-                                                                 : 20);
     const uint8_t* w_end = w + rows * row_bytes;
     const int64_t steps = (cols + kStepElems - 1) / kStepElems;
     const int64_t xd_row = cols / 32;
@@ -401,20 +503,22 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
         const int8_t* xs = reinterpret_cast<const int8_t*>(st + L::kWBytes);
         const uint8_t* xds = st + L::kWBytes + L::kXBytes;
         uint8_t* qmin = const_cast<uint8_t*>(xds) + L::kXdBytes;
-        if constexpr (P::kMins) {
-            // Each token's 8 sub-block sums of quants, as int8 hi (sum >> 6) and lo (sum & 63).
-            for (int i = tid; i < kMmqTokens * 8; i += kMmqThreads) {
-                const int tk = i >> 3, j = i & 7;
-                const uint32_t* q = reinterpret_cast<const uint32_t*>(xs + tk * P::kXStride + 32 * j);
+        if constexpr (P::kMinSubs > 0) {
+            // Each token's sums of quants a sub-block, as int8 hi (sum >> 6) and lo (sum & 63).
+            constexpr int kWords = kStepElems / P::kMinSubs / 4;
+            for (int i = tid; i < kMmqTokens * P::kMinSubs; i += kMmqThreads) {
+                const int tk = i / P::kMinSubs, j = i % P::kMinSubs;
+                const uint32_t* q =
+                    reinterpret_cast<const uint32_t*>(xs + tk * P::kXStride + 4 * kWords * j);
                 int s = 0;
 #pragma unroll
-                for (int k = 0; k < 8; ++k) s = __dp4a(int(q[k]), 0x01010101, s);
-                qmin[tk * 16 + j] = uint8_t(int8_t(s >> 6));
-                qmin[tk * 16 + 8 + j] = uint8_t(s & 63);
+                for (int k = 0; k < kWords; ++k) s = __dp4a(int(q[k]), 0x01010101, s);
+                qmin[tk * kQminStride + j] = uint8_t(int8_t(s >> 6));
+                qmin[tk * kQminStride + 16 + j] = uint8_t(s & 63);
             }
             __syncthreads();
         }
-        const int nblk = int(min64(8, nb - kb * 8));  // legacy blocks in this step
+        const int nblk = int(min64(8, (cols - kb * kStepElems) / 32));  // legacy blocks here
         typename P::A a;
         {
             const uint8_t* wr = st + (warp * kMmaTileRows + g) * P::kWSlot;
@@ -430,7 +534,7 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
             tl.xr = xs + (8 * t + g) * P::kXStride;
             tl.xd0 = xds + (8 * t + 2 * t4) * kXdStride;
             tl.xd1 = tl.xd0 + kXdStride;
-            tl.qmin = qmin + (8 * t + g) * 16;
+            tl.qmin = qmin + (8 * t + g) * kQminStride;
             P::tile(a, tl, t4, nblk, acc[t]);
         }
     }
@@ -459,30 +563,50 @@ void launch_mmq_as(const char* what, const void* w, int64_t rows, int64_t cols, 
     const int64_t row_tiles = (rows + kMmqRows - 1) / kMmqRows;
     if (row_tiles > 65535) nt::fail("%s: %lld rows (at most %d).", what, (long long)rows, 65535 * kMmqRows);
     const dim3 grid(unsigned((n + kMmqTokens - 1) / kMmqTokens), unsigned(row_tiles));
-    gemm_mmq<P><<<grid, kMmqThreads, L::kBytes, stream>>>(static_cast<const uint8_t*>(w), rows,
-                                                          cols, xq, xd, n, y);
+    gemm_mmq<P><<<grid, kMmqThreads, L::kBytes, stream>>>(
+        static_cast<const uint8_t*>(w), rows, cols, int64_t(row_bytes(P::kType, cols)), xq, xd, n,
+        y);
     NT_CUDA_CHECK(cudaGetLastError(), what);
 }
 
 }  // namespace
 
 bool mmq_supported(GgmlType t) {
-    return t == GgmlType::Q4_K || t == GgmlType::Q6_K || t == GgmlType::Q8_0 ||
-           t == GgmlType::Q4_1;
+    switch (t) {
+        case GgmlType::Q4_0:
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1:
+        case GgmlType::Q8_0:
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K:
+            return true;
+        default:
+            return false;
+    }
 }
 
 void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
               const float2* xd, int n, float* y, cudaStream_t stream) {
     if (n <= 0 || rows <= 0) return;
     switch (t) {
-        case GgmlType::Q4_K:
-            return launch_mmq_as<MmqQ4k>("gemm (Q4_K, mmq)", w, rows, cols, xq, xd, n, y, stream);
-        case GgmlType::Q6_K:
-            return launch_mmq_as<MmqQ6k>("gemm (Q6_K, mmq)", w, rows, cols, xq, xd, n, y, stream);
-        case GgmlType::Q8_0:
-            return launch_mmq_as<MmqQ80>("gemm (Q8_0, mmq)", w, rows, cols, xq, xd, n, y, stream);
-        case GgmlType::Q4_1:
-            return launch_mmq_as<MmqQ41>("gemm (Q4_1, mmq)", w, rows, cols, xq, xd, n, y, stream);
+#define NT_MMQ_CASE(T, P)                                                                    \
+    case GgmlType::T:                                                                          \
+        return launch_mmq_as<P>("gemm (" #T ", mmq)", w, rows, cols, xq, xd, n, y, stream);
+        NT_MMQ_CASE(Q4_0, MmqLegacy4<GgmlType::Q4_0>)
+        NT_MMQ_CASE(Q4_1, MmqLegacy4<GgmlType::Q4_1>)
+        NT_MMQ_CASE(Q5_0, MmqLegacy4<GgmlType::Q5_0>)
+        NT_MMQ_CASE(Q5_1, MmqLegacy4<GgmlType::Q5_1>)
+        NT_MMQ_CASE(Q8_0, MmqQ80)
+        NT_MMQ_CASE(Q2_K, MmqK16<GgmlType::Q2_K>)
+        NT_MMQ_CASE(Q3_K, MmqK16<GgmlType::Q3_K>)
+        NT_MMQ_CASE(Q4_K, MmqQ45k<false>)
+        NT_MMQ_CASE(Q5_K, MmqQ45k<true>)
+        NT_MMQ_CASE(Q6_K, MmqK16<GgmlType::Q6_K>)
+#undef NT_MMQ_CASE
         default:
             nt::fail("gemm (mmq): no kernel for %s.", type_name(t));
     }
