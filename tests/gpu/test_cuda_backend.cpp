@@ -888,6 +888,11 @@ void attention_step(Pair& p, const Batch& b, uint32_t seed, float atol, const st
 // Against a double-precision host reference (not the CPU backend's arithmetic).
 constexpr float kDecodeTol = 2e-5f;
 constexpr float kPrefillTol = 4e-3f;  // F16 Q and P on tensor cores, |v| <= 1
+// Prompt rows: with the CPU's arithmetic (cuda::prompt_exact(), the default) they are decode
+// rows, bit for bit the CPU's; with NT_EXACT_PROMPT=0, the F16 prefill kernel's tolerance.
+float prompt_tol() {
+    return nt::cuda::prompt_exact() ? kBitExact : kPrefillTol;
+}
 
 TEST(CudaBackend, AttentionAgainstCpu) {
     NT_REQUIRE_GPU();
@@ -903,14 +908,14 @@ TEST(CudaBackend, AttentionAgainstCpu) {
         // A 600-token prompt of sequence 0: ten tiles (the last one partial).
         Batch b;
         for (int i = 0; i < 600; i++) b.add(1, i, 0, false);
-        attention_step(p, b, 1, kPrefillTol, "prompt 600");
+        attention_step(p, b, 1, prompt_tol(), "prompt 600");
         // A mixed step: a 100-token prompt of sequence 1, a decode row of sequence 0, a 5-token
         // run of sequence 2 (too short for a tile: decode rows).
         b.clear();
         for (int i = 0; i < 100; i++) b.add(1, i, 1, false);
         b.add(1, 600, 0, true);
         for (int i = 0; i < 5; i++) b.add(1, i, 2, false);
-        attention_step(p, b, 2, kPrefillTol, "mixed");
+        attention_step(p, b, 2, prompt_tol(), "mixed");
         // Decode steps of 1..8 rows over the three sequences (graph-sized steps), and a 9-row step.
         int len[3] = {601, 100, 5};
         for (int rows = 1; rows <= 9; rows++) {
@@ -927,7 +932,7 @@ TEST(CudaBackend, AttentionAgainstCpu) {
             b.clear();
             for (int i = 0; i < n; i++) b.add(1, i, 3, false);
             attention_step(p, b, 100 + uint32_t(n),
-                           n > CudaBackend::kGraphMaxBatch ? kPrefillTol : kBitExact,
+                           n > CudaBackend::kGraphMaxBatch ? prompt_tol() : kBitExact,
                            "prompt " + std::to_string(n));
         }
     }
@@ -1035,10 +1040,10 @@ TEST(CudaBackend, RopeAttention) {
             expect_equal(p.get_gpu(&Activations::att, nq), unfused, what + " rope in attention");
             if (n == 1 && c.n_rot == c.head_dim)  // the fused path ran: q and k left alone
                 expect_equal(p.get_gpu(&Activations::q, nq), q, what + " q untouched");
-            if (step == 0)
+            if (step == 0 && !nt::cuda::prompt_exact())
                 expect_close(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq),
                              kPrefillTol, 0.f, what + " attention");
-            else  // decode: the CPU's arithmetic
+            else  // decode, or a prompt with the CPU's arithmetic
                 expect_equal(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq),
                              what + " attention");
             // The projection again, on the attention output's floats quantized by the matmul
