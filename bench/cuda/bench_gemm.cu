@@ -1,13 +1,18 @@
-// GEMM harness (prompt processing, n > 8): matmul()'s dequantize-to-FP16 + cuBLAS path against
-// the CPU reference, then timed whole and in parts, next to a loop of 8-row GEMVs.
+// GEMM harness (prompt processing, n > 8): matmul() against the CPU reference, then timed whole
+// and in parts: the integer tensor-core GEMM (matmul_mmq.cu, the default for quantized types)
+// and the dequantize-to-FP16 + cuBLAS path it replaced (NT_EXACT_PROMPT=0), next to a loop of
+// 8-row GEMVs.
 //
 //   bench_gemm [--types q4_K,q6_K,q8_0|all] [--shapes 8b|70b|all|ROWSxCOLS,...]
 //              [--n 16,64,128,512] [--hbm 4455] [--tflops 989] [--iters 10] [--check-rows 32]
 //
 // Lines per (type, shape, n):
-//   matmul   : the public call (x -> f16, dequantize in slices, cublasGemmEx); TFLOP/s = 2 n rows
-//              cols / time, % of --tflops (dense FP16 peak); err = max |y - ref| / sum|w*x| on
-//              the checked rows against a double reference on FP16-rounded weights and x.
+//   matmul   : the public call; TFLOP/s = 2 n rows cols / time, % of --tflops (dense FP16
+//              peak). With the integer GEMM: "bits" = the checked outputs that equal the CPU
+//              backend's nt::vec_dot bit for bit (all of them, or FAIL); otherwise (x -> f16,
+//              dequantize in slices, cublasGemmEx) err = max |y - ref| / sum|w*x| against a
+//              double reference on FP16-rounded weights and x.
+//   mmq      : the integer GEMM alone on activations already quantized (quantize_q8).
 //   dequant  : the weight -> FP16 kernel alone: GB/s of bytes read + written, % of --hbm.
 //   cublas   : cublasGemmEx alone on already-dequantized weights (the ceiling for matmul).
 //   gemv-loop: ceil(n/8) GEMV passes of 8 rows (n <= 128 only): where the GEMV path still wins.
@@ -93,7 +98,11 @@ int main(int argc, char** argv) try {
                 const std::vector<float> xr = t == GgmlType::F32    ? hx
                                               : t == GgmlType::BF16 ? round_bf16(hx)
                                                                     : round_f16(hx);
-                const Reference ref = reference(t, hw, sh.cols, xr, n, rows_checked, quantized);
+                const bool mmq =
+                    nt::cuda::prompt_exact() && nt::cuda::detail::mmq_supported(t);
+                const Reference ref =
+                    mmq ? cpu_gemv_reference(t, hw, sh.cols, hx, n, rows_checked)
+                        : reference(t, hw, sh.cols, xr, n, rows_checked, quantized);
                 DeviceBuffer<float> dx(hx.size()), dy(size_t(n) * sh.rows);
                 dx.upload(hx.data(), hx.size());
                 nt::cuda::MatmulWorkspace ws;
@@ -113,14 +122,37 @@ int main(int argc, char** argv) try {
                               "memset");
                 nt::cuda::matmul(wv, dx.p, n, dy.p, ws, stream);
                 NT_CUDA_CHECK(cudaStreamSynchronize(stream), "matmul");
-                const double err = max_rel_error(ref, dy.download(dy.count), n, sh.rows);
-                const bool ok = err <= 5e-5;
+                const std::vector<float> y = dy.download(dy.count);
+                char extra[64];
+                bool ok;
+                if (mmq) {
+                    size_t same = 0;
+                    for (int i = 0; i < n; ++i)
+                        for (size_t k = 0; k < rows_checked.size(); ++k)
+                            same += y[size_t(i) * sh.rows + rows_checked[k]] ==
+                                    float(ref.y[i * rows_checked.size() + k]);
+                    ok = same == size_t(n) * rows_checked.size();
+                    std::snprintf(extra, sizeof extra, "bits %s", ok ? "ok" : "FAIL");
+                } else {
+                    const double err = max_rel_error(ref, y, n, sh.rows);
+                    ok = err <= 5e-5;
+                    std::snprintf(extra, sizeof extra, "%.1e %s", err, ok ? "ok" : "FAIL");
+                }
                 failures += ok ? 0 : 1;
                 const double mm_us = time_stream_us(
                     stream, iters, [&](int) { nt::cuda::matmul(wv, dx.p, n, dy.p, ws, stream); });
-                char extra[64];
-                std::snprintf(extra, sizeof extra, "%.1e %s", err, ok ? "ok" : "FAIL");
                 line("matmul", mm_us, extra);
+                if (nt::cuda::detail::mmq_supported(t)) {
+                    DeviceBuffer<int8_t> xq(size_t(n) * sh.cols);
+                    DeviceBuffer<float2> xd(size_t(n) * sh.cols / 32);
+                    nt::cuda::detail::quantize_q8(dx.p, n, sh.cols, nt::cuda::detail::act_quant(t),
+                                                  xq.p, xd.p, stream);
+                    const double mq_us = time_stream_us(stream, iters, [&](int) {
+                        nt::cuda::detail::gemm_mmq(t, dw.p, sh.rows, sh.cols, xq.p, xd.p, n, dy.p,
+                                                   stream);
+                    });
+                    line("mmq", mq_us, "");
+                }
 
                 if (quantized) {
                     const double dq_us = time_stream_us(stream, iters, [&](int) {
