@@ -12,9 +12,9 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNT_CUDA=ON -DCMAKE_CUDA_ARCH
 cmake --build "$build" -j "$(nproc)" 2>&1 | grep -E "error|warning: .*spill" ; test "${PIPESTATUS[0]}" = 0 || exit 1
 declare -A result
 "$build/tests/nt_gpu_tests" --gtest_brief=1; result[kernels]=$?
-# The FP16 prompt paths (cuBLAS GEMM, flash-attention prefill) the exact ones replace by default.
-NT_EXACT_PROMPT=0 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-  --gtest_filter='MatmulTypes.*:MatmulWorkspace.*:CudaBackend*:CudaAttention*'; result[fp16-prompt]=$?
+# The prompt path with the CPU's arithmetic (integer GEMM, prompt rows as decode rows).
+NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
+  --gtest_filter='Matmul*:CudaBackend*:CudaAttention*'; result[exact-prompt]=$?
 "$build/tests/nt_unit_tests" --gtest_brief=1; result[unit]=$?
 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model]=$?
 "$build/ntransformer" bench -m "$model" --device cuda; result[bench]=$?

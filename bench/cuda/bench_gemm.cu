@@ -1,7 +1,6 @@
 // GEMM harness (prompt processing, n > 8): matmul() against the CPU reference, then timed whole
-// and in parts: the integer tensor-core GEMM (matmul_mmq.cu, the default for quantized types)
-// and the dequantize-to-FP16 + cuBLAS path it replaced (NT_EXACT_PROMPT=0), next to a loop of
-// 8-row GEMVs.
+// and in parts: the integer tensor-core GEMM (matmul_mmq.cu; matmul() takes it with
+// NT_EXACT_PROMPT=1) and the dequantize-to-FP16 + cuBLAS path, next to a loop of 8-row GEMVs.
 //
 //   bench_gemm [--types q4_K,q6_K,q8_0|all] [--shapes 8b|70b|all|ROWSxCOLS,...]
 //              [--n 16,64,128,512] [--hbm 4455] [--tflops 989] [--iters 10] [--check-rows 32]

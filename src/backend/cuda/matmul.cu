@@ -217,7 +217,8 @@ int gemv_chunked_max_batch() {
 }  // namespace
 
 bool prompt_exact() {
-    static const bool on = env_switch("NT_EXACT_PROMPT");
+    // Opt-in until the integer GEMM has run on a GPU (it was written without one).
+    static const bool on = env_int("NT_EXACT_PROMPT", 0) != 0;
     return on;
 }
 
