@@ -459,8 +459,18 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
                 reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(start) & ~uintptr_t(15)) +
                 16 * c;
             const int64_t left = w_end - src;
-            const int bytes = left >= 16 ? 16 : left > 0 ? int(left) : 0;
-            cp_async16(st + r * P::kWSlot + 16 * c, bytes > 0 ? src : w, bytes);
+            uint8_t* dst = st + r * P::kWSlot + 16 * c;
+            if (left >= 16) {
+                cp_async16(dst, src);
+            } else {
+                // The matrix's last bytes (blocks are 2-byte multiples): plain loads, zeros
+                // after, so that no copy names a byte past the end (compute-sanitizer flags a
+                // short-source cp.async that does).
+#pragma unroll
+                for (int b = 0; b < 16; b += 2)
+                    *reinterpret_cast<uint16_t*>(dst + b) =
+                        b < left ? *reinterpret_cast<const uint16_t*>(src + b) : uint16_t(0);
+            }
         }
         uint8_t* xs = st + L::kWBytes;
         for (int i = tid; i < kMmqTokens * 16; i += kMmqThreads) {
