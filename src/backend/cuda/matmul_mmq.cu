@@ -581,22 +581,10 @@ void launch_mmq_as(const char* what, const void* w, int64_t rows, int64_t cols, 
 
 }  // namespace
 
+// Every quantized weight type (the activation types Q8_1 and Q8_K are not weights).
 bool mmq_supported(GgmlType t) {
-    switch (t) {
-        case GgmlType::Q4_0:
-        case GgmlType::Q4_1:
-        case GgmlType::Q5_0:
-        case GgmlType::Q5_1:
-        case GgmlType::Q8_0:
-        case GgmlType::Q2_K:
-        case GgmlType::Q3_K:
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-        case GgmlType::Q6_K:
-            return true;
-        default:
-            return false;
-    }
+    const TypeTraits* tr = type_traits(uint32_t(t));
+    return tr && tr->weight_type && tr->block_elems > 1;
 }
 
 void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
