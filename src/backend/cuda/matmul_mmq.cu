@@ -33,7 +33,6 @@
 // the 8 tokens g of a tile read distinct banks.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/async_copy.cuh"
@@ -57,13 +56,6 @@ constexpr int kXdStride = 80;  // bytes a token in the stage's scales: 8 float2 
 // Bytes a token in the stage's sums of quants a sub-block (K-quants with mins): 16 hi, 16 lo and
 // padding that puts the 8 tokens of a tile in distinct banks.
 constexpr int kQminStride = 48;
-
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(s), "l"(gmem),
-                 "r"(src_bytes)
-                 : "memory");
-}
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
@@ -509,10 +501,10 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
         if (kb + P::kStages - 1 < steps)
             load(int((kb + P::kStages - 1) % P::kStages), kb + P::kStages - 1);
         cp_async_commit();
-        const uint8_t* st = smem + int(kb % P::kStages) * L::kStage;
+        uint8_t* st = smem + int(kb % P::kStages) * L::kStage;
         const int8_t* xs = reinterpret_cast<const int8_t*>(st + L::kWBytes);
         const uint8_t* xds = st + L::kWBytes + L::kXBytes;
-        uint8_t* qmin = const_cast<uint8_t*>(xds) + L::kXdBytes;
+        uint8_t* qmin = st + L::kWBytes + L::kXBytes + L::kXdBytes;
         if constexpr (P::kMinSubs > 0) {
             // Each token's sums of quants a sub-block, as int8 hi (sum >> 6) and lo (sum & 63).
             constexpr int kWords = kStepElems / P::kMinSubs / 4;
