@@ -159,8 +159,8 @@ struct MmaQ4k {
         const double m[2] = {double(h2f(hw0[0] >> 16)), double(h2f(hw1[0] >> 16))};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            acc[i] += double(is[i]) * (d[i >> 1] * dx[i & 1]) -
-                      double(ms[i]) * (m[i >> 1] * dx[i & 1]);
+            acc[i] += i2d(is[i]) * (d[i >> 1] * dx[i & 1]) -
+                      i2d(ms[i]) * (m[i >> 1] * dx[i & 1]);
     }
 };
 
@@ -253,7 +253,7 @@ struct MmaQ6k {
         const double dx[2] = {double(l.xd0[kb * 8].x), double(l.xd1[kb * 8].x)};
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            acc[i] += double(is[i]) * (double(h2f(w.d[i >> 1])) * dx[i & 1]);
+            acc[i] += i2d(is[i]) * (double(h2f(w.d[i >> 1])) * dx[i & 1]);
     }
 };
 
@@ -316,7 +316,7 @@ struct MmaQ80 {
             const double dx[2] = {double(l.xd0[kb].x), double(l.xd1[kb].x)};
 #pragma unroll
             for (int i = 0; i < 4; ++i)
-                acc[i] += double(dot[i]) * (double(d[i >> 1]) * dx[i & 1]);
+                acc[i] += i2d(dot[i]) * (double(d[i >> 1]) * dx[i & 1]);
         }
     }
 };

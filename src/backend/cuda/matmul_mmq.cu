@@ -52,7 +52,6 @@ constexpr int kMmqTiles = 8;                         // token tiles of 8 a warp
 constexpr int kMmqTokens = kMmqTiles * 8;            // 64 tokens a CTA
 constexpr int kMmqThreads = kMmqWarps * 32;
 constexpr int kStepElems = 256;
-constexpr int kXdStride = 80;  // bytes a token in the stage's scales: 8 float2 and 16 of padding
 // Bytes a token in the stage's sums of quants a sub-block (K-quants with mins): 16 hi, 16 lo and
 // padding that puts the 8 tokens of a tile in distinct banks.
 constexpr int kQminStride = 48;
@@ -70,13 +69,10 @@ __device__ __forceinline__ uint32_t lds_u32_a2(const uint8_t* p) {  // p 2-byte 
 // column g is token 8 * tile + g) and the scales of C's columns (tokens 2t4, 2t4 + 1).
 struct MmqTile {
     const int8_t* xr;     // token 8 * tile + g, the step's 256 quants
-    const uint8_t* xd0;   // token 8 * tile + 2t4: the step's 8 float2
-    const uint8_t* xd1;   // token 8 * tile + 2t4 + 1
+    const double* xd0;    // token 8 * tile + 2t4: the step's scales as doubles (P::kXdd)
+    const double* xd1;    // token 8 * tile + 2t4 + 1
     const uint8_t* qmin;  // token 8 * tile + g's sums of quants a sub-block: 16 hi then 16 lo
 };
-__device__ __forceinline__ float2 xd_at(const uint8_t* p, int j) {
-    return reinterpret_cast<const float2*>(p)[j];
-}
 
 // sum over sub-blocks of m * (the token's sum of quants), the K-quants' mins term, on the
 // tensor cores (mma.m16n8k16: k = sub-block, lane t4 holds sub-blocks 4t4..4t4+3): a token's
@@ -93,6 +89,20 @@ __device__ __forceinline__ void mins_mma(const uint32_t (&amin)[2], const MmqTil
     for (int i = 0; i < 4; ++i) ms[i] = 64 * mh[i] + ml[i];
 }
 
+// A K-quant block's term with mins, d dx is - dmin dx ms (rows g, g + 8 by tokens 2t4, 2t4 + 1):
+// is d and ms dmin are exact in a double (at most 27 + 11 and 21 + 11 bits), so their
+// difference rounds once and its product with dx once more, in the fma that adds it.
+__device__ __forceinline__ void k_block_term(const double (&d)[2], const double (&dmin)[2],
+                                             const int (&is)[4], const int (&ms)[4],
+                                             const MmqTile& t, double (&acc)[4]) {
+    const double dx[2] = {t.xd0[0], t.xd1[0]};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const double u = fma(i2d(is[i]), d[i >> 1], -(i2d(ms[i]) * dmin[i >> 1]));
+        acc[i] = fma(u, dx[i & 1], acc[i]);
+    }
+}
+
 // ---- Q4_K and Q5_K: d @0, dmin @2, scales @4, (Q5_K: qh[32] @16,) qs[128] @16 or @48 ---------
 // Elements 64c + l (l < 32) are the low nibbles of qs[32c + l] (sub-block 2c), 64c + 32 + l the
 // high ones (2c + 1); Q5_K's fifth bit of element 64c + l is bit 2c of qh[l], of 64c + 32 + l
@@ -102,20 +112,22 @@ struct MmqQ45k {
     static constexpr GgmlType kType = Q5 ? GgmlType::Q5_K : GgmlType::Q4_K;
     static constexpr int kStepBytes = Q5 ? 176 : 144, kWSlot = kStepBytes, kXStride = 288;
     static constexpr int kMaxOff = 0, kStages = 3, kMinSubs = 8;  // blocks 16-byte aligned
+    static constexpr int kXdIn = 1, kXdd = 1;  // the activations' one scale a block
     struct A {
         uint32_t lo[4][4], hi[4][4];  // sub-blocks 2c (low nibbles) and 2c + 1, rows g, g + 8
         int sc[2][8];
         uint32_t amin[2];  // the mins as m16n8k16's A: lane t4 < 2, mins 4t4..4t4+3
-        float d[2], dmin[2];
+        double d[2], dmin[2];
     };
+    __device__ static void xdd(float2 v, int /*j*/, double* out) { out[0] = double(v.x); }
     __device__ static void prepare(const uint8_t* r0, const uint8_t* r1, int t4, int /*nblk*/,
                                    A& a) {
         const uint8_t* rows[2] = {r0, r1};
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const uint4 h = *reinterpret_cast<const uint4*>(rows[i]);
-            a.d[i] = h2f(h.x & 0xFFFF);
-            a.dmin[i] = h2f(h.x >> 16);
+            a.d[i] = double(h2f(h.x & 0xFFFF));
+            a.dmin[i] = double(h2f(h.x >> 16));
             int m[8];
 #pragma unroll
             for (int j = 0; j < 8; ++j) scale_min_k4_words(j, h.y, h.z, h.w, a.sc[i][j], m[j]);
@@ -165,11 +177,7 @@ struct MmqQ45k {
         }
         int ms[4];
         mins_mma(a.amin, t, t4 < 2, t4, ms);
-        const double dx[2] = {double(xd_at(t.xd0, 0).x), double(xd_at(t.xd1, 0).x)};
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            acc[i] += double(is[i]) * (double(a.d[i >> 1]) * dx[i & 1]) -
-                      double(ms[i]) * (double(a.dmin[i >> 1]) * dx[i & 1]);
+        k_block_term(a.d, a.dmin, is, ms, t, acc);
     }
 };
 
@@ -189,12 +197,14 @@ struct MmqK16 {
     static constexpr int kMaxOff = kQ2 ? 12 : 14;  // Q2_K's blocks are 4-byte aligned
     static constexpr int kWSlot = (kStepBytes + kMaxOff + 15) / 16 * 16, kXStride = 272;
     static constexpr int kStages = 3, kMinSubs = kQ2 ? 16 : 0;
+    static constexpr int kXdIn = 1, kXdd = 1;
     struct A {
         uint32_t q[16][2];  // sub-block k, rows g, g + 8: the quants as int8
         int sc[2][16];
         uint32_t amin[2];  // Q2_K: mins 4t4..4t4+3 as m16n8k16's A
-        float d[2], dmin[2];
+        double d[2], dmin[2];
     };
+    __device__ static void xdd(float2 v, int /*j*/, double* out) { out[0] = double(v.x); }
     __device__ static void prepare(const uint8_t* r0, const uint8_t* r1, int t4, int /*nblk*/,
                                    A& a) {
         const uint8_t* rows[2] = {r0, r1};
@@ -202,8 +212,8 @@ struct MmqK16 {
         for (int i = 0; i < 2; ++i) {
             const uint8_t* b = rows[i];
             if constexpr (kQ2) {
-                a.d[i] = h2f(*reinterpret_cast<const uint16_t*>(b + 80));
-                a.dmin[i] = h2f(*reinterpret_cast<const uint16_t*>(b + 82));
+                a.d[i] = double(h2f(*reinterpret_cast<const uint16_t*>(b + 80)));
+                a.dmin[i] = double(h2f(*reinterpret_cast<const uint16_t*>(b + 82)));
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
                     const uint32_t s = *reinterpret_cast<const uint32_t*>(b + 4 * w);
@@ -222,7 +232,7 @@ struct MmqK16 {
                             a.q[8 * n + 2 * j + s][i] = (q >> (2 * j)) & 0x03030303u;
                     }
             } else if constexpr (kQ3) {
-                a.d[i] = h2f(*reinterpret_cast<const uint16_t*>(b + 108));
+                a.d[i] = double(h2f(*reinterpret_cast<const uint16_t*>(b + 108)));
                 const uint32_t v0 = lds_u32_a2(b + 96), v1 = lds_u32_a2(b + 100),
                                v2 = lds_u32_a2(b + 104);
 #pragma unroll
@@ -242,7 +252,7 @@ struct MmqK16 {
                     }
                 }
             } else {
-                a.d[i] = h2f(*reinterpret_cast<const uint16_t*>(b + 208));
+                a.d[i] = double(h2f(*reinterpret_cast<const uint16_t*>(b + 208)));
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
                     const uint32_t s = lds_u32_a2(b + 192 + 4 * w);
@@ -285,18 +295,15 @@ struct MmqK16 {
 #pragma unroll
             for (int i = 0; i < 4; ++i) is[i] += a.sc[i >> 1][k] * dot[i];
         }
-        const double dx[2] = {double(xd_at(t.xd0, 0).x), double(xd_at(t.xd1, 0).x)};
         if constexpr (kQ2) {
             int ms[4];
             mins_mma(a.amin, t, true, t4, ms);
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                acc[i] += double(is[i]) * (double(a.d[i >> 1]) * dx[i & 1]) -
-                          double(ms[i]) * (double(a.dmin[i >> 1]) * dx[i & 1]);
+            k_block_term(a.d, a.dmin, is, ms, t, acc);
         } else {
+            // is * d is exact (at most 26 + 11 bits); one rounding in the fma.
+            const double dx[2] = {t.xd0[0], t.xd1[0]};
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-                acc[i] += double(is[i]) * (double(a.d[i >> 1]) * dx[i & 1]);
+            for (int i = 0; i < 4; ++i) acc[i] = fma(i2d(is[i]) * a.d[i >> 1], dx[i & 1], acc[i]);
         }
     }
 };
@@ -306,10 +313,12 @@ struct MmqQ80 {
     static constexpr GgmlType kType = GgmlType::Q8_0;
     static constexpr int kStepBytes = 8 * 34, kWSlot = 288, kXStride = 288;
     static constexpr int kMaxOff = 14, kStages = 2, kMinSubs = 0;  // 3 stages: one CTA an SM
+    static constexpr int kXdIn = 8, kXdd = 8;
     struct A {
         uint32_t q[8][4];  // block u: rows g, g + 8, quants 8t4..8t4+3 and 8t4+4..8t4+7
-        float d[8][2];
+        double d[8][2];
     };
+    __device__ static void xdd(float2 v, int j, double* out) { out[j] = double(v.x); }
     __device__ static void prepare(const uint8_t* r0, const uint8_t* r1, int t4, int nblk, A& a) {
         const uint8_t* rows[2] = {r0, r1};
 #pragma unroll
@@ -318,7 +327,7 @@ struct MmqQ80 {
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const uint8_t* b = rows[i] + 34 * u;
-                a.d[u][i] = h2f(*reinterpret_cast<const uint16_t*>(b));
+                a.d[u][i] = double(h2f(*reinterpret_cast<const uint16_t*>(b)));
                 a.q[u][i] = lds_u32_a2(b + 2 + 8 * t4);
                 a.q[u][2 + i] = lds_u32_a2(b + 6 + 8 * t4);
             }
@@ -331,10 +340,11 @@ struct MmqQ80 {
             const uint2 xv = *reinterpret_cast<const uint2*>(t.xr + 32 * u + 8 * t4);
             int dot[4];
             mma_s8_16832(dot, a.q[u][0], a.q[u][1], a.q[u][2], a.q[u][3], xv.x, xv.y);
-            const double dx[2] = {double(xd_at(t.xd0, u).x), double(xd_at(t.xd1, u).x)};
+            // dot * d is exact (at most 19 + 11 bits): one rounding, in the fma.
+            const double dx[2] = {t.xd0[u], t.xd1[u]};
 #pragma unroll
             for (int i = 0; i < 4; ++i)
-                acc[i] += double(dot[i]) * (double(a.d[u][i >> 1]) * dx[i & 1]);
+                acc[i] = fma(i2d(dot[i]) * a.d[u][i >> 1], dx[i & 1], acc[i]);
         }
     }
 };
@@ -354,15 +364,21 @@ struct MmqLegacy4 {
                                        : T == GgmlType::Q4_1 ? 20
                                        : T == GgmlType::Q5_0 ? 22
                                                              : 24;
-    static constexpr int kQh = kMin ? 4 : 2, kQs = 2 + (kMin ? 2 : 0) + (kQ5 ? 4 : 0);
+    static constexpr int kQs = 2 + (kMin ? 2 : 0) + (kQ5 ? 4 : 0);  // qh (Q5) right after d (and m)
     static constexpr int kStepBytes = 8 * kBlockBytes;
     static constexpr int kMaxOff = kBlockBytes % 8 == 0 ? 8 : kBlockBytes % 4 == 0 ? 12 : 14;
     static constexpr int kWSlot = (kStepBytes + kMaxOff + 15) / 16 * 16, kXStride = 272;
     static constexpr int kStages = 3, kMinSubs = 0;
+    // A block's activation scales as doubles: dx and (with a min) s, or (with an offset) -off * s.
+    static constexpr int kXdIn = 8, kXdd = 16;
     struct A {
         uint32_t lo[8][2], hi[8][2];  // block u, rows g, g + 8: elements 4t4.. and 16 + 4t4..
-        float d[8][2], m[8][2];
+        double d[8][2], m[8][2];
     };
+    __device__ static void xdd(float2 v, int j, double* out) {
+        out[2 * j] = double(v.x);
+        out[2 * j + 1] = kMin ? double(v.y) : -(kQ5 ? 16.0 : 8.0) * double(v.y);
+    }
     __device__ static void prepare(const uint8_t* r0, const uint8_t* r1, int t4, int nblk, A& a) {
         const uint8_t* rows[2] = {r0, r1};
 #pragma unroll
@@ -371,13 +387,13 @@ struct MmqLegacy4 {
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const uint8_t* b = rows[i] + kBlockBytes * u;
-                a.d[u][i] = h2f(*reinterpret_cast<const uint16_t*>(b));
-                a.m[u][i] = kMin ? h2f(*reinterpret_cast<const uint16_t*>(b + 2)) : 0.f;
+                a.d[u][i] = double(h2f(*reinterpret_cast<const uint16_t*>(b)));
+                a.m[u][i] = kMin ? double(h2f(*reinterpret_cast<const uint16_t*>(b + 2))) : 0.0;
                 const uint32_t q = lds_u32_a2(b + kQs + 4 * t4);
                 a.lo[u][i] = q & 0x0F0F0F0Fu;
                 a.hi[u][i] = (q >> 4) & 0x0F0F0F0Fu;
                 if constexpr (kQ5) {
-                    const uint32_t qh = lds_u32_a2(b + kQh);
+                    const uint32_t qh = lds_u32_a2(b + (kMin ? 4 : 2));
                     a.lo[u][i] |= spread4_to_bit4((qh >> (4 * t4)) & 0xF);
                     a.hi[u][i] |= spread4_to_bit4((qh >> (16 + 4 * t4)) & 0xF);
                 }
@@ -392,30 +408,38 @@ struct MmqLegacy4 {
             const uint32_t b1 = *reinterpret_cast<const uint32_t*>(t.xr + 32 * u + 16 + 4 * t4);
             int s[4];
             mma_s8_16832(s, a.lo[u][0], a.lo[u][1], a.hi[u][0], a.hi[u][1], b0, b1);
-            const float2 x[2] = {xd_at(t.xd0, u), xd_at(t.xd1, u)};
+            // d s and m xs (with a min) are exact, as are dx s and off xs (without): each
+            // fma rounds once.
+            const double2 x[2] = {reinterpret_cast<const double2*>(t.xd0)[u],
+                                  reinterpret_cast<const double2*>(t.xd1)[u]};
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const double d = double(a.d[u][i >> 1]);
-                const float2 xi = x[i & 1];
+                const double d = a.d[u][i >> 1];
+                const double2 xi = x[i & 1];
                 if constexpr (kMin)
-                    acc[i] += double(s[i]) * (d * double(xi.x)) +
-                              double(a.m[u][i >> 1]) * double(xi.y);
+                    acc[i] = fma(i2d(s[i]) * d, xi.x, fma(a.m[u][i >> 1], xi.y, acc[i]));
                 else
-                    acc[i] += d * (double(xi.x) * double(s[i]) -
-                                   (kQ5 ? 16.0 : 8.0) * double(xi.y));
+                    acc[i] = fma(d, fma(xi.x, i2d(s[i]), xi.y), acc[i]);
             }
         }
     }
 };
 
+// Shared memory: P::kStages stages of the weights, the activations' quants and their scales as
+// copied (float2), then the current step's scales as doubles and (K-quants with mins) its sums
+// of quants, both written from the stage once a step (one buffer: they are rewritten only after
+// the next step's barrier, when every warp is done with them).
 template <class P>
 struct MmqLayout {
     static constexpr int kWBytes = kMmqRows * P::kWSlot;
     static constexpr int kXBytes = kMmqTokens * P::kXStride;
-    static constexpr int kXdBytes = kMmqTokens * kXdStride;
+    static constexpr int kXdBytes = kMmqTokens * P::kXdIn * 8;
+    static constexpr int kStage = kWBytes + kXBytes + kXdBytes;
+    // Doubles a token: 16 bytes of padding puts the 4 token pairs of a warp in distinct banks.
+    static constexpr int kXddStride = P::kXdd == 1 ? 8 : P::kXdd * 8 + 16;
+    static constexpr int kXddBytes = kMmqTokens * kXddStride;
     static constexpr int kMinBytes = P::kMinSubs ? kMmqTokens * kQminStride : 0;
-    static constexpr int kStage = kWBytes + kXBytes + kXdBytes + kMinBytes;
-    static constexpr int kBytes = P::kStages * kStage;
+    static constexpr int kBytes = P::kStages * kStage + kXddBytes + kMinBytes;
     static_assert(kWBytes % 16 == 0 && kXBytes % 16 == 0 && kXdBytes % 16 == 0);
     // A row's step starts up to kMaxOff bytes above its 16-byte floor.
     static_assert(P::kWSlot % 16 == 0 && P::kWSlot >= P::kStepBytes + P::kMaxOff);
@@ -475,13 +499,12 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
                        bytes > 0 ? xq + int64_t(tok) * cols + col : xq, bytes);
         }
         uint8_t* xds = xs + L::kXBytes;
-        for (int i = tid; i < kMmqTokens * 8; i += kMmqThreads) {
-            const int tk = i >> 3, j = i & 7;
+        for (int i = tid; i < kMmqTokens * P::kXdIn; i += kMmqThreads) {
+            const int tk = i / P::kXdIn, j = i % P::kXdIn;
             const int tok = (tok0 + tk < n ? tok0 + tk : n - 1);
             const int64_t b = kb * 8 + j;
             const bool in = b < xd_row;
-            cp_async8(xds + tk * kXdStride + 8 * j, in ? xd + int64_t(tok) * xd_row + b : xd,
-                      in ? 8 : 0);
+            cp_async8(xds + 8 * i, in ? xd + int64_t(tok) * xd_row + b : xd, in ? 8 : 0);
         }
     };
 
@@ -503,8 +526,14 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
         cp_async_commit();
         uint8_t* st = smem + int(kb % P::kStages) * L::kStage;
         const int8_t* xs = reinterpret_cast<const int8_t*>(st + L::kWBytes);
-        const uint8_t* xds = st + L::kWBytes + L::kXBytes;
-        uint8_t* qmin = st + L::kWBytes + L::kXBytes + L::kXdBytes;
+        const float2* xds = reinterpret_cast<const float2*>(st + L::kWBytes + L::kXBytes);
+        uint8_t* xdd = smem + P::kStages * L::kStage;
+        uint8_t* qmin = xdd + L::kXddBytes;
+        // The step's activation scales as doubles, converted once here rather than by every
+        // warp for every tile.
+        for (int i = tid; i < kMmqTokens * P::kXdIn; i += kMmqThreads)
+            P::xdd(xds[i], i % P::kXdIn,
+                   reinterpret_cast<double*>(xdd + (i / P::kXdIn) * L::kXddStride));
         if constexpr (P::kMinSubs > 0) {
             // Each token's sums of quants a sub-block, as int8 hi (sum >> 6) and lo (sum & 63).
             constexpr int kWords = kStepElems / P::kMinSubs / 4;
@@ -518,8 +547,8 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
                 qmin[tk * kQminStride + j] = uint8_t(int8_t(s >> 6));
                 qmin[tk * kQminStride + 16 + j] = uint8_t(s & 63);
             }
-            __syncthreads();
         }
+        __syncthreads();
         const int nblk = int(min64(8, (cols - kb * kStepElems) / 32));  // legacy blocks here
         typename P::A a;
         {
@@ -534,8 +563,8 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
         for (int t = 0; t < kMmqTiles; ++t) {
             MmqTile tl;
             tl.xr = xs + (8 * t + g) * P::kXStride;
-            tl.xd0 = xds + (8 * t + 2 * t4) * kXdStride;
-            tl.xd1 = tl.xd0 + kXdStride;
+            tl.xd0 = reinterpret_cast<const double*>(xdd + (8 * t + 2 * t4) * L::kXddStride);
+            tl.xd1 = reinterpret_cast<const double*>(xdd + (8 * t + 2 * t4 + 1) * L::kXddStride);
             tl.qmin = qmin + (8 * t + g) * kQminStride;
             P::tile(a, tl, t4, nblk, acc[t]);
         }

@@ -49,6 +49,18 @@ NT_HD float h2f(uint32_t h) {
 #endif
 }
 
+// double(v), exactly. On the GPU by one DADD on the FP64 pipe: the low word of 2^52 + 2^31 + v
+// is v's bits with the sign bit flipped, so subtracting 2^52 + 2^31 leaves v. A plain int ->
+// double conversion goes through the conversion unit, a quarter of the FP64 pipe's rate on
+// sm_80 and sm_90, and the blocks' terms convert an integer sum or two each.
+NT_HD double i2d(int v) {
+#ifdef __CUDA_ARCH__
+    return __hiloint2double(0x43300000, int(uint32_t(v) ^ 0x80000000u)) - 4503601774854144.0;
+#else
+    return double(v);
+#endif
+}
+
 NT_HD uint32_t ld_u16(const uint8_t* p) {  // p 2-byte aligned
 #ifdef __CUDA_ARCH__
     return *reinterpret_cast<const uint16_t*>(p);
@@ -274,7 +286,7 @@ struct Quant<GgmlType::Q4_0> {
             s = dp4a(w.q[i] & 0x0F0F0F0Fu, x.lo[i], s);
             s = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.hi[i], s);
         }
-        return double(w.d) * (double(x.d.x) * double(s) - 8.0 * double(x.d.y));
+        return double(w.d) * (double(x.d.x) * i2d(s) - 8.0 * double(x.d.y));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
@@ -309,7 +321,7 @@ struct Quant<GgmlType::Q4_1> {
             s = dp4a(w.q[i] & 0x0F0F0F0Fu, x.lo[i], s);
             s = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.hi[i], s);
         }
-        return double(s) * (double(w.d) * double(x.d.x)) + double(w.m) * double(x.d.y);
+        return i2d(s) * (double(w.d) * double(x.d.x)) + double(w.m) * double(x.d.y);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
@@ -349,7 +361,7 @@ struct Quant<GgmlType::Q5_0> {
             s = dp4a(w.lo[i], x.lo[i], s);
             s = dp4a(w.hi[i], x.hi[i], s);
         }
-        return double(w.d) * (double(x.d.x) * double(s) - 16.0 * double(x.d.y));
+        return double(w.d) * (double(x.d.x) * i2d(s) - 16.0 * double(x.d.y));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
@@ -393,7 +405,7 @@ struct Quant<GgmlType::Q5_1> {
             s = dp4a(w.lo[i], x.lo[i], s);
             s = dp4a(w.hi[i], x.hi[i], s);
         }
-        return double(s) * (double(w.d) * double(x.d.x)) + double(w.m) * double(x.d.y);
+        return i2d(s) * (double(w.d) * double(x.d.x)) + double(w.m) * double(x.d.y);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b)), m = h2f(ld_u16(b + 2));
@@ -447,7 +459,7 @@ struct Quant<GgmlType::Q8_0> {
     NT_HD static double dot(const W& w, const X& x) {
         int s = 0;
         for (int i = 0; i < 4; ++i) s = dp4a(w.q[i], x.q[i], s);
-        return double(s) * (double(w.d) * double(x.d));
+        return i2d(s) * (double(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const float d = h2f(ld_u16(b));
@@ -510,7 +522,7 @@ struct Quant<GgmlType::Q2_K> {
             msum += x.s[j] * (sc >> 4);
         }
         const double dx = double(x.d);
-        return double(isum) * (double(w.d) * dx) - double(msum) * (double(w.dmin) * dx);
+        return i2d(isum) * (double(w.d) * dx) - i2d(msum) * (double(w.dmin) * dx);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
@@ -559,7 +571,7 @@ struct Quant<GgmlType::Q3_K> {
             }
             isum += sq * w.sc[j];
         }
-        return double(isum) * (double(w.d) * double(x.d));
+        return i2d(isum) * (double(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, j = (e0 >> 5) & 3, s = (e0 >> 4) & 1, l0 = e0 & 15;
@@ -588,7 +600,7 @@ NT_HD double k_quant_share(const W& w, const X& x, int sa, int sb) {
     const int isum = sa * int(w.sm & 63) + sb * int((w.sm >> 8) & 63);
     const int msum = x.sa * int((w.sm >> 16) & 63) + x.sb * int(w.sm >> 24);
     const double dx = double(x.da.x);
-    return double(isum) * (double(w.d) * dx) - double(msum) * (double(w.dmin) * dx);
+    return i2d(isum) * (double(w.d) * dx) - i2d(msum) * (double(w.dmin) * dx);
 }
 
 template <>
@@ -809,7 +821,7 @@ struct Quant<GgmlType::Q6_K> {
             }
             isum += (sq - 32 * x.s[t]) * w.sc[t];
         }
-        return double(isum) * (double(w.d) * double(x.d));
+        return i2d(isum) * (double(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, t = (e0 >> 5) & 3, l0 = e0 & 31;
