@@ -14,9 +14,10 @@ declare -A result
 "$build/tests/nt_gpu_tests" --gtest_brief=1; result[kernels]=$?
 # The prompt path with the CPU's arithmetic (integer GEMM, prompt rows as decode rows).
 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-  --gtest_filter='Matmul*:CudaBackend*:CudaAttention*'; result[exact-prompt]=$?
+  --gtest_filter='*Matmul*:CudaBackend*:CudaKernels*'; result[exact-prompt]=$?
 "$build/tests/nt_unit_tests" --gtest_brief=1; result[unit]=$?
 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model]=$?
+NT_EXACT_PROMPT=1 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model-exact]=$?
 "$build/ntransformer" bench -m "$model" --device cuda; result[bench]=$?
 echo "== summary"
 fail=0

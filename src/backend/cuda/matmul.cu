@@ -217,7 +217,8 @@ int gemv_chunked_max_batch() {
 }  // namespace
 
 bool prompt_exact() {
-    // Opt-in until the integer GEMM has run on a GPU (it was written without one).
+    // Opt-in: bit-identical to the CPU on an H100, but 8B pp512 runs at 8.9k tok/s against the
+    // FP16 paths' 21.5k; the default once it reaches the 12000 target.
     static const bool on = env_int("NT_EXACT_PROMPT", 0) != 0;
     return on;
 }

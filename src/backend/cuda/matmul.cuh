@@ -7,9 +7,9 @@
 //    (d, d*sum(q)); F32/F16/BF16 weights meet the float activations. Every
 //    weight byte is read once for all n rows. Asynchronous, no allocation, no host sync: safe
 //    to capture in a CUDA graph.
-//  - n > kGemvMaxBatch (prompt), Q4_K, Q6_K, Q8_0 and Q4_1 weights: the integer tensor-core
-//    GEMM (matmul_mmq.cu), the same activations and exact integer sums as the GEMV, so a
-//    prompt's outputs are the CPU's bits too (prompt_exact(): NT_EXACT_PROMPT=1).
+//  - n > kGemvMaxBatch (prompt), quantized weights, with prompt_exact() (NT_EXACT_PROMPT=1):
+//    the integer tensor-core GEMM (matmul_mmq.cu), the same activations and exact integer sums
+//    as the GEMV, so a prompt's outputs are the CPU's bits too.
 //  - n > kGemvMaxBatch otherwise (float weights, and by default): the weight is
 //    dequantized to FP16 into the workspace (in row slices when it does not fit whole), x is
 //    converted to FP16, and cuBLAS multiplies on the tensor cores with FP32 accumulation. F16 and BF16 weights are used in place (x converted
@@ -34,7 +34,8 @@ constexpr int kGemvMaxBatch = 8;
 // Whether a prompt (a batch above kGemvMaxBatch) runs with the CPU's arithmetic: the integer
 // GEMM for the types that have it, and each prompt row's attention as a decode row (the
 // chunked order the CPU sums in) instead of the FP16 flash-attention kernel. NT_EXACT_PROMPT=1
-// turns it on; the default is the FP16 paths (within FP16 rounding of the CPU).
+// turns it on; the default is the FP16 paths (within FP16 rounding of the CPU), which run 8B
+// prompts 2.4x faster for now (docs/BENCHMARKS.md).
 bool prompt_exact();
 
 // Whether matmul() multiplies a batch of n rows of type t on the GEMV path (int8 activations,

@@ -8,8 +8,9 @@
 // top-1 agreement with the CPU over a 512-token prompt stayed at 95-97.7% for SmolLM2 and the
 // K-quants, where the decode path agrees 100%. Here the weights stay quantized and meet the
 // activations quantized as the CPU quantizes them (quantize_q8), the integer sums are exact
-// (mma.sync s8 x s8 -> s32), the scales multiply them in double as Quant<T>::dot does, and each
-// output rounds to float once.
+// (mma.sync s8 x s8 -> s32), the scales multiply them in double, and each output rounds to
+// float once: bit-identical to the CPU for SmolLM2 and every quantized type over a 512-token
+// prompt (docs/BENCHMARKS.md, "Prompt processing with the CPU's arithmetic").
 //
 // Shape. A CTA takes 64 weight rows by 64 activation rows (tokens): 4 warps of 16 weight rows,
 // each multiplying its rows by all 64 tokens as 8 tiles of m16n8. A step is 256 elements of
@@ -21,12 +22,15 @@
 //   Q4_K  mma.m16n8k32 per 32-element sub-block, sum(sc * dot) in int32 over the block; the
 //         mins' sum(m * sum qx) by two mma.m16n8k16 on the tensor cores (the 8 mins of a row
 //         against each token's 8 sub-block sums, split as 64 * hi + lo to fit int8, in shared
-//         memory); d * dx * is - dmin * dx * ms in double once a block;
-//   Q6_K  mma.m16n8k16 per 16-element sub-block on q - 32, sum(sc * dot) in int32; d * dx * is;
-//   Q8_0  mma.m16n8k32 per block, d * dx * dot in double;
-//   Q4_1  mma.m16n8k32 per block, d * dx * dot + m * s (the Q8_1 activations' s) in double.
-// These are exactly the GEMV's terms (matmul_gemv_mma.cuh for the first three), in another
-// order of double sums: the same floats but for ties.
+//         memory); dx * (is * d - ms * dmin) in double once a block;
+//   Q6_K  mma.m16n8k16 per 16-element sub-block on q - 32, sum(sc * dot) in int32; dx * (is * d);
+//   Q8_0  mma.m16n8k32 per block, dx * (dot * d) in double;
+//   Q4_1  mma.m16n8k32 per block, dx * (dot * d) + m * s (the Q8_1 activations' s) in double.
+// These are the GEMV's terms (matmul_gemv_mma.cuh for the first three) with other roundings of
+// the same double products (each integer-times-scale product here is exact, each fma rounds
+// once) and another order of double sums: the same floats but for ties. The activations'
+// scales are converted to double once a step in shared memory and the integer sums by i2d
+// (matmul_quant.cuh), both off the conversion unit, which every tile would otherwise wait on.
 //
 // Fragments as in matmul_gemv_mma.cuh: lane = 4g + t4; C c0, c1 at (row g, tokens 2t4, 2t4 + 1),
 // c2, c3 at row g + 8. Activation rows in shared memory are padded (288 or 272 bytes) so that
