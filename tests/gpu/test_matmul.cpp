@@ -607,6 +607,44 @@ TEST(MatmulParity, GemvEqualsCpuVecDot) {
     cudaStreamDestroy(stream);
 }
 
+// The integer GEMM's two CTA shapes (8 token tiles a warp, 64 tokens a CTA; 4 tiles, 32 tokens,
+// three CTAs an SM: NT_MMQ_TILES=4) give the same bits for every quantized type, partial token
+// tiles and SmolLM2's 576 columns included; the 8-tile shape is held to the CPU's vec_dot above.
+TEST(MatmulParity, MmqTileShapesAgree) {
+    SKIP_WITHOUT_GPU();
+    cudaStream_t stream;
+    ck(cudaStreamCreate(&stream));
+    for (GgmlType t :
+         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+          GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+        std::vector<std::pair<int64_t, int64_t>> shapes = {{67, 4096}};
+        if (nt::traits(t).block_elems == 32) shapes.push_back({130, 576});
+        for (auto [rows, cols] : shapes) {
+            const std::vector<uint8_t> w = random_weights(t, rows, cols, 900 + uint64_t(t) + cols);
+            Dev<uint8_t> dw(w);
+            for (int n : {9, 40, 600}) {
+                Rng rng(700 + uint64_t(n));
+                std::vector<float> x(size_t(n) * cols);
+                for (auto& v : x) v = rng.normal();
+                Dev<float> dx(x), y8(size_t(n) * rows), y4(size_t(n) * rows);
+                Dev<int8_t> xq(size_t(n) * cols);
+                Dev<float2> xd(size_t(n) * cols / 32);
+                ncu::detail::quantize_q8(dx.p, n, cols, ncu::detail::act_quant(t), xq.p, xd.p,
+                                         stream);
+                ncu::detail::gemm_mmq(t, dw.p, rows, cols, xq.p, xd.p, n, y8.p, stream, 8);
+                ncu::detail::gemm_mmq(t, dw.p, rows, cols, xq.p, xd.p, n, y4.p, stream, 4);
+                ck(cudaStreamSynchronize(stream));
+                const auto a = y8.get(), b = y4.get();
+                for (size_t e = 0; e < a.size(); ++e)
+                    ASSERT_EQ(0, std::memcmp(&a[e], &b[e], sizeof(float)))
+                        << nt::type_name(t) << " " << rows << "x" << cols << " n=" << n
+                        << " output " << e << ": 8 tiles " << a[e] << ", 4 tiles " << b[e];
+            }
+        }
+    }
+    cudaStreamDestroy(stream);
+}
+
 // Activations quantized once serve the next matmul on the same x (x_unchanged), and only when
 // x, batch, columns and activation type all match. The test overwrites x between the two calls
 // (breaking the promise on purpose): a reused quantization still gives the result on the old x,

@@ -53,8 +53,9 @@ void convert_to_bf16(const float* x, int64_t count, __nv_bfloat16* out, cudaStre
 // integer sums scaled in double, the CPU's (and the GEMV's) arithmetic.
 bool mmq_supported(GgmlType t);
 // y [n][rows] from W (rows x cols, 16-byte aligned) and x quantized by quantize_q8 for t.
+// tiles: token tiles of 8 a warp, 8 or 4 (0: NT_MMQ_TILES, default 8); the same bits either way.
 void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-              const float2* xd, int n, float* y, cudaStream_t stream);
+              const float2* xd, int n, float* y, cudaStream_t stream, int tiles = 0);
 
 // ---- GEMV, n <= 8 --------------------------------------------------------------------------
 

@@ -13,7 +13,8 @@
 // prompt (docs/BENCHMARKS.md, "Prompt processing with the CPU's arithmetic").
 //
 // Shape. A CTA takes 64 weight rows by 64 activation rows (tokens): 4 warps of 16 weight rows,
-// each multiplying its rows by all 64 tokens as 8 tiles of m16n8. A step is 256 elements of
+// each multiplying its rows by all 64 tokens as 8 tiles of m16n8 (or by 32 tokens as 4 tiles:
+// mmq_tiles()). A step is 256 elements of
 // the row (one K-quant block, or 8 legacy blocks); its weights, its int8 activations and their
 // scales go through shared memory by cp.async, 3 steps in flight. Each warp prepares its A
 // fragments and scales once a step and reuses them for the 8 token tiles, so the weight-side
@@ -45,6 +46,7 @@
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "core/error.h"
+#include "core/env.h"
 
 namespace nt::cuda::detail {
 
@@ -52,8 +54,14 @@ namespace {
 
 constexpr int kMmqWarps = 4;
 constexpr int kMmqRows = kMmqWarps * kMmaTileRows;  // 64 weight rows a CTA
-constexpr int kMmqTiles = 8;                         // token tiles of 8 a warp
-constexpr int kMmqTokens = kMmqTiles * 8;            // 64 tokens a CTA
+// Token tiles of 8 a warp, 8 by default (64 tokens a CTA, two CTAs an SM: the double
+// accumulators of 8 tiles take 64 of about 210 registers). NT_MMQ_TILES=4 gives 32 tokens a
+// CTA and three CTAs an SM (165 registers for Q4_K): more warps to hide latency, the weights'
+// unpacking shared by half as many tokens. An A/B knob; not yet timed on a GPU.
+int mmq_tiles() {
+    static const int t = env_int("NT_MMQ_TILES", 8) == 4 ? 4 : 8;
+    return t;
+}
 constexpr int kMmqThreads = kMmqWarps * 32;
 constexpr int kStepElems = 256;
 // Bytes a token in the stage's sums of quants a sub-block (K-quants with mins): 16 hi, 16 lo and
@@ -117,6 +125,7 @@ struct MmqQ45k {
     static constexpr int kStepBytes = Q5 ? 176 : 144, kWSlot = kStepBytes, kXStride = 288;
     static constexpr int kMaxOff = 0, kStages = 3, kMinSubs = 8;  // blocks 16-byte aligned
     static constexpr int kXdIn = 1, kXdd = 1;  // the activations' one scale a block
+    static constexpr bool kThreeCtas = true;   // at 4 tiles, 168 registers without spilling
     struct A {
         uint32_t lo[4][4], hi[4][4];  // sub-blocks 2c (low nibbles) and 2c + 1, rows g, g + 8
         int sc[2][8];
@@ -202,6 +211,7 @@ struct MmqK16 {
     static constexpr int kWSlot = (kStepBytes + kMaxOff + 15) / 16 * 16, kXStride = 272;
     static constexpr int kStages = 3, kMinSubs = kQ2 ? 16 : 0;
     static constexpr int kXdIn = 1, kXdd = 1;
+    static constexpr bool kThreeCtas = kQ2;  // Q3_K and Q6_K spill at 168 registers
     struct A {
         uint32_t q[16][2];  // sub-block k, rows g, g + 8: the quants as int8
         int sc[2][16];
@@ -318,6 +328,7 @@ struct MmqQ80 {
     static constexpr int kStepBytes = 8 * 34, kWSlot = 288, kXStride = 288;
     static constexpr int kMaxOff = 14, kStages = 2, kMinSubs = 0;  // 3 stages: one CTA an SM
     static constexpr int kXdIn = 8, kXdd = 8;
+    static constexpr bool kThreeCtas = true;
     struct A {
         uint32_t q[8][4];  // block u: rows g, g + 8, quants 8t4..8t4+3 and 8t4+4..8t4+7
         double d[8][2];
@@ -375,6 +386,7 @@ struct MmqLegacy4 {
     static constexpr int kStages = 3, kMinSubs = 0;
     // A block's activation scales as doubles: dx and (with a min) s, or (with an offset) -off * s.
     static constexpr int kXdIn = 8, kXdd = 16;
+    static constexpr bool kThreeCtas = !kMin;  // the mins' doubles spill at 168 registers
     struct A {
         uint32_t lo[8][2], hi[8][2];  // block u, rows g, g + 8: elements 4t4.. and 16 + 4t4..
         double d[8][2], m[8][2];
@@ -433,8 +445,9 @@ struct MmqLegacy4 {
 // copied (float2), then the current step's scales as doubles and (K-quants with mins) its sums
 // of quants, both written from the stage once a step (one buffer: they are rewritten only after
 // the next step's barrier, when every warp is done with them).
-template <class P>
+template <class P, int kTiles>
 struct MmqLayout {
+    static constexpr int kMmqTokens = 8 * kTiles;
     static constexpr int kWBytes = kMmqRows * P::kWSlot;
     static constexpr int kXBytes = kMmqTokens * P::kXStride;
     static constexpr int kXdBytes = kMmqTokens * P::kXdIn * 8;
@@ -451,12 +464,13 @@ struct MmqLayout {
 
 // blockIdx.x: token tile (the fastest, so CTAs that share weight rows run together and the
 // weights come from L2 after the first), blockIdx.y: row tile.
-template <class P>
-__global__ void __launch_bounds__(kMmqThreads, 2)
+template <class P, int kMmqTiles>
+__global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ? 3 : 2)
     gemm_mmq(const uint8_t* __restrict__ w, int64_t rows, int64_t cols, int64_t row_bytes,
              const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
              float* __restrict__ y) {
-    using L = MmqLayout<P>;
+    using L = MmqLayout<P, kMmqTiles>;
+    constexpr int kMmqTokens = L::kMmqTokens;
     extern __shared__ __align__(16) uint8_t smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t row0 = int64_t(blockIdx.y) * kMmqRows;
@@ -584,24 +598,33 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
         }
 }
 
-template <class P>
-void launch_mmq_as(const char* what, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-                   const float2* xd, int n, float* y, cudaStream_t stream) {
-    using L = MmqLayout<P>;
+template <class P, int kTiles>
+void launch_mmq_tiles(const char* what, const void* w, int64_t rows, int64_t cols,
+                      const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t stream) {
+    using L = MmqLayout<P, kTiles>;
     static const bool ready = [] {
-        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_mmq<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           L::kBytes),
+        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_mmq<P, kTiles>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
                       "cudaFuncSetAttribute (mmq shared memory)");
         return true;
     }();
     (void)ready;
     const int64_t row_tiles = (rows + kMmqRows - 1) / kMmqRows;
     if (row_tiles > 65535) nt::fail("%s: %lld rows (at most %d).", what, (long long)rows, 65535 * kMmqRows);
-    const dim3 grid(unsigned((n + kMmqTokens - 1) / kMmqTokens), unsigned(row_tiles));
-    gemm_mmq<P><<<grid, kMmqThreads, L::kBytes, stream>>>(
+    const dim3 grid(unsigned((n + L::kMmqTokens - 1) / L::kMmqTokens), unsigned(row_tiles));
+    gemm_mmq<P, kTiles><<<grid, kMmqThreads, L::kBytes, stream>>>(
         static_cast<const uint8_t*>(w), rows, cols, int64_t(row_bytes(P::kType, cols)), xq, xd, n,
         y);
     NT_CUDA_CHECK(cudaGetLastError(), what);
+}
+
+template <class P>
+void launch_mmq_as(const char* what, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+                   const float2* xd, int n, float* y, cudaStream_t stream, int tiles) {
+    if ((tiles ? tiles : mmq_tiles()) == 4)
+        launch_mmq_tiles<P, 4>(what, w, rows, cols, xq, xd, n, y, stream);
+    else
+        launch_mmq_tiles<P, 8>(what, w, rows, cols, xq, xd, n, y, stream);
 }
 
 }  // namespace
@@ -613,12 +636,13 @@ bool mmq_supported(GgmlType t) {
 }
 
 void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-              const float2* xd, int n, float* y, cudaStream_t stream) {
+              const float2* xd, int n, float* y, cudaStream_t stream, int tiles) {
     if (n <= 0 || rows <= 0) return;
     switch (t) {
 #define NT_MMQ_CASE(T, P)                                                                    \
     case GgmlType::T:                                                                          \
-        return launch_mmq_as<P>("gemm (" #T ", mmq)", w, rows, cols, xq, xd, n, y, stream);
+        return launch_mmq_as<P>("gemm (" #T ", mmq)", w, rows, cols, xq, xd, n, y, stream, \
+                                tiles);
         NT_MMQ_CASE(Q4_0, MmqLegacy4<GgmlType::Q4_0>)
         NT_MMQ_CASE(Q4_1, MmqLegacy4<GgmlType::Q4_1>)
         NT_MMQ_CASE(Q5_0, MmqLegacy4<GgmlType::Q5_0>)
