@@ -185,6 +185,17 @@ std::vector<float> rounded(std::vector<float> v, GgmlType through) {
     return v;
 }
 
+// Every quantized weight type, and the parity tests' shapes for one: a Llama-sized row and (for
+// 32-element blocks) SmolLM2's 576 columns, not a multiple of the GEMM's 256-element step.
+const GgmlType kQuantTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                                GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+                                GgmlType::Q5_K, GgmlType::Q6_K};
+std::vector<std::pair<int64_t, int64_t>> parity_shapes(GgmlType t) {
+    std::vector<std::pair<int64_t, int64_t>> shapes = {{67, 4096}};
+    if (nt::traits(t).block_elems == 32) shapes.push_back({130, 576});
+    return shapes;
+}
+
 template <class T>
 struct Dev {
     T* p = nullptr;
@@ -348,9 +359,7 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
     using ncu::detail::GemvKernel;
     cudaStream_t stream;
     ck(cudaStreamCreate(&stream));
-    for (GgmlType t :
-         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-          GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (GgmlType t : kQuantTypes) {
         const int64_t be = nt::traits(t).block_elems;
         // The third shape is 8B's 4096 columns, whose rows the pipe kernel's TMA form takes
         // (Q4_K, Q6_K, Q8_0), with rows enough for two a warp (and the pair below 1100 of each);
@@ -556,12 +565,8 @@ TEST(MatmulParity, GemvEqualsCpuVecDot) {
     SKIP_WITHOUT_GPU();
     cudaStream_t stream;
     ck(cudaStreamCreate(&stream));
-    for (GgmlType t :
-         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-          GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-      std::vector<std::pair<int64_t, int64_t>> shapes = {{67, 4096}};
-      if (nt::traits(t).block_elems == 32) shapes.push_back({130, 576});
-      for (auto [rows, cols] : shapes) {
+    for (GgmlType t : kQuantTypes) {
+      for (auto [rows, cols] : parity_shapes(t)) {
         const std::vector<uint8_t> w = random_weights(t, rows, cols, 500 + uint64_t(t) + cols);
         const size_t rb = nt::row_bytes(t, cols);
         const GgmlType at = nt::vec_dot_type(t);
@@ -614,12 +619,8 @@ TEST(MatmulParity, MmqTileShapesAgree) {
     SKIP_WITHOUT_GPU();
     cudaStream_t stream;
     ck(cudaStreamCreate(&stream));
-    for (GgmlType t :
-         {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-          GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-        std::vector<std::pair<int64_t, int64_t>> shapes = {{67, 4096}};
-        if (nt::traits(t).block_elems == 32) shapes.push_back({130, 576});
-        for (auto [rows, cols] : shapes) {
+    for (GgmlType t : kQuantTypes) {
+        for (auto [rows, cols] : parity_shapes(t)) {
             const std::vector<uint8_t> w = random_weights(t, rows, cols, 900 + uint64_t(t) + cols);
             Dev<uint8_t> dw(w);
             for (int n : {9, 40, 600}) {
