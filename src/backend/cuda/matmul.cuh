@@ -10,12 +10,12 @@
 //  - n > kGemvMaxBatch (prompt), quantized weights, with prompt_exact() (NT_EXACT_PROMPT=1):
 //    the integer tensor-core GEMM (matmul_mmq.cu), the same activations and exact integer sums
 //    as the GEMV, so a prompt's outputs are the CPU's bits too.
-//  - n > kGemvMaxBatch otherwise (float weights, and by default): the weight is
-//    dequantized to FP16 into the workspace (in row slices when it does not fit whole), x is
-//    converted to FP16, and cuBLAS multiplies on the tensor cores with FP32 accumulation. F16 and BF16 weights are used in place (x converted
-//    to the weight's type), F32 weights go through an FP32 cuBLAS GEMM. Short batches of the
-//    types with a tensor-core GEMV (Q4_K, Q6_K, Q8_0) take the GEMV path in chunks of
-//    kGemvMaxBatch rows instead (matmul_takes_gemv).
+//  - n > kGemvMaxBatch otherwise (float weights, and by default): the weight is dequantized to
+//    FP16 into the workspace (in row slices when it does not fit whole), x is converted to
+//    FP16, and cuBLAS multiplies on the tensor cores with FP32 accumulation. F16 and BF16
+//    weights are used in place (x converted to the weight's type), F32 weights go through an
+//    FP32 cuBLAS GEMM. Short batches of the types with a tensor-core GEMV (Q4_K, Q6_K, Q8_0)
+//    take the GEMV path in chunks of kGemvMaxBatch rows instead (matmul_takes_gemv).
 //
 // Host-only header: the CUDA backend and tests include it from plain C++.
 #pragma once

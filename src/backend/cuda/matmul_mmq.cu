@@ -54,6 +54,12 @@ namespace {
 
 constexpr int kMmqWarps = 4;
 constexpr int kMmqRows = kMmqWarps * kMmaTileRows;  // 64 weight rows a CTA
+constexpr int kMmqThreads = kMmqWarps * 32;
+constexpr int kStepElems = 256;
+// Bytes a token in the stage's sums of quants a sub-block (K-quants with mins): 16 hi, 16 lo and
+// padding that puts the 8 tokens of a tile in distinct banks.
+constexpr int kQminStride = 48;
+
 // Token tiles of 8 a warp, 8 by default (64 tokens a CTA, two CTAs an SM: the double
 // accumulators of 8 tiles take 64 of about 210 registers). NT_MMQ_TILES=4 gives 32 tokens a
 // CTA and three CTAs an SM (165 registers for Q4_K): more warps to hide latency, the weights'
@@ -62,19 +68,9 @@ int mmq_tiles() {
     static const int t = env_int("NT_MMQ_TILES", 8) == 4 ? 4 : 8;
     return t;
 }
-constexpr int kMmqThreads = kMmqWarps * 32;
-constexpr int kStepElems = 256;
-// Bytes a token in the stage's sums of quants a sub-block (K-quants with mins): 16 hi, 16 lo and
-// padding that puts the 8 tokens of a tile in distinct banks.
-constexpr int kQminStride = 48;
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
-}
-
-__device__ __forceinline__ uint32_t lds_u32_a2(const uint8_t* p) {  // p 2-byte aligned
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-    return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
 }
 
 // What every warp reads for one token tile of a step: the activation rows of its 8 tokens (B's
@@ -115,16 +111,21 @@ __device__ __forceinline__ void k_block_term(const double (&d)[2], const double 
     }
 }
 
+// The K-quants' activations (Q8_K): one scale a 256-element block, the step's first float2.
+struct MmqOneScale {
+    static constexpr int kXdIn = 1, kXdd = 1;
+    __device__ static void xdd(float2 v, int /*j*/, double* out) { out[0] = double(v.x); }
+};
+
 // ---- Q4_K and Q5_K: d @0, dmin @2, scales @4, (Q5_K: qh[32] @16,) qs[128] @16 or @48 ---------
 // Elements 64c + l (l < 32) are the low nibbles of qs[32c + l] (sub-block 2c), 64c + 32 + l the
 // high ones (2c + 1); Q5_K's fifth bit of element 64c + l is bit 2c of qh[l], of 64c + 32 + l
 // bit 2c + 1. Lane t4 takes elements 8t4..8t4+7 of each sub-block (k 4t4.. and 16 + 4t4..).
 template <bool Q5>
-struct MmqQ45k {
+struct MmqQ45k : MmqOneScale {
     static constexpr GgmlType kType = Q5 ? GgmlType::Q5_K : GgmlType::Q4_K;
     static constexpr int kStepBytes = Q5 ? 176 : 144, kWSlot = kStepBytes, kXStride = 288;
     static constexpr int kMaxOff = 0, kStages = 3, kMinSubs = 8;  // blocks 16-byte aligned
-    static constexpr int kXdIn = 1, kXdd = 1;  // the activations' one scale a block
     static constexpr bool kThreeCtas = true;   // at 4 tiles, 168 registers without spilling
     struct A {
         uint32_t lo[4][4], hi[4][4];  // sub-blocks 2c (low nibbles) and 2c + 1, rows g, g + 8
@@ -132,7 +133,6 @@ struct MmqQ45k {
         uint32_t amin[2];  // the mins as m16n8k16's A: lane t4 < 2, mins 4t4..4t4+3
         double d[2], dmin[2];
     };
-    __device__ static void xdd(float2 v, int /*j*/, double* out) { out[0] = double(v.x); }
     __device__ static void prepare(const uint8_t* r0, const uint8_t* r1, int t4, int /*nblk*/,
                                    A& a) {
         const uint8_t* rows[2] = {r0, r1};
@@ -203,14 +203,13 @@ struct MmqQ45k {
 //         32(j & 1) + 16s + l] with bits 2j of qh[32n + 16s + l] above it, minus 32.
 // Lane t4 takes elements 4t4..4t4+3 of each sub-block (mma.m16n8k16's k).
 template <GgmlType T>
-struct MmqK16 {
+struct MmqK16 : MmqOneScale {
     static constexpr GgmlType kType = T;
     static constexpr bool kQ2 = T == GgmlType::Q2_K, kQ3 = T == GgmlType::Q3_K;
     static constexpr int kStepBytes = kQ2 ? 84 : kQ3 ? 110 : 210;
     static constexpr int kMaxOff = kQ2 ? 12 : 14;  // Q2_K's blocks are 4-byte aligned
     static constexpr int kWSlot = (kStepBytes + kMaxOff + 15) / 16 * 16, kXStride = 272;
     static constexpr int kStages = 3, kMinSubs = kQ2 ? 16 : 0;
-    static constexpr int kXdIn = 1, kXdd = 1;
     static constexpr bool kThreeCtas = kQ2;  // Q3_K and Q6_K spill at 168 registers
     struct A {
         uint32_t q[16][2];  // sub-block k, rows g, g + 8: the quants as int8
@@ -218,7 +217,6 @@ struct MmqK16 {
         uint32_t amin[2];  // Q2_K: mins 4t4..4t4+3 as m16n8k16's A
         double d[2], dmin[2];
     };
-    __device__ static void xdd(float2 v, int /*j*/, double* out) { out[0] = double(v.x); }
     __device__ static void prepare(const uint8_t* r0, const uint8_t* r1, int t4, int /*nblk*/,
                                    A& a) {
         const uint8_t* rows[2] = {r0, r1};
@@ -226,8 +224,8 @@ struct MmqK16 {
         for (int i = 0; i < 2; ++i) {
             const uint8_t* b = rows[i];
             if constexpr (kQ2) {
-                a.d[i] = double(h2f(*reinterpret_cast<const uint16_t*>(b + 80)));
-                a.dmin[i] = double(h2f(*reinterpret_cast<const uint16_t*>(b + 82)));
+                a.d[i] = double(h2f(ld_u16(b + 80)));
+                a.dmin[i] = double(h2f(ld_u16(b + 82)));
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
                     const uint32_t s = *reinterpret_cast<const uint32_t*>(b + 4 * w);
@@ -246,17 +244,17 @@ struct MmqK16 {
                             a.q[8 * n + 2 * j + s][i] = (q >> (2 * j)) & 0x03030303u;
                     }
             } else if constexpr (kQ3) {
-                a.d[i] = double(h2f(*reinterpret_cast<const uint16_t*>(b + 108)));
-                const uint32_t v0 = lds_u32_a2(b + 96), v1 = lds_u32_a2(b + 100),
-                               v2 = lds_u32_a2(b + 104);
+                a.d[i] = double(h2f(ld_u16(b + 108)));
+                const uint32_t v0 = ld_u32_a2(b + 96), v1 = ld_u32_a2(b + 100),
+                               v2 = ld_u32_a2(b + 104);
 #pragma unroll
                 for (int k = 0; k < 16; ++k) a.sc[i][k] = scale_q3k_words(k, v0, v1, v2);
 #pragma unroll
                 for (int s = 0; s < 2; ++s) {
-                    const uint32_t hm = lds_u32_a2(b + 16 * s + 4 * t4);
+                    const uint32_t hm = ld_u32_a2(b + 16 * s + 4 * t4);
 #pragma unroll
                     for (int n = 0; n < 2; ++n) {
-                        const uint32_t q = lds_u32_a2(b + 32 + 32 * n + 16 * s + 4 * t4);
+                        const uint32_t q = ld_u32_a2(b + 32 + 32 * n + 16 * s + 4 * t4);
 #pragma unroll
                         for (int j = 0; j < 4; ++j) {
                             const uint32_t lo = (q >> (2 * j)) & 0x03030303u;
@@ -266,10 +264,10 @@ struct MmqK16 {
                     }
                 }
             } else {
-                a.d[i] = double(h2f(*reinterpret_cast<const uint16_t*>(b + 208)));
+                a.d[i] = double(h2f(ld_u16(b + 208)));
 #pragma unroll
                 for (int w = 0; w < 4; ++w) {
-                    const uint32_t s = lds_u32_a2(b + 192 + 4 * w);
+                    const uint32_t s = ld_u32_a2(b + 192 + 4 * w);
 #pragma unroll
                     for (int k = 0; k < 4; ++k)
                         a.sc[i][4 * w + k] = int(int8_t(uint8_t(s >> (8 * k))));
@@ -278,10 +276,10 @@ struct MmqK16 {
                 for (int n = 0; n < 2; ++n)
 #pragma unroll
                     for (int s = 0; s < 2; ++s) {
-                        const uint32_t h = lds_u32_a2(b + 128 + 32 * n + 16 * s + 4 * t4);
+                        const uint32_t h = ld_u32_a2(b + 128 + 32 * n + 16 * s + 4 * t4);
 #pragma unroll
                         for (int tb = 0; tb < 2; ++tb) {
-                            const uint32_t ql = lds_u32_a2(b + 64 * n + 32 * tb + 16 * s + 4 * t4);
+                            const uint32_t ql = ld_u32_a2(b + 64 * n + 32 * tb + 16 * s + 4 * t4);
 #pragma unroll
                             for (int nib = 0; nib < 2; ++nib) {
                                 const int j = tb + 2 * nib;
@@ -342,9 +340,9 @@ struct MmqQ80 {
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const uint8_t* b = rows[i] + 34 * u;
-                a.d[u][i] = double(h2f(*reinterpret_cast<const uint16_t*>(b)));
-                a.q[u][i] = lds_u32_a2(b + 2 + 8 * t4);
-                a.q[u][2 + i] = lds_u32_a2(b + 6 + 8 * t4);
+                a.d[u][i] = double(h2f(ld_u16(b)));
+                a.q[u][i] = ld_u32_a2(b + 2 + 8 * t4);
+                a.q[u][2 + i] = ld_u32_a2(b + 6 + 8 * t4);
             }
         }
     }
@@ -403,13 +401,13 @@ struct MmqLegacy4 {
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const uint8_t* b = rows[i] + kBlockBytes * u;
-                a.d[u][i] = double(h2f(*reinterpret_cast<const uint16_t*>(b)));
-                a.m[u][i] = kMin ? double(h2f(*reinterpret_cast<const uint16_t*>(b + 2))) : 0.0;
-                const uint32_t q = lds_u32_a2(b + kQs + 4 * t4);
+                a.d[u][i] = double(h2f(ld_u16(b)));
+                a.m[u][i] = kMin ? double(h2f(ld_u16(b + 2))) : 0.0;
+                const uint32_t q = ld_u32_a2(b + kQs + 4 * t4);
                 a.lo[u][i] = q & 0x0F0F0F0Fu;
                 a.hi[u][i] = (q >> 4) & 0x0F0F0F0Fu;
                 if constexpr (kQ5) {
-                    const uint32_t qh = lds_u32_a2(b + (kMin ? 4 : 2));
+                    const uint32_t qh = ld_u32_a2(b + (kMin ? 4 : 2));
                     a.lo[u][i] |= spread4_to_bit4((qh >> (4 * t4)) & 0xF);
                     a.hi[u][i] |= spread4_to_bit4((qh >> (16 + 4 * t4)) & 0xF);
                 }
@@ -489,9 +487,9 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
             const int r = i / kChunks, c = i % kChunks;
             const int64_t row = min64(row0 + r, rows - 1);
             const uint8_t* start = w + row * row_bytes + kb * P::kStepBytes;
-            const uint8_t* src =
-                reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(start) & ~uintptr_t(15)) +
-                16 * c;
+            const uint8_t* src = reinterpret_cast<const uint8_t*>(
+                                     reinterpret_cast<uintptr_t>(start) & ~uintptr_t(15)) +
+                                 16 * c;
             const int64_t left = w_end - src;
             uint8_t* dst = st + r * P::kWSlot + 16 * c;
             if (left >= 16) {
@@ -573,8 +571,10 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
             const uint8_t* wr = st + (warp * kMmaTileRows + g) * P::kWSlot;
             const int64_t r_0 = min64(row0 + warp * kMmaTileRows + g, rows - 1);
             const int64_t r_1 = min64(row0 + warp * kMmaTileRows + g + 8, rows - 1);
-            const int off0 = int(reinterpret_cast<uintptr_t>(w + r_0 * row_bytes + kb * P::kStepBytes) & 15);
-            const int off1 = int(reinterpret_cast<uintptr_t>(w + r_1 * row_bytes + kb * P::kStepBytes) & 15);
+            const int off0 =
+                int(reinterpret_cast<uintptr_t>(w + r_0 * row_bytes + kb * P::kStepBytes) & 15);
+            const int off1 =
+                int(reinterpret_cast<uintptr_t>(w + r_1 * row_bytes + kb * P::kStepBytes) & 15);
             P::prepare(wr + off0, wr + 8 * P::kWSlot + off1, t4, nblk, a);
         }
 #pragma unroll
@@ -610,7 +610,8 @@ void launch_mmq_tiles(const char* what, const void* w, int64_t rows, int64_t col
     }();
     (void)ready;
     const int64_t row_tiles = (rows + kMmqRows - 1) / kMmqRows;
-    if (row_tiles > 65535) nt::fail("%s: %lld rows (at most %d).", what, (long long)rows, 65535 * kMmqRows);
+    if (row_tiles > 65535)
+        nt::fail("%s: %lld rows (at most %d).", what, (long long)rows, 65535 * kMmqRows);
     const dim3 grid(unsigned((n + L::kMmqTokens - 1) / L::kMmqTokens), unsigned(row_tiles));
     gemm_mmq<P, kTiles><<<grid, kMmqThreads, L::kBytes, stream>>>(
         static_cast<const uint8_t*>(w), rows, cols, int64_t(row_bytes(P::kType, cols)), xq, xd, n,
