@@ -65,6 +65,16 @@ __device__ __forceinline__ void mma_s8_16816(int (&d)[4], uint32_t a0, uint32_t 
         : "r"(a0), "r"(a1), "r"(b0), "r"(0));
 }
 
+// d += a * b, a unsigned (u8), b signed (s8): the accumulating form, A as its four registers.
+__device__ __forceinline__ void mma_u8s8_16832_acc(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                   uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // The aligned word at or below p (p 2-byte aligned) and the shift that, with the next aligned
 // word, makes the word at p: __funnelshift_r(lo, hi, sh).
 __device__ __forceinline__ uint32_t mma_ld_floor(const uint8_t* p) {

@@ -127,15 +127,19 @@ struct MmqQ45k : MmqOneScale {
     static constexpr int kStepBytes = Q5 ? 176 : 144, kWSlot = kStepBytes, kXStride = 288;
     static constexpr int kMaxOff = 0, kStages = 3, kMinSubs = 8;  // blocks 16-byte aligned
     static constexpr bool kThreeCtas = true;   // at 4 tiles, 168 registers without spilling
+    // The sub-block scales ride in A: sc = 8 sh + sl (sh, sl < 8), and A holds sh q and sl q as
+    // unsigned bytes (at most 7 * 31 = 217), so the tensor cores sum sh q x and sl q x over the
+    // whole block and is = 8 sum(sh q x) + sum(sl q x), the same integer as sum(sc * dot): two
+    // mmas a sub-block instead of one mma and an integer multiply-add per C element.
     struct A {
-        uint32_t lo[4][4], hi[4][4];  // sub-blocks 2c (low nibbles) and 2c + 1, rows g, g + 8
-        int sc[2][8];
+        uint32_t h[2][4][4], l[2][4][4];  // [nibble: sub-block 2c + nibble][c]: sh q, sl q
         uint32_t amin[2];  // the mins as m16n8k16's A: lane t4 < 2, mins 4t4..4t4+3
         double d[2], dmin[2];
     };
     __device__ static void prepare(const uint8_t* r0, const uint8_t* r1, int t4, int /*nblk*/,
                                    A& a) {
         const uint8_t* rows[2] = {r0, r1};
+        int sc[2][8];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const uint4 h = *reinterpret_cast<const uint4*>(rows[i]);
@@ -143,7 +147,7 @@ struct MmqQ45k : MmqOneScale {
             a.dmin[i] = double(h2f(h.x >> 16));
             int m[8];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) scale_min_k4_words(j, h.y, h.z, h.w, a.sc[i][j], m[j]);
+            for (int j = 0; j < 8; ++j) scale_min_k4_words(j, h.y, h.z, h.w, sc[i][j], m[j]);
             const uint32_t m03 = uint32_t(m[0]) | uint32_t(m[1]) << 8 | uint32_t(m[2]) << 16 |
                                  uint32_t(m[3]) << 24;
             const uint32_t m47 = uint32_t(m[4]) | uint32_t(m[5]) << 8 | uint32_t(m[6]) << 16 |
@@ -165,29 +169,36 @@ struct MmqQ45k : MmqOneScale {
             const uint32_t h[4] = {qh[0].x, qh[1].x, qh[0].y, qh[1].y};
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                a.lo[c][k] = w[k] & M;
-                a.hi[c][k] = (w[k] >> 4) & M;
+                uint32_t lo = w[k] & M, hi = (w[k] >> 4) & M;
                 if constexpr (Q5) {
-                    a.lo[c][k] |= ((h[k] >> (2 * c)) & B) << 4;
-                    a.hi[c][k] |= ((h[k] >> (2 * c + 1)) & B) << 4;
+                    lo |= ((h[k] >> (2 * c)) & B) << 4;
+                    hi |= ((h[k] >> (2 * c + 1)) & B) << 4;
                 }
+                // Bytes times a digit below 8 stay below 256: no carry from byte to byte.
+                const int* r = sc[k & 1];  // a0, a2: row g; a1, a3: row g + 8
+                a.h[0][c][k] = lo * uint32_t(r[2 * c] >> 3);
+                a.l[0][c][k] = lo * uint32_t(r[2 * c] & 7);
+                a.h[1][c][k] = hi * uint32_t(r[2 * c + 1] >> 3);
+                a.l[1][c][k] = hi * uint32_t(r[2 * c + 1] & 7);
             }
         }
     }
     __device__ static void tile(const A& a, const MmqTile& t, int t4, int /*nblk*/,
                                 double (&acc)[4]) {
-        int is[4] = {0, 0, 0, 0};
+        // A chain of mmas a digit and nibble: four chains of four, to shorten the waits.
+        int h[2][4] = {}, l[2][4] = {};
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-            const uint2 xa = *reinterpret_cast<const uint2*>(t.xr + 64 * c + 8 * t4);
-            const uint2 xb = *reinterpret_cast<const uint2*>(t.xr + 64 * c + 32 + 8 * t4);
-            int lo[4], hi[4];
-            mma_s8_16832(lo, a.lo[c][0], a.lo[c][1], a.lo[c][2], a.lo[c][3], xa.x, xa.y);
-            mma_s8_16832(hi, a.hi[c][0], a.hi[c][1], a.hi[c][2], a.hi[c][3], xb.x, xb.y);
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-                is[i] += a.sc[i >> 1][2 * c] * lo[i] + a.sc[i >> 1][2 * c + 1] * hi[i];
+            for (int n = 0; n < 2; ++n) {
+                const uint2 x = *reinterpret_cast<const uint2*>(t.xr + 64 * c + 32 * n + 8 * t4);
+                mma_u8s8_16832_acc(h[n], a.h[n][c], x.x, x.y);
+                mma_u8s8_16832_acc(l[n], a.l[n][c], x.x, x.y);
+            }
         }
+        int is[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) is[i] = 8 * (h[0][i] + h[1][i]) + l[0][i] + l[1][i];
         int ms[4];
         mins_mma(a.amin, t, t4 < 2, t4, ms);
         k_block_term(a.d, a.dmin, is, ms, t, acc);
