@@ -4,11 +4,15 @@
 // one sequence, causal) reports TFLOP/s against a matrix-rate ceiling.
 //
 //   bench_attention [--hd 128] [--heads 32] [--kv-heads 8] [--iters 50] [--peak-tflops 790]
+//                   [--fp32-tops X]
 //                   [--ctx N] [--rows N]   (decode at that context / row count only, no prefill)
 //
 // Versions: decode v1 = generic kernel (a warp per position), v2 = tiled (cp.async double-
 // buffered K/V tiles, all heads of a GQA group per block); prefill v1 = the decode kernel run
-// on every row, v2 = flash attention on tensor cores (mma.sync m16n8k16).
+// on every row, v2 = flash attention on tensor cores (mma.sync m16n8k16), v3 = the prefill
+// kernel with the CPU's arithmetic (float chains; checked bit for bit against v1, which has the
+// same arithmetic; its ceiling is the FP32 pipe, one multiply and one add a multiply-add: it
+// reports the percent of --fp32-tops, the SMs' 128 lanes a clock at the boost clock).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -38,6 +42,7 @@ struct Opts {
     int ctx = 0, rows = 0;  // decode: only this context / row count (0: the whole sweep)
     bool decode_only = false;
     double peak_tflops = 790;  // bf16/fp16 dense matrix rate measured on the H200 (cuBLAS)
+    double fp32_tops = 0;      // FP32 operations a second, 0: sm_count * 128 * boost clock
 };
 
 template <class T>
@@ -305,9 +310,17 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
 
 // Prefill: a prompt of n tokens of one sequence (positions 0..n-1), causal.
 void bench_prefill(const Opts& o, const CudaDeviceInfo& dev) {
+    double fp32_tops = o.fp32_tops;
+    if (fp32_tops <= 0) {
+        int khz = 0;
+        NT_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev.device),
+                      "cudaDeviceGetAttribute");
+        fp32_tops = double(dev.sm_count) * 128.0 * khz * 1e3 / 1e12;
+    }
     std::printf(
-        "\n== prefill: %d heads / %d KV heads, head_dim %d (causal FLOPs; ceiling %.0f TFLOP/s)\n",
-        o.heads, o.kv_heads, o.hd, o.peak_tflops);
+        "\n== prefill: %d heads / %d KV heads, head_dim %d (causal FLOPs; ceilings %.0f TFLOP/s, "
+        "exact: FP32 %.1f Tops/s)\n",
+        o.heads, o.kv_heads, o.hd, o.peak_tflops, fp32_tops);
     std::printf("%6s | %-11s %9s %9s %7s | %s\n", "tokens", "version", "us", "TFLOP/s", "of peak",
                 "max err");
     for (int n : {512, 2048}) {
@@ -331,15 +344,18 @@ void bench_prefill(const Opts& o, const CudaDeviceInfo& dev) {
         int* done = dev_zeros<int>(size_t(n) * s.n_head_kv);
         const double flops =
             4.0 * s.n_head * s.head_dim * (double(n) * (n + 1) / 2);  // QK^T and PV
-        for (int version : {1, 2}) {
-            if (version == 2 && !attn_has_prefill(s)) continue;
+        std::vector<float> decode_out;  // v1's: v3 must match it bit for bit
+        for (int version : {1, 2, 3}) {
+            if (version >= 2 && !attn_has_prefill(s, version == 3)) continue;
             auto launch = [&](int) {
                 if (version == 1)
                     attn_decode(s, dq, cache.k, cache.v, dpos, dseq, drows, n, splits, scratch,
                                 done, dout, nullptr);
                 else
-                    attn_prefill(s, dq, cache.k, cache.v, dtiles, int(tiles.size()), dout, nullptr);
+                    attn_prefill(s, dq, cache.k, cache.v, dtiles, int(tiles.size()), dout, nullptr,
+                                 version == 3);
             };
+            NT_CUDA_CHECK(cudaMemset(dout, 0xFF, q.size() * sizeof(float)), "cudaMemset");
             launch(0);
             std::vector<float> out(q.size());
             NT_CUDA_CHECK(
@@ -349,12 +365,17 @@ void bench_prefill(const Opts& o, const CudaDeviceInfo& dev) {
             for (int r : {0, 1, 63, 64, n / 2 + 5, n - 1})
                 err = std::max(err, max_error(out, size_t(r), s.q_dim(),
                                               cache.reference(&q[size_t(r) * s.q_dim()], 0, r)));
+            bool wrong = err > (version == 2 ? 4e-3 : 2e-5);
+            if (version == 1) decode_out = out;
+            if (version == 3)
+                wrong |= std::memcmp(out.data(), decode_out.data(), out.size() * sizeof(float)) != 0;
             const double us = time_us(o.iters, launch);
             const double tf = flops / (us * 1e-6) / 1e12;
-            const double tol = version == 2 ? 4e-3 : 2e-5;
-            std::printf("%6d | v%d %-8s %9.1f %9.1f %6.1f%% | %.1e%s\n", n, version,
-                        version == 1 ? "decode" : "flash-tc", us, tf, 100 * tf / o.peak_tflops, err,
-                        err > tol ? "  <-- WRONG" : "");
+            const double of_peak = version == 3 ? tf / fp32_tops : tf / o.peak_tflops;
+            static const char* const names[] = {"", "decode", "flash-tc", "exact"};
+            std::printf("%6d | v%d %-8s %9.1f %9.1f %6.1f%% | %.1e%s%s\n", n, version,
+                        names[version], us, tf, 100 * of_peak, err,
+                        version == 3 && !wrong ? " bits ok" : "", wrong ? "  <-- WRONG" : "");
         }
         cudaFree(dq);
         cudaFree(dout);
@@ -390,6 +411,8 @@ int main(int argc, char** argv) {
             o.iters = std::atoi(next());
         else if (a == "--peak-tflops")
             o.peak_tflops = std::atof(next());
+        else if (a == "--fp32-tops")
+            o.fp32_tops = std::atof(next());
         else if (a == "--ctx")
             o.ctx = std::atoi(next()), o.decode_only = true;
         else if (a == "--rows")
@@ -397,7 +420,7 @@ int main(int argc, char** argv) {
         else {
             std::fprintf(stderr,
                          "usage: bench_attention [--hd N] [--heads N] [--kv-heads N] [--iters N] "
-                         "[--peak-tflops X] [--ctx N] [--rows N]\n");
+                         "[--peak-tflops X] [--fp32-tops X] [--ctx N] [--rows N]\n");
             return 2;
         }
     }

@@ -888,8 +888,8 @@ void attention_step(Pair& p, const Batch& b, uint32_t seed, float atol, const st
 // Against a double-precision host reference (not the CPU backend's arithmetic).
 constexpr float kDecodeTol = 2e-5f;
 constexpr float kPrefillTol = 4e-3f;  // F16 Q and P on tensor cores, |v| <= 1
-// Prompt rows: with the CPU's arithmetic (cuda::prompt_exact(), NT_EXACT_PROMPT=1) they are decode
-// rows, bit for bit the CPU's; otherwise the F16 prefill kernel's tolerance.
+// Prompt rows: with the CPU's arithmetic (cuda::prompt_exact(), NT_EXACT_PROMPT=1) the prefill
+// kernel that computes it, bit for bit the CPU's; otherwise the F16 prefill kernel's tolerance.
 float prompt_tol() {
     return nt::cuda::prompt_exact() ? kBitExact : kPrefillTol;
 }
@@ -935,6 +935,11 @@ TEST(CudaBackend, AttentionAgainstCpu) {
                            n > CudaBackend::kGraphMaxBatch ? prompt_tol() : kBitExact,
                            "prompt " + std::to_string(n));
         }
+        // A prompt that goes on where the last one stopped (300): its tiles start inside a
+        // chunk of the context.
+        b.clear();
+        for (int i = 0; i < 77; i++) b.add(1, 300 + i, 3, false);
+        attention_step(p, b, 500, prompt_tol(), "prompt 77 at 300");
     }
 }
 

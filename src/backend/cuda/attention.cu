@@ -887,6 +887,230 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
     }
 }
 
+// ---- prefill with the CPU's arithmetic ---------------------------------------------------------
+//
+// The decode kernels' arithmetic (the CPU's, above attn_merge_chunk) for runs of prompt rows,
+// which as decode rows would each read their whole context for themselves. A block takes R
+// consecutive rows of one tile and all G query heads of one KV head: P = R G (row, head) pairs,
+// R = kXP / G, sharing every K/V chunk. Per chunk of kAttnChunk positions, in shared memory as
+// floats:
+//   scores  a thread takes 4 pairs by 4 positions (16 chains, each the dims in order, fmul then
+//           fadd as the CPU); the warp's two pair groups read their q as broadcasts;
+//   softmax a warp per pair: the chunk's max over the pair's live positions, e = exp in double
+//           rounded to float, their sum in double, merged into the pair's running (max, sum);
+//   P*V     a thread takes HD / 16 pairs by 4 dims, each a float chain over the positions in
+//           order, merged into double accumulators that stay in registers for the whole block.
+// Positions past a pair's row weigh 0 and past the block's last row are zeros in shared memory,
+// so the float chains see the CPU's terms and +0s. One block does the whole context of its rows
+// (no slices to merge); blocks go longest first.
+constexpr int kXP = 64;       // (row, head) pairs a block
+constexpr int kXThreads = 256;
+
+template <int HD>
+struct ExactPrefill {
+    static constexpr int TP = kAttnChunk;
+    static constexpr int ROW = HD + 4;     // floats: 16-byte rows in distinct banks
+    static constexpr int SROW = TP + 4;    // scores [pair][pos]
+    static constexpr int EROW = kXP + 4;   // weights [pos][pair], over the K chunk
+    static constexpr int DG = HD / 4;      // P*V: dim groups of 4
+    static constexpr int PPT = kXP * DG / kXThreads;  // P*V: pairs a thread
+    static_assert(TP * EROW <= TP * ROW && kXThreads % DG == 0 && PPT * kXThreads == kXP * DG);
+    static constexpr size_t kQ = 0, kK = kQ + size_t(kXP) * ROW * 4, kV = kK + size_t(TP) * ROW * 4,
+                            kS = kV + size_t(TP) * ROW * 4, kML = kS + size_t(kXP) * SROW * 4;
+    static constexpr size_t smem_bytes() { return kML + size_t(kXP) * 4 * sizeof(double); }
+};
+
+struct ExactPrefillArgs {
+    const float* q;
+    const __half* kc;
+    const __half* vc;
+    const AttnTile* tiles;
+    float* out;
+    int n_head, n_head_kv, n_ctx, kv_dim, group, n_tiles, parts;
+    float scale;
+};
+
+template <int HD>
+__global__ void __launch_bounds__(kXThreads, 1) attn_prefill_exact_kernel(ExactPrefillArgs a) {
+    using X = ExactPrefill<HD>;
+    constexpr int TP = X::TP, ROW = X::ROW;
+    extern __shared__ __align__(16) uint8_t smem[];
+    float* qs = reinterpret_cast<float*>(smem + X::kQ);
+    float* ks = reinterpret_cast<float*>(smem + X::kK);
+    float* es = ks;  // the chunk's weights, once its scores are taken
+    float* vs = reinterpret_cast<float*>(smem + X::kV);
+    float* ss = reinterpret_cast<float*>(smem + X::kS);
+    double* ml = reinterpret_cast<double*>(smem + X::kML);  // [pair]: max, sum, c_old, c_new
+
+    // Longest first: the last tile's last part, every KV head, then backwards.
+    const int kvh = blockIdx.x % a.n_head_kv;
+    const int rest = a.n_tiles * a.parts - 1 - int(blockIdx.x / a.n_head_kv);
+    const AttnTile tile = a.tiles[rest / a.parts];
+    const int G = a.group, R = kXP / G;
+    const int r0 = (rest % a.parts) * R;
+    const int nr = min(R, tile.n_rows - r0);
+    if (nr <= 0) return;
+    const int P = nr * G;
+    const int last = tile.pos0 + r0 + nr;  // positions 0..last-1 are read
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int q_dim = a.n_head * HD;
+    // pair i: row r0 + i / G, head kvh G + i % G
+    auto pair_len = [&](int i) { return i < P ? tile.pos0 + r0 + i / G + 1 : 0; };
+
+    for (int i = tid; i < kXP * (HD / 4); i += kXThreads) {
+        const int pr = i / (HD / 4), c = i % (HD / 4);
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (pr < P)
+            v = *reinterpret_cast<const float4*>(
+                a.q + size_t(tile.row0 + r0 + pr / G) * q_dim + size_t(kvh * G + pr % G) * HD + 4 * c);
+        *reinterpret_cast<float4*>(qs + pr * ROW + 4 * c) = v;
+    }
+    if (tid < kXP) {
+        ml[4 * tid] = -INFINITY;
+        ml[4 * tid + 1] = 0.0;
+    }
+
+    // P*V: pairs pp0.. (PPT of them), dims 4 dg..
+    const int dg = tid % X::DG, pp0 = (tid / X::DG) * X::PPT;
+    double acc[X::PPT][4];
+#pragma unroll
+    for (int i = 0; i < X::PPT; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0;
+    // scores: pairs 4 sg.., positions sp + 16 j
+    const int sg = 2 * warp + (lane >> 4), sp = lane & 15;
+    const size_t base = size_t(tile.seq) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
+
+    for (int p0 = 0; p0 < last; p0 += TP) {
+        const int np = min(TP, last - p0);
+        __syncthreads();  // the last chunk's P*V is done with es and vs (and qs, ml are written)
+        for (int i = tid; i < TP * (HD / 8); i += kXThreads) {
+            const int p = i / (HD / 8), c = i % (HD / 8);
+            uint4 kr = make_uint4(0, 0, 0, 0), vr = kr;  // zeros past the block's last row
+            if (p < np) {
+                const size_t off = base + size_t(p0 + p) * a.kv_dim + 8 * c;
+                kr = *reinterpret_cast<const uint4*>(a.kc + off);
+                vr = *reinterpret_cast<const uint4*>(a.vc + off);
+            }
+            const __half2* kh = reinterpret_cast<const __half2*>(&kr);
+            const __half2* vh = reinterpret_cast<const __half2*>(&vr);
+            float* kd = ks + p * ROW + 8 * c;
+            float* vd = vs + p * ROW + 8 * c;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const float2 k0 = __half22float2(kh[2 * j]), k1 = __half22float2(kh[2 * j + 1]);
+                const float2 v0 = __half22float2(vh[2 * j]), v1 = __half22float2(vh[2 * j + 1]);
+                *reinterpret_cast<float4*>(kd + 4 * j) = make_float4(k0.x, k0.y, k1.x, k1.y);
+                *reinterpret_cast<float4*>(vd + 4 * j) = make_float4(v0.x, v0.y, v1.x, v1.y);
+            }
+        }
+        __syncthreads();
+
+        // Scores, each the CPU's chain: fmul then fadd, dims in order, then times the scale.
+        {
+            float sc[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) sc[i][j] = 0.f;
+            const float* qr = qs + 4 * sg * ROW;
+            const float* kr = ks + sp * ROW;
+#pragma unroll 4
+            for (int d = 0; d < HD; d += 4) {
+                float4 qv[4], kv[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(qr + i * ROW + d);
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    kv[j] = *reinterpret_cast<const float4*>(kr + 16 * j * ROW + d);
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        float c = sc[i][j];
+                        c = __fadd_rn(c, __fmul_rn(qv[i].x, kv[j].x));
+                        c = __fadd_rn(c, __fmul_rn(qv[i].y, kv[j].y));
+                        c = __fadd_rn(c, __fmul_rn(qv[i].z, kv[j].z));
+                        c = __fadd_rn(c, __fmul_rn(qv[i].w, kv[j].w));
+                        sc[i][j] = c;
+                    }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    ss[(4 * sg + i) * X::SROW + sp + 16 * j] = __fmul_rn(sc[i][j], a.scale);
+        }
+        __syncthreads();
+
+        // Softmax of the chunk, a warp per pair; weights into es[pos][pair].
+        for (int i = warp; i < kXP; i += kXThreads / 32) {
+            const int live = min(np, pair_len(i) - p0);  // the pair's positions in the chunk
+            const float s0 = ss[i * X::SROW + lane], s1 = ss[i * X::SROW + lane + 32];
+            if (live <= 0) {  // nothing of this pair here (or no pair): weight 0, no merge
+                es[lane * X::EROW + i] = 0.f;
+                es[(lane + 32) * X::EROW + i] = 0.f;
+                if (lane == 0) ml[4 * i + 2] = 1.0, ml[4 * i + 3] = 0.0;
+                continue;
+            }
+            const bool l0 = lane < live, l1 = lane + 32 < live;
+            const float mx = warp_max(fmaxf(l0 ? s0 : -INFINITY, l1 ? s1 : -INFINITY));
+            const float e0 = l0 ? __double2float_rn(detail::exp_lean(double(s0) - double(mx))) : 0.f;
+            const float e1 = l1 ? __double2float_rn(detail::exp_lean(double(s1) - double(mx))) : 0.f;
+            const double sum = warp_sum(double(e0) + double(e1));
+            es[lane * X::EROW + i] = e0;
+            es[(lane + 32) * X::EROW + i] = e1;
+            if (lane == 0) {
+                double m = ml[4 * i], l = ml[4 * i + 1];
+                attn_merge_chunk(m, l, mx, sum, ml[4 * i + 2], ml[4 * i + 3]);
+                ml[4 * i] = m;
+                ml[4 * i + 1] = l;
+            }
+        }
+        __syncthreads();
+
+        // P*V: each a float chain over the chunk's positions in order, then into double.
+        {
+            float pv[X::PPT][4];
+#pragma unroll
+            for (int i = 0; i < X::PPT; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) pv[i][j] = 0.f;
+            for (int p = 0; p < np; ++p) {
+                const float4 v = *reinterpret_cast<const float4*>(vs + p * ROW + 4 * dg);
+                float e[X::PPT];
+#pragma unroll
+                for (int i = 0; i < X::PPT; i += 4)
+                    *reinterpret_cast<float4*>(e + i) =
+                        *reinterpret_cast<const float4*>(es + p * X::EROW + pp0 + i);
+#pragma unroll
+                for (int i = 0; i < X::PPT; ++i) {
+                    pv[i][0] = __fadd_rn(pv[i][0], __fmul_rn(e[i], v.x));
+                    pv[i][1] = __fadd_rn(pv[i][1], __fmul_rn(e[i], v.y));
+                    pv[i][2] = __fadd_rn(pv[i][2], __fmul_rn(e[i], v.z));
+                    pv[i][3] = __fadd_rn(pv[i][3], __fmul_rn(e[i], v.w));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < X::PPT; ++i) {
+                const double c_old = ml[4 * (pp0 + i) + 2], c_new = ml[4 * (pp0 + i) + 3];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = acc[i][j] * c_old + double(pv[i][j]) * c_new;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < X::PPT; ++i) {
+        const int pr = pp0 + i;
+        if (pr >= P) continue;
+        const double l = ml[4 * pr + 1];
+        float* dst = a.out + size_t(tile.row0 + r0 + pr / G) * q_dim + size_t(kvh * G + pr % G) * HD +
+                     4 * dg;
+        *reinterpret_cast<float4*>(dst) = make_float4(float(acc[i][0] / l), float(acc[i][1] / l),
+                                                      float(acc[i][2] / l), float(acc[i][3] / l));
+    }
+}
+
 float scale_log2(int head_dim) {
     return kLog2e / std::sqrt(float(head_dim));
 }
@@ -908,8 +1132,8 @@ bool attn_has_fast_decode(const AttnShape& s) {
 bool attn_decode_fuses_rope(const AttnShape& s, int n_rows) {
     return n_rows == 1 && attn_has_fast_decode(s);
 }
-bool attn_has_prefill(const AttnShape& s) {
-    return s.head_dim == 64 || s.head_dim == 128;
+bool attn_has_prefill(const AttnShape& s, bool exact) {
+    return (s.head_dim == 64 || s.head_dim == 128) && (!exact || s.group() <= kXP);
 }
 
 // The groups the tiled decode kernel is compiled for (those of common models: Llama 3 8B 4,
@@ -965,6 +1189,14 @@ void attn_init() {
         cudaFuncSetAttribute(attn_prefill_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              int(PrefillTile<128>::smem_bytes())),
         "cudaFuncSetAttribute attn_prefill_kernel<128>");
+    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_exact_kernel<64>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(ExactPrefill<64>::smem_bytes())),
+                  "cudaFuncSetAttribute attn_prefill_exact_kernel<64>");
+    NT_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_exact_kernel<128>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(ExactPrefill<128>::smem_bytes())),
+                  "cudaFuncSetAttribute attn_prefill_exact_kernel<128>");
 }
 
 void kv_store(const AttnShape& s, const float* k, const float* v, const int32_t* pos,
@@ -1068,10 +1300,38 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
 }
 
 void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
-                  const AttnTile* tiles, int n_tiles, float* out, cudaStream_t stream) {
+                  const AttnTile* tiles, int n_tiles, float* out, cudaStream_t stream, bool exact) {
     if (n_tiles <= 0) return;
     check_shape(s);
-    if (!attn_has_prefill(s)) fail("attention: no prefill kernel for head_dim %d.", s.head_dim);
+    if (!attn_has_prefill(s, exact))
+        fail("attention: no prefill kernel for head_dim %d and %d query heads a KV head.",
+             s.head_dim, s.group());
+    if (exact) {
+        ExactPrefillArgs x;
+        x.q = q;
+        x.kc = k_cache;
+        x.vc = v_cache;
+        x.tiles = tiles;
+        x.out = out;
+        x.n_head = s.n_head;
+        x.n_head_kv = s.n_head_kv;
+        x.n_ctx = s.n_ctx;
+        x.kv_dim = s.kv_dim();
+        x.group = s.group();
+        x.n_tiles = n_tiles;
+        const int rows = kXP / s.group();
+        x.parts = (kPrefillTileRows + rows - 1) / rows;
+        x.scale = 1.0f / std::sqrt(float(s.head_dim));  // the CPU's
+        const unsigned blocks = unsigned(s.n_head_kv) * unsigned(n_tiles) * unsigned(x.parts);
+        if (s.head_dim == 64)
+            attn_prefill_exact_kernel<64>
+                <<<blocks, kXThreads, ExactPrefill<64>::smem_bytes(), stream>>>(x);
+        else
+            attn_prefill_exact_kernel<128>
+                <<<blocks, kXThreads, ExactPrefill<128>::smem_bytes(), stream>>>(x);
+        NT_CUDA_CHECK(cudaGetLastError(), "attention prefill kernel (exact)");
+        return;
+    }
     PrefillArgs a;
     a.q = q;
     a.kc = k_cache;

@@ -409,10 +409,10 @@ void CudaBackend::begin_step(const Batch& batch) {
     // tiles; every other row is a decode row.
     n_dec_ = n_tiles_ = 0;
     cuda::AttnShape as{shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_ctx_};
-    // With the CPU's arithmetic (cuda::prompt_exact()) every row is a decode row: the decode
-    // kernels sum each row's context in the CPU's chunks, the prefill kernel in FP16 tiles.
+    // With the CPU's arithmetic (cuda::prompt_exact()) the tiles go to the prefill kernel that
+    // sums each row's context in the CPU's chunks (the flash kernel's FP16 tiles would not).
     const bool all_decode =
-        n <= kGraphMaxBatch || !cuda::attn_has_prefill(as) || cuda::prompt_exact();
+        n <= kGraphMaxBatch || !cuda::attn_has_prefill(as, cuda::prompt_exact());
     for (int i = 0; i < n;) {
         int j = i + 1;
         if (!all_decode)
@@ -711,7 +711,8 @@ void CudaBackend::run(const Op& op) {
                 cuda::matmul_adopt_activations(*mm_, f(3), n_rows_, as.q_dim(), slot);
                 after_matmul_ = true;
             }
-            cuda::attn_prefill(as, f(0), kc, vc, d_tiles, n_tiles_, f(3), stream_);
+            cuda::attn_prefill(as, f(0), kc, vc, d_tiles, n_tiles_, f(3), stream_,
+                               cuda::prompt_exact());
             return;
         }
         case OpKind::Swiglu:

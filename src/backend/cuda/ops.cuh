@@ -149,7 +149,9 @@ constexpr int kPrefillTileRows = 64;
 // Whether the fast kernels (tiled split-K decode, tensor-core prefill) handle this shape; the
 // generic decode kernel handles any head_dim <= 256 (even) and any group size.
 bool attn_has_fast_decode(const AttnShape& s);
-bool attn_has_prefill(const AttnShape& s);
+// exact: the prefill kernel with the CPU's arithmetic (decode's), for the prompt path with
+// prompt_exact(); it takes any group up to 64 query heads a KV head.
+bool attn_has_prefill(const AttnShape& s, bool exact = false);
 
 // Called once per process and device before the first launch (raises shared-memory limits).
 void attn_init();
@@ -196,8 +198,10 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
 bool attn_decode_fuses_rope(const AttnShape& s, int n_rows);
 
 // Causal attention for whole tiles of consecutive positions (flash attention on tensor cores,
-// online softmax, GQA). Needs attn_has_prefill(s).
+// online softmax, GQA). Needs attn_has_prefill(s, exact). exact: the CPU backend's arithmetic,
+// as attn_decode computes it (the same bits as decode rows, far fewer reads of the cache).
 void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache, const __half* v_cache,
-                  const AttnTile* tiles, int n_tiles, float* out, cudaStream_t stream);
+                  const AttnTile* tiles, int n_tiles, float* out, cudaStream_t stream,
+                  bool exact = false);
 
 }  // namespace nt::cuda
