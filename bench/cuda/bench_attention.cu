@@ -368,7 +368,8 @@ void bench_prefill(const Opts& o, const CudaDeviceInfo& dev) {
             bool wrong = err > (version == 2 ? 4e-3 : 2e-5);
             if (version == 1) decode_out = out;
             if (version == 3)
-                wrong |= std::memcmp(out.data(), decode_out.data(), out.size() * sizeof(float)) != 0;
+                wrong |=
+                    std::memcmp(out.data(), decode_out.data(), out.size() * sizeof(float)) != 0;
             const double us = time_us(o.iters, launch);
             const double tf = flops / (us * 1e-6) / 1e12;
             const double of_peak = version == 3 ? tf / fp32_tops : tf / o.peak_tflops;

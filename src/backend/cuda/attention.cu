@@ -903,16 +903,16 @@ __global__ void __launch_bounds__(kThreads) attn_prefill_kernel(PrefillArgs a) {
 // Positions past a pair's row weigh 0 and past the block's last row are zeros in shared memory,
 // so the float chains see the CPU's terms and +0s. One block does the whole context of its rows
 // (no slices to merge); blocks go longest first.
-constexpr int kXP = 64;       // (row, head) pairs a block
+constexpr int kXP = 64;  // (row, head) pairs a block
 constexpr int kXThreads = 256;
 
 template <int HD>
 struct ExactPrefill {
     static constexpr int TP = kAttnChunk;
-    static constexpr int ROW = HD + 4;     // floats: 16-byte rows in distinct banks
-    static constexpr int SROW = TP + 4;    // scores [pair][pos]
-    static constexpr int EROW = kXP + 4;   // weights [pos][pair], over the K chunk
-    static constexpr int DG = HD / 4;      // P*V: dim groups of 4
+    static constexpr int ROW = HD + 4;                // floats: 16-byte rows in distinct banks
+    static constexpr int SROW = TP + 4;               // scores [pair][pos]
+    static constexpr int EROW = kXP + 4;              // weights [pos][pair], over the K chunk
+    static constexpr int DG = HD / 4;                 // P*V: dim groups of 4
     static constexpr int PPT = kXP * DG / kXThreads;  // P*V: pairs a thread
     static_assert(TP * EROW <= TP * ROW && kXThreads % DG == 0 && PPT * kXThreads == kXP * DG);
     static constexpr size_t kQ = 0, kK = kQ + size_t(kXP) * ROW * 4, kV = kK + size_t(TP) * ROW * 4,
@@ -961,8 +961,8 @@ __global__ void __launch_bounds__(kXThreads, 1) attn_prefill_exact_kernel(ExactP
         const int pr = i / (HD / 4), c = i % (HD / 4);
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (pr < P)
-            v = *reinterpret_cast<const float4*>(
-                a.q + size_t(tile.row0 + r0 + pr / G) * q_dim + size_t(kvh * G + pr % G) * HD + 4 * c);
+            v = *reinterpret_cast<const float4*>(a.q + size_t(tile.row0 + r0 + pr / G) * q_dim +
+                                                 size_t(kvh * G + pr % G) * HD + 4 * c);
         *reinterpret_cast<float4*>(qs + pr * ROW + 4 * c) = v;
     }
     if (tid < kXP) {
@@ -1019,7 +1019,8 @@ __global__ void __launch_bounds__(kXThreads, 1) attn_prefill_exact_kernel(ExactP
             for (int d = 0; d < HD; d += 4) {
                 float4 qv[4], kv[4];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(qr + i * ROW + d);
+                for (int i = 0; i < 4; ++i)
+                    qv[i] = *reinterpret_cast<const float4*>(qr + i * ROW + d);
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
                     kv[j] = *reinterpret_cast<const float4*>(kr + 16 * j * ROW + d);
@@ -1055,8 +1056,10 @@ __global__ void __launch_bounds__(kXThreads, 1) attn_prefill_exact_kernel(ExactP
             }
             const bool l0 = lane < live, l1 = lane + 32 < live;
             const float mx = warp_max(fmaxf(l0 ? s0 : -INFINITY, l1 ? s1 : -INFINITY));
-            const float e0 = l0 ? __double2float_rn(detail::exp_lean(double(s0) - double(mx))) : 0.f;
-            const float e1 = l1 ? __double2float_rn(detail::exp_lean(double(s1) - double(mx))) : 0.f;
+            const float e0 =
+                l0 ? __double2float_rn(detail::exp_lean(double(s0) - double(mx))) : 0.f;
+            const float e1 =
+                l1 ? __double2float_rn(detail::exp_lean(double(s1) - double(mx))) : 0.f;
             const double sum = warp_sum(double(e0) + double(e1));
             es[lane * X::EROW + i] = e0;
             es[(lane + 32) * X::EROW + i] = e1;
@@ -1095,7 +1098,8 @@ __global__ void __launch_bounds__(kXThreads, 1) attn_prefill_exact_kernel(ExactP
             for (int i = 0; i < X::PPT; ++i) {
                 const double c_old = ml[4 * (pp0 + i) + 2], c_new = ml[4 * (pp0 + i) + 3];
 #pragma unroll
-                for (int j = 0; j < 4; ++j) acc[i][j] = acc[i][j] * c_old + double(pv[i][j]) * c_new;
+                for (int j = 0; j < 4; ++j)
+                    acc[i][j] = acc[i][j] * c_old + double(pv[i][j]) * c_new;
             }
         }
     }
@@ -1104,8 +1108,8 @@ __global__ void __launch_bounds__(kXThreads, 1) attn_prefill_exact_kernel(ExactP
         const int pr = pp0 + i;
         if (pr >= P) continue;
         const double l = ml[4 * pr + 1];
-        float* dst = a.out + size_t(tile.row0 + r0 + pr / G) * q_dim + size_t(kvh * G + pr % G) * HD +
-                     4 * dg;
+        float* dst = a.out + size_t(tile.row0 + r0 + pr / G) * q_dim +
+                     size_t(kvh * G + pr % G) * HD + 4 * dg;
         *reinterpret_cast<float4*>(dst) = make_float4(float(acc[i][0] / l), float(acc[i][1] / l),
                                                       float(acc[i][2] / l), float(acc[i][3] / l));
     }

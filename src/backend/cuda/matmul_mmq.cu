@@ -84,7 +84,8 @@ struct MmqTile {
 
 // sum over sub-blocks of m * (the token's sum of quants), the K-quants' mins term, on the
 // tensor cores (mma.m16n8k16: k = sub-block, lane t4 holds sub-blocks 4t4..4t4+3): a token's
-// sums (|s| <= 32 * 127) go as 64 * hi + lo, hi in -64..63 and lo in 0..63, both int8.
+// sums (|s| <= 32 * 127) go as 64 * hi + lo, hi in -64..63 and lo in 0..63, both int8. The
+// result is biased by kI2dBias, for i2d_biased.
 __device__ __forceinline__ void mins_mma(const uint32_t (&amin)[2], const MmqTile& t, bool live,
                                          int t4, int (&ms)[4]) {
     const uint32_t* q = reinterpret_cast<const uint32_t*>(t.qmin);
@@ -92,21 +93,22 @@ __device__ __forceinline__ void mins_mma(const uint32_t (&amin)[2], const MmqTil
     const uint32_t bl = live ? q[4 + t4] : 0u;
     int mh[4], ml[4];
     mma_s8_16816(mh, amin[0], amin[1], bh);
-    mma_s8_16816(ml, amin[0], amin[1], bl);
+    mma_s8_16816(ml, amin[0], amin[1], bl, kI2dBias);
 #pragma unroll
     for (int i = 0; i < 4; ++i) ms[i] = 64 * mh[i] + ml[i];
 }
 
 // A K-quant block's term with mins, d dx is - dmin dx ms (rows g, g + 8 by tokens 2t4, 2t4 + 1):
 // is d and ms dmin are exact in a double (at most 27 + 11 and 21 + 11 bits), so their
-// difference rounds once and its product with dx once more, in the fma that adds it.
+// difference rounds once and its product with dx once more, in the fma that adds it. is and ms
+// come biased by kI2dBias.
 __device__ __forceinline__ void k_block_term(const double (&d)[2], const double (&dmin)[2],
                                              const int (&is)[4], const int (&ms)[4],
                                              const MmqTile& t, double (&acc)[4]) {
     const double dx[2] = {t.xd0[0], t.xd1[0]};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const double u = fma(i2d(is[i]), d[i >> 1], -(i2d(ms[i]) * dmin[i >> 1]));
+        const double u = fma(i2d_biased(is[i]), d[i >> 1], -(i2d_biased(ms[i]) * dmin[i >> 1]));
         acc[i] = fma(u, dx[i & 1], acc[i]);
     }
 }
@@ -185,8 +187,11 @@ struct MmqQ45k : MmqOneScale {
     }
     __device__ static void tile(const A& a, const MmqTile& t, int t4, int /*nblk*/,
                                 double (&acc)[4]) {
-        // A chain of mmas a digit and nibble: four chains of four, to shorten the waits.
+        // A chain of mmas a digit and nibble: four chains of four, to shorten the waits. One
+        // starts at kI2dBias: is comes biased, as k_block_term takes it.
         int h[2][4] = {}, l[2][4] = {};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) l[1][i] = int(kI2dBias);
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
 #pragma unroll
@@ -309,7 +314,8 @@ struct MmqK16 : MmqOneScale {
     }
     __device__ static void tile(const A& a, const MmqTile& t, int t4, int /*nblk*/,
                                 double (&acc)[4]) {
-        int is[4] = {0, 0, 0, 0};
+        constexpr int kB = int(kI2dBias);  // is biased, for i2d_biased
+        int is[4] = {kB, kB, kB, kB};
 #pragma unroll
         for (int k = 0; k < 16; ++k) {
             const uint32_t b = *reinterpret_cast<const uint32_t*>(t.xr + 16 * k + 4 * t4);
@@ -326,7 +332,8 @@ struct MmqK16 : MmqOneScale {
             // is * d is exact (at most 26 + 11 bits); one rounding in the fma.
             const double dx[2] = {t.xd0[0], t.xd1[0]};
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[i] = fma(i2d(is[i]) * a.d[i >> 1], dx[i & 1], acc[i]);
+            for (int i = 0; i < 4; ++i)
+                acc[i] = fma(i2d_biased(is[i]) * a.d[i >> 1], dx[i & 1], acc[i]);
         }
     }
 };
@@ -363,12 +370,12 @@ struct MmqQ80 {
             if (u >= nblk) break;
             const uint2 xv = *reinterpret_cast<const uint2*>(t.xr + 32 * u + 8 * t4);
             int dot[4];
-            mma_s8_16832(dot, a.q[u][0], a.q[u][1], a.q[u][2], a.q[u][3], xv.x, xv.y);
+            mma_s8_16832(dot, a.q[u][0], a.q[u][1], a.q[u][2], a.q[u][3], xv.x, xv.y, kI2dBias);
             // dot * d is exact (at most 19 + 11 bits): one rounding, in the fma.
             const double dx[2] = {t.xd0[u], t.xd1[u]};
 #pragma unroll
             for (int i = 0; i < 4; ++i)
-                acc[i] = fma(i2d(dot[i]) * a.d[u][i >> 1], dx[i & 1], acc[i]);
+                acc[i] = fma(i2d_biased(dot[i]) * a.d[u][i >> 1], dx[i & 1], acc[i]);
         }
     }
 };
@@ -432,7 +439,7 @@ struct MmqLegacy4 {
             const uint32_t b0 = *reinterpret_cast<const uint32_t*>(t.xr + 32 * u + 4 * t4);
             const uint32_t b1 = *reinterpret_cast<const uint32_t*>(t.xr + 32 * u + 16 + 4 * t4);
             int s[4];
-            mma_s8_16832(s, a.lo[u][0], a.lo[u][1], a.hi[u][0], a.hi[u][1], b0, b1);
+            mma_s8_16832(s, a.lo[u][0], a.lo[u][1], a.hi[u][0], a.hi[u][1], b0, b1, kI2dBias);
             // d s and m xs (with a min) are exact, as are dx s and off xs (without): each
             // fma rounds once.
             const double2 x[2] = {reinterpret_cast<const double2*>(t.xd0)[u],
@@ -442,9 +449,9 @@ struct MmqLegacy4 {
                 const double d = a.d[u][i >> 1];
                 const double2 xi = x[i & 1];
                 if constexpr (kMin)
-                    acc[i] = fma(i2d(s[i]) * d, xi.x, fma(a.m[u][i >> 1], xi.y, acc[i]));
+                    acc[i] = fma(i2d_biased(s[i]) * d, xi.x, fma(a.m[u][i >> 1], xi.y, acc[i]));
                 else
-                    acc[i] = fma(d, fma(xi.x, i2d(s[i]), xi.y), acc[i]);
+                    acc[i] = fma(d, fma(xi.x, i2d_biased(s[i]), xi.y), acc[i]);
             }
         }
     }

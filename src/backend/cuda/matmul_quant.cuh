@@ -61,6 +61,18 @@ NT_HD double i2d(int v) {
 #endif
 }
 
+// i2d's input with its sign bit already flipped: integer sums that start at kI2dBias (an mma's
+// accumulator seeded with it, the sums then taken modulo 2^32) hold v + 2^31, the low word i2d
+// builds, and skip its flip. Exact for |v| < 2^31.
+constexpr uint32_t kI2dBias = 0x80000000u;
+NT_HD double i2d_biased(int b) {
+#ifdef __CUDA_ARCH__
+    return __hiloint2double(0x43300000, b) - 4503601774854144.0;
+#else
+    return double(int64_t(uint32_t(b)) - int64_t(kI2dBias));
+#endif
+}
+
 NT_HD uint32_t ld_u16(const uint8_t* p) {  // p 2-byte aligned
 #ifdef __CUDA_ARCH__
     return *reinterpret_cast<const uint16_t*>(p);
