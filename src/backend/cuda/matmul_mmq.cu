@@ -466,13 +466,18 @@ struct MmqLayout {
     static constexpr int kMmqTokens = 8 * kTiles;
     static constexpr int kWBytes = kMmqRows * P::kWSlot;
     static constexpr int kXBytes = kMmqTokens * P::kXStride;
-    static constexpr int kXdBytes = kMmqTokens * P::kXdIn * 8;
+    // A token's activation scales in the stage: its kXdIn float2, in a slot of at least 16
+    // bytes (the bulk copies move multiples of 16).
+    static constexpr int kXdSlot = P::kXdIn * 8 < 16 ? 16 : P::kXdIn * 8;
+    static constexpr int kXdBytes = kMmqTokens * kXdSlot;
     static constexpr int kStage = kWBytes + kXBytes + kXdBytes;
     // Doubles a token: 16 bytes of padding puts the 4 token pairs of a warp in distinct banks.
     static constexpr int kXddStride = P::kXdd == 1 ? 8 : P::kXdd * 8 + 16;
     static constexpr int kXddBytes = kMmqTokens * kXddStride;
     static constexpr int kMinBytes = P::kMinSubs ? kMmqTokens * kQminStride : 0;
-    static constexpr int kBytes = P::kStages * kStage + kXddBytes + kMinBytes;
+    // then an mbarrier a stage (the bulk loader's)
+    static constexpr int kBars = P::kStages * kStage + kXddBytes + kMinBytes;
+    static constexpr int kBytes = kBars + P::kStages * 8;
     static_assert(kWBytes % 16 == 0 && kXBytes % 16 == 0 && kXdBytes % 16 == 0);
     // A row's step starts up to kMaxOff bytes above its 16-byte floor.
     static_assert(P::kWSlot % 16 == 0 && P::kWSlot >= P::kStepBytes + P::kMaxOff);
@@ -480,7 +485,10 @@ struct MmqLayout {
 
 // blockIdx.x: token tile (the fastest, so CTAs that share weight rows run together and the
 // weights come from L2 after the first), blockIdx.y: row tile.
-template <class P, int kMmqTiles>
+// kBulk (sm_90, where mmq_bulk() holds): the step's copies by the copy engine, one cp.async.bulk
+// a weight row, a token's quants and its scales, counted on the stage's mbarrier: a thread issues
+// one or two copies a step instead of a dozen 16-byte cp.async with their address arithmetic.
+template <class P, int kMmqTiles, bool kBulk>
 __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ? 3 : 2)
     gemm_mmq(const uint8_t* __restrict__ w, int64_t rows, int64_t cols, int64_t row_bytes,
              const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
@@ -538,12 +546,69 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
             const int tok = (tok0 + tk < n ? tok0 + tk : n - 1);
             const int64_t b = kb * 8 + j;
             const bool in = b < xd_row;
-            cp_async8(xds + 8 * i, in ? xd + int64_t(tok) * xd_row + b : xd, in ? 8 : 0);
+            cp_async8(xds + tk * L::kXdSlot + 8 * j, in ? xd + int64_t(tok) * xd_row + b : xd,
+                      in ? 8 : 0);
         }
     };
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
+    // The same copies as load's, by the copy engine (mmq_bulk(): cols a multiple of 256, so a
+    // token's quants and scales of a step are whole and 16-byte aligned). Threads below kMmqRows
+    // take a weight row's slot, the next kMmqTokens a token; every thread arrives on the stage's
+    // barrier once, announcing its bytes. A slot that would read past the matrix (its last row)
+    // is copied by plain loads, before the arrival that publishes it.
+    auto load_bulk = [&](int s, int64_t kb) {
+        uint8_t* st = smem + s * L::kStage;
+        uint64_t* bar = bars + s;
+        if (tid < kMmqRows) {
+            const int64_t row = min64(row0 + tid, rows - 1);
+            const uint8_t* start = w + row * row_bytes + kb * P::kStepBytes;
+            const uint8_t* src = reinterpret_cast<const uint8_t*>(
+                reinterpret_cast<uintptr_t>(start) & ~uintptr_t(15));
+            uint8_t* dst = st + tid * P::kWSlot;
+            const int64_t left = w_end - src;
+            if (left >= P::kWSlot) {
+                mbar_expect_tx(bar, P::kWSlot);
+                bulk_copy_g2s(dst, src, P::kWSlot, bar);
+            } else {
+                for (int b = 0; b < P::kWSlot; b += 2)
+                    *reinterpret_cast<uint16_t*>(dst + b) =
+                        b < left ? *reinterpret_cast<const uint16_t*>(src + b) : uint16_t(0);
+                mbar_expect_tx(bar, 0);
+            }
+        } else if (tid - kMmqRows < kMmqTokens) {
+            const int tk = tid - kMmqRows;
+            const int tok = (tok0 + tk < n ? tok0 + tk : n - 1);
+            uint8_t* xs = st + L::kWBytes;
+            mbar_expect_tx(bar, kStepElems + L::kXdSlot);
+            bulk_copy_g2s(xs + tk * P::kXStride, xq + int64_t(tok) * cols + kb * kStepElems,
+                          kStepElems, bar);
+            bulk_copy_g2s(xs + L::kXBytes + tk * L::kXdSlot, xd + int64_t(tok) * xd_row + kb * 8,
+                          L::kXdSlot, bar);
+        } else {
+            mbar_expect_tx(bar, 0);
+        }
+    };
+    constexpr bool kUseBulk = kBulk;
+    if constexpr (kUseBulk) {
+        if (tid == 0) {
+            for (int s = 0; s < P::kStages; ++s) mbar_init(bars + s, kMmqThreads);
+            mbar_fence_init();
+        }
+        __syncthreads();
+    }
+#else
+    constexpr bool kUseBulk = false;  // (kBulk is never launched below sm_90)
+    auto load_bulk = load;
+#endif
 
     for (int s = 0; s < P::kStages - 1; ++s) {
-        if (s < steps) load(s, s);
+        if (s < steps) {
+            if constexpr (kUseBulk)
+                load_bulk(s, s);
+            else
+                load(s, s);
+        }
         cp_async_commit();
     }
     double acc[kMmqTiles][4];
@@ -553,10 +618,21 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.0;
 
     for (int64_t kb = 0; kb < steps; ++kb) {
-        cp_async_wait<P::kStages - 2>();
+        if constexpr (kUseBulk) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            mbar_wait(bars + int(kb % P::kStages), uint32_t(kb / P::kStages) & 1u);
+#endif
+        } else {
+            cp_async_wait<P::kStages - 2>();
+        }
         __syncthreads();
-        if (kb + P::kStages - 1 < steps)
-            load(int((kb + P::kStages - 1) % P::kStages), kb + P::kStages - 1);
+        if (kb + P::kStages - 1 < steps) {
+            const int s = int((kb + P::kStages - 1) % P::kStages);
+            if constexpr (kUseBulk)
+                load_bulk(s, kb + P::kStages - 1);
+            else
+                load(s, kb + P::kStages - 1);
+        }
         cp_async_commit();
         uint8_t* st = smem + int(kb % P::kStages) * L::kStage;
         const int8_t* xs = reinterpret_cast<const int8_t*>(st + L::kWBytes);
@@ -566,7 +642,7 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
         // The step's activation scales as doubles, converted once here rather than by every
         // warp for every tile.
         for (int i = tid; i < kMmqTokens * P::kXdIn; i += kMmqThreads)
-            P::xdd(xds[i], i % P::kXdIn,
+            P::xdd(xds[i / P::kXdIn * (L::kXdSlot / 8) + i % P::kXdIn], i % P::kXdIn,
                    reinterpret_cast<double*>(xdd + (i / P::kXdIn) * L::kXddStride));
         if constexpr (P::kMinSubs > 0) {
             // Each token's sums of quants a sub-block, as int8 hi (sum >> 6) and lo (sum & 63).
@@ -616,12 +692,12 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
         }
 }
 
-template <class P, int kTiles>
+template <class P, int kTiles, bool kBulk>
 void launch_mmq_tiles(const char* what, const void* w, int64_t rows, int64_t cols,
                       const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t stream) {
     using L = MmqLayout<P, kTiles>;
     static const bool ready = [] {
-        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_mmq<P, kTiles>,
+        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_mmq<P, kTiles, kBulk>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
                       "cudaFuncSetAttribute (mmq shared memory)");
         return true;
@@ -631,19 +707,42 @@ void launch_mmq_tiles(const char* what, const void* w, int64_t rows, int64_t col
     if (row_tiles > 65535)
         nt::fail("%s: %lld rows (at most %d).", what, (long long)rows, 65535 * kMmqRows);
     const dim3 grid(unsigned((n + L::kMmqTokens - 1) / L::kMmqTokens), unsigned(row_tiles));
-    gemm_mmq<P, kTiles><<<grid, kMmqThreads, L::kBytes, stream>>>(
+    gemm_mmq<P, kTiles, kBulk><<<grid, kMmqThreads, L::kBytes, stream>>>(
         static_cast<const uint8_t*>(w), rows, cols, int64_t(row_bytes(P::kType, cols)), xq, xd, n,
         y);
     NT_CUDA_CHECK(cudaGetLastError(), what);
 }
 
+// Whether the copy engine can take the step's copies (gemm_mmq's kBulk): an sm_90 device
+// (NT_MMQ_BULK=0 turns it off), rows a multiple of 256 long (a token's quants and scales of a
+// step then whole and 16-byte aligned) and 16-byte aligned buffers.
+bool mmq_bulk(int64_t cols, const void* w, const int8_t* xq, const float2* xd) {
+    static const bool sm90 = [] {
+        int dev = 0, major = 0;
+        NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
+        NT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                      "cudaDeviceGetAttribute");
+        return major >= 9 && env_int("NT_MMQ_BULK", 1) != 0;
+    }();
+    const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+    return sm90 && cols % kStepElems == 0 && aligned(w) && aligned(xq) && aligned(xd);
+}
+
 template <class P>
 void launch_mmq_as(const char* what, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                    const float2* xd, int n, float* y, cudaStream_t stream, int tiles) {
-    if ((tiles ? tiles : mmq_tiles()) == 4)
-        launch_mmq_tiles<P, 4>(what, w, rows, cols, xq, xd, n, y, stream);
-    else
-        launch_mmq_tiles<P, 8>(what, w, rows, cols, xq, xd, n, y, stream);
+    const bool bulk = mmq_bulk(cols, w, xq, xd);
+    if ((tiles ? tiles : mmq_tiles()) == 4) {
+        if (bulk)
+            launch_mmq_tiles<P, 4, true>(what, w, rows, cols, xq, xd, n, y, stream);
+        else
+            launch_mmq_tiles<P, 4, false>(what, w, rows, cols, xq, xd, n, y, stream);
+    } else {
+        if (bulk)
+            launch_mmq_tiles<P, 8, true>(what, w, rows, cols, xq, xd, n, y, stream);
+        else
+            launch_mmq_tiles<P, 8, false>(what, w, rows, cols, xq, xd, n, y, stream);
+    }
 }
 
 }  // namespace
