@@ -14,24 +14,27 @@
 //
 // Shape. A CTA takes 64 weight rows by 64 activation rows (tokens): 4 warps of 16 weight rows,
 // each multiplying its rows by all 64 tokens as 8 tiles of m16n8 (or by 32 tokens as 4 tiles:
-// mmq_tiles()). A step is 256 elements of
-// the row (one K-quant block, or 8 legacy blocks); its weights, its int8 activations and their
-// scales go through shared memory by cp.async, 3 steps in flight. Each warp prepares its A
-// fragments and scales once a step and reuses them for the 8 token tiles, so the weight-side
-// work (unpacking nibbles, 6-bit scales) is shared by 64 tokens; the per-token work is the mma,
-// the integer scaling of each sub-block's sum and the double epilogue:
-//   Q4_K  mma.m16n8k32 per 32-element sub-block, sum(sc * dot) in int32 over the block; the
-//         mins' sum(m * sum qx) by two mma.m16n8k16 on the tensor cores (the 8 mins of a row
-//         against each token's 8 sub-block sums, split as 64 * hi + lo to fit int8, in shared
-//         memory); dx * (is * d - ms * dmin) in double once a block;
+// mmq_tiles()). A step is 256 elements of the row (one K-quant block, or 8 legacy blocks); its
+// weights, its int8 activations and their scales go through shared memory, 3 steps in flight,
+// by cp.async or (sm_90, mmq_bulk()) by the copy engine. Each warp prepares its A fragments and
+// scales once a step and reuses them for the 8 token tiles, so the weight-side work (unpacking
+// nibbles, 6-bit scales) is shared by 64 tokens; the per-token work is the mma, the integer
+// scaling of each sub-block's sum and the double epilogue:
+//   Q4_K  the 6-bit sub-block scales ride in A as two 3-bit digits (u8 sh * q and sl * q), so
+//         four chains of mma.m16n8k32 sum the whole block on the tensor cores and
+//         is = 8 sum(sh q x) + sum(sl q x) needs no multiply per sub-block; the mins'
+//         sum(m * sum qx) by two mma.m16n8k16 (the 8 mins of a row against each token's 8
+//         sub-block sums, split as 64 * hi + lo to fit int8, in shared memory); dx * (is * d -
+//         ms * dmin) in double once a block;
 //   Q6_K  mma.m16n8k16 per 16-element sub-block on q - 32, sum(sc * dot) in int32; dx * (is * d);
 //   Q8_0  mma.m16n8k32 per block, dx * (dot * d) in double;
 //   Q4_1  mma.m16n8k32 per block, dx * (dot * d) + m * s (the Q8_1 activations' s) in double.
 // These are the GEMV's terms (matmul_gemv_mma.cuh for the first three) with other roundings of
 // the same double products (each integer-times-scale product here is exact, each fma rounds
 // once) and another order of double sums: the same floats but for ties. The activations'
-// scales are converted to double once a step in shared memory and the integer sums by i2d
-// (matmul_quant.cuh), both off the conversion unit, which every tile would otherwise wait on.
+// scales are converted to double once a step in shared memory and the integer sums by
+// i2d_biased (matmul_quant.cuh: the sums start at 2^31, in the mma's accumulator), both off the
+// conversion unit, which every tile would otherwise wait on.
 //
 // Fragments as in matmul_gemv_mma.cuh: lane = 4g + t4; C c0, c1 at (row g, tokens 2t4, 2t4 + 1),
 // c2, c3 at row g + 8. Activation rows in shared memory are padded (288 or 272 bytes) so that
