@@ -689,8 +689,10 @@ struct PrefillArgs {
     const __half* vc;
     const AttnTile* tiles;
     float* out;
-    int n_head, n_ctx, kv_dim, group, n_tiles;
+    int n_head, n_head_kv, n_ctx, kv_dim, group, n_tiles;
     float scale_log2;
+    int parts;    // the exact kernel: blocks a tile (kXP / group rows each)
+    float scale;  // the exact kernel: 1/sqrt(head_dim), the CPU's
 };
 
 template <int HD>
@@ -920,18 +922,8 @@ struct ExactPrefill {
     static constexpr size_t smem_bytes() { return kML + size_t(kXP) * 4 * sizeof(double); }
 };
 
-struct ExactPrefillArgs {
-    const float* q;
-    const __half* kc;
-    const __half* vc;
-    const AttnTile* tiles;
-    float* out;
-    int n_head, n_head_kv, n_ctx, kv_dim, group, n_tiles, parts;
-    float scale;
-};
-
 template <int HD>
-__global__ void __launch_bounds__(kXThreads, 1) attn_prefill_exact_kernel(ExactPrefillArgs a) {
+__global__ void __launch_bounds__(kXThreads, 1) attn_prefill_exact_kernel(PrefillArgs a) {
     using X = ExactPrefill<HD>;
     constexpr int TP = X::TP, ROW = X::ROW;
     extern __shared__ __align__(16) uint8_t smem[];
@@ -1310,32 +1302,6 @@ void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache, con
     if (!attn_has_prefill(s, exact))
         fail("attention: no prefill kernel for head_dim %d and %d query heads a KV head.",
              s.head_dim, s.group());
-    if (exact) {
-        ExactPrefillArgs x;
-        x.q = q;
-        x.kc = k_cache;
-        x.vc = v_cache;
-        x.tiles = tiles;
-        x.out = out;
-        x.n_head = s.n_head;
-        x.n_head_kv = s.n_head_kv;
-        x.n_ctx = s.n_ctx;
-        x.kv_dim = s.kv_dim();
-        x.group = s.group();
-        x.n_tiles = n_tiles;
-        const int rows = kXP / s.group();
-        x.parts = (kPrefillTileRows + rows - 1) / rows;
-        x.scale = 1.0f / std::sqrt(float(s.head_dim));  // the CPU's
-        const unsigned blocks = unsigned(s.n_head_kv) * unsigned(n_tiles) * unsigned(x.parts);
-        if (s.head_dim == 64)
-            attn_prefill_exact_kernel<64>
-                <<<blocks, kXThreads, ExactPrefill<64>::smem_bytes(), stream>>>(x);
-        else
-            attn_prefill_exact_kernel<128>
-                <<<blocks, kXThreads, ExactPrefill<128>::smem_bytes(), stream>>>(x);
-        NT_CUDA_CHECK(cudaGetLastError(), "attention prefill kernel (exact)");
-        return;
-    }
     PrefillArgs a;
     a.q = q;
     a.kc = k_cache;
@@ -1343,11 +1309,25 @@ void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache, con
     a.tiles = tiles;
     a.out = out;
     a.n_head = s.n_head;
+    a.n_head_kv = s.n_head_kv;
     a.n_ctx = s.n_ctx;
     a.kv_dim = s.kv_dim();
     a.group = s.group();
     a.n_tiles = n_tiles;
     a.scale_log2 = scale_log2(s.head_dim);
+    a.parts = (kPrefillTileRows + kXP / s.group() - 1) / (kXP / s.group());
+    a.scale = 1.0f / std::sqrt(float(s.head_dim));
+    if (exact) {
+        const unsigned blocks = unsigned(s.n_head_kv) * unsigned(n_tiles) * unsigned(a.parts);
+        if (s.head_dim == 64)
+            attn_prefill_exact_kernel<64>
+                <<<blocks, kXThreads, ExactPrefill<64>::smem_bytes(), stream>>>(a);
+        else
+            attn_prefill_exact_kernel<128>
+                <<<blocks, kXThreads, ExactPrefill<128>::smem_bytes(), stream>>>(a);
+        NT_CUDA_CHECK(cudaGetLastError(), "attention prefill kernel (exact)");
+        return;
+    }
     const dim3 grid(unsigned(s.n_head), unsigned(n_tiles));
     if (s.head_dim == 64)
         attn_prefill_kernel<64><<<grid, kThreads, PrefillTile<64>::smem_bytes(), stream>>>(a);
