@@ -90,7 +90,7 @@ struct MmqTile {
 // sums (|s| <= 32 * 127) go as 64 * hi + lo, hi in -64..63 and lo in 0..63, both int8. The
 // result is biased by kI2dBias, for i2d_biased.
 __device__ __forceinline__ void mins_mma(const uint32_t (&amin)[2], const MmqTile& t, bool live,
-                                         int t4, int (&ms)[4]) {
+                                         int t4, uint32_t (&ms)[4]) {
     const uint32_t* q = reinterpret_cast<const uint32_t*>(t.qmin);
     const uint32_t bh = live ? q[t4] : 0u;
     const uint32_t bl = live ? q[4 + t4] : 0u;
@@ -98,7 +98,7 @@ __device__ __forceinline__ void mins_mma(const uint32_t (&amin)[2], const MmqTil
     mma_s8_16816(mh, amin[0], amin[1], bh);
     mma_s8_16816(ml, amin[0], amin[1], bl, kI2dBias);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) ms[i] = 64 * mh[i] + ml[i];
+    for (int i = 0; i < 4; ++i) ms[i] = 64u * uint32_t(mh[i]) + uint32_t(ml[i]);  // mod 2^32
 }
 
 // A K-quant block's term with mins, d dx is - dmin dx ms (rows g, g + 8 by tokens 2t4, 2t4 + 1):
@@ -106,7 +106,7 @@ __device__ __forceinline__ void mins_mma(const uint32_t (&amin)[2], const MmqTil
 // difference rounds once and its product with dx once more, in the fma that adds it. is and ms
 // come biased by kI2dBias.
 __device__ __forceinline__ void k_block_term(const double (&d)[2], const double (&dmin)[2],
-                                             const int (&is)[4], const int (&ms)[4],
+                                             const uint32_t (&is)[4], const uint32_t (&ms)[4],
                                              const MmqTile& t, double (&acc)[4]) {
     const double dx[2] = {t.xd0[0], t.xd1[0]};
 #pragma unroll
@@ -204,10 +204,10 @@ struct MmqQ45k : MmqOneScale {
                 mma_u8s8_16832_acc(l[n], a.l[n][c], x.x, x.y);
             }
         }
-        int is[4];
+        uint32_t is[4], ms[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) is[i] = 8 * (h[0][i] + h[1][i]) + l[0][i] + l[1][i];
-        int ms[4];
+        for (int i = 0; i < 4; ++i)  // modulo 2^32, as the biased sums are
+            is[i] = 8u * uint32_t(h[0][i] + h[1][i]) + uint32_t(l[0][i]) + uint32_t(l[1][i]);
         mins_mma(a.amin, t, t4 < 2, t4, ms);
         k_block_term(a.d, a.dmin, is, ms, t, acc);
     }
@@ -317,18 +317,18 @@ struct MmqK16 : MmqOneScale {
     }
     __device__ static void tile(const A& a, const MmqTile& t, int t4, int /*nblk*/,
                                 double (&acc)[4]) {
-        constexpr int kB = int(kI2dBias);  // is biased, for i2d_biased
-        int is[4] = {kB, kB, kB, kB};
+        // is biased, for i2d_biased (summed modulo 2^32)
+        uint32_t is[4] = {kI2dBias, kI2dBias, kI2dBias, kI2dBias};
 #pragma unroll
         for (int k = 0; k < 16; ++k) {
             const uint32_t b = *reinterpret_cast<const uint32_t*>(t.xr + 16 * k + 4 * t4);
             int dot[4];
             mma_s8_16816(dot, a.q[k][0], a.q[k][1], b);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) is[i] += a.sc[i >> 1][k] * dot[i];
+            for (int i = 0; i < 4; ++i) is[i] += uint32_t(a.sc[i >> 1][k] * dot[i]);
         }
         if constexpr (kQ2) {
-            int ms[4];
+            uint32_t ms[4];
             mins_mma(a.amin, t, true, t4, ms);
             k_block_term(a.d, a.dmin, is, ms, t, acc);
         } else {
@@ -378,7 +378,7 @@ struct MmqQ80 {
             const double dx[2] = {t.xd0[u], t.xd1[u]};
 #pragma unroll
             for (int i = 0; i < 4; ++i)
-                acc[i] = fma(i2d_biased(dot[i]) * a.d[u][i >> 1], dx[i & 1], acc[i]);
+                acc[i] = fma(i2d_biased(uint32_t(dot[i])) * a.d[u][i >> 1], dx[i & 1], acc[i]);
         }
     }
 };
@@ -452,9 +452,10 @@ struct MmqLegacy4 {
                 const double d = a.d[u][i >> 1];
                 const double2 xi = x[i & 1];
                 if constexpr (kMin)
-                    acc[i] = fma(i2d_biased(s[i]) * d, xi.x, fma(a.m[u][i >> 1], xi.y, acc[i]));
+                    acc[i] = fma(i2d_biased(uint32_t(s[i])) * d, xi.x,
+                                 fma(a.m[u][i >> 1], xi.y, acc[i]));
                 else
-                    acc[i] = fma(d, fma(xi.x, i2d_biased(s[i]), xi.y), acc[i]);
+                    acc[i] = fma(d, fma(xi.x, i2d_biased(uint32_t(s[i])), xi.y), acc[i]);
             }
         }
     }
@@ -716,16 +717,19 @@ void launch_mmq_tiles(const char* what, const void* w, int64_t rows, int64_t col
     NT_CUDA_CHECK(cudaGetLastError(), what);
 }
 
-// Whether the copy engine can take the step's copies (gemm_mmq's kBulk): an sm_90 device
-// (NT_MMQ_BULK=0 turns it off), rows a multiple of 256 long (a token's quants and scales of a
-// step then whole and 16-byte aligned) and 16-byte aligned buffers.
+// Whether the copy engine takes the step's copies (gemm_mmq's kBulk): asked for with
+// NT_MMQ_BULK=1 (off by default until it has been timed against cp.async on a GPU), an sm_90
+// device, rows a multiple of 256 long (a token's quants and scales of a step then whole and
+// 16-byte aligned) and 16-byte aligned buffers. The bulk copies' operands are uniform registers,
+// so a warp whose lanes copy 32 rows issues them one distinct address at a time: fewer
+// instructions than 16-byte cp.async only if that loop stays short.
 bool mmq_bulk(int64_t cols, const void* w, const int8_t* xq, const float2* xd) {
     static const bool sm90 = [] {
         int dev = 0, major = 0;
         NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
         NT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
                       "cudaDeviceGetAttribute");
-        return major >= 9 && env_int("NT_MMQ_BULK", 1) != 0;
+        return major >= 9 && env_int("NT_MMQ_BULK", 0) != 0;
     }();
     const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
     return sm90 && cols % kStepElems == 0 && aligned(w) && aligned(xq) && aligned(xd);

@@ -65,11 +65,11 @@ NT_HD double i2d(int v) {
 // accumulator seeded with it, the sums then taken modulo 2^32) hold v + 2^31, the low word i2d
 // builds, and skip its flip. Exact for |v| < 2^31.
 constexpr uint32_t kI2dBias = 0x80000000u;
-NT_HD double i2d_biased(int b) {
+NT_HD double i2d_biased(uint32_t b) {
 #ifdef __CUDA_ARCH__
-    return __hiloint2double(0x43300000, b) - 4503601774854144.0;
+    return __hiloint2double(0x43300000, int(b)) - 4503601774854144.0;
 #else
-    return double(int64_t(uint32_t(b)) - int64_t(kI2dBias));
+    return double(int64_t(b) - int64_t(kI2dBias));
 #endif
 }
 
