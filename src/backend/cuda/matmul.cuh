@@ -32,10 +32,10 @@ namespace nt::cuda {
 constexpr int kGemvMaxBatch = 8;
 
 // Whether a prompt (a batch above kGemvMaxBatch) runs with the CPU's arithmetic: the integer
-// GEMM for the types that have it, and each prompt row's attention as a decode row (the
-// chunked order the CPU sums in) instead of the FP16 flash-attention kernel. NT_EXACT_PROMPT=1
-// turns it on; the default is the FP16 paths (within FP16 rounding of the CPU), which run 8B
-// prompts 2.4x faster for now (docs/BENCHMARKS.md).
+// GEMM for the types that have it, and the prompt's attention by the prefill kernel that sums
+// in the CPU's chunks (attn_prefill's exact form) instead of the FP16 flash-attention kernel.
+// NT_EXACT_PROMPT=1 turns it on; the default is the FP16 paths (within FP16 rounding of the
+// CPU), which run 8B prompts 2.4x faster for now (docs/BENCHMARKS.md).
 bool prompt_exact();
 
 // Whether matmul() multiplies a batch of n rows of type t on the GEMV path (int8 activations,

@@ -78,6 +78,15 @@ __device__ __forceinline__ void mma_u8s8_16832_acc(int (&d)[4], const uint32_t (
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Four Q6_K quants as int8 (q - 32): the nibble t >> 1 of each byte of a word of ql with bits
+// 2t of the matching word of qh above it, for the quants' index t = 0..3 within their group.
+__device__ __forceinline__ uint32_t q6k_quants4(uint32_t ql, uint32_t qh, int t) {
+    const uint32_t lo = (ql >> (4 * (t >> 1))) & 0x0F0F0F0Fu;
+    const uint32_t hi =
+        (t == 0 ? qh << 4 : t == 1 ? qh << 2 : t == 2 ? qh : qh >> 2) & 0x30303030u;
+    return sub_bytes(lo | hi, 0x20202020u);
+}
+
 // The aligned word at or below p (p 2-byte aligned) and the shift that, with the next aligned
 // word, makes the word at p: __funnelshift_r(lo, hi, sh).
 __device__ __forceinline__ uint32_t mma_ld_floor(const uint8_t* p) {
@@ -235,17 +244,8 @@ struct MmaQ6k {
 #pragma unroll
                     for (int nib = 0; nib < 2; ++nib) {
                         const int t = tb + 2 * nib;
-                        uint32_t a[2];
-#pragma unroll
-                        for (int i = 0; i < 2; ++i) {
-                            const uint32_t lo = (ql[i] >> (4 * nib)) & 0x0F0F0F0Fu;
-                            const uint32_t hi = (t == 0   ? h[i] << 4
-                                                 : t == 1 ? h[i] << 2
-                                                 : t == 2 ? h[i]
-                                                          : h[i] >> 2) &
-                                                0x30303030u;
-                            a[i] = sub_bytes(lo | hi, 0x20202020u);
-                        }
+                        const uint32_t a[2] = {q6k_quants4(ql[0], h[0], t),
+                                               q6k_quants4(ql[1], h[1], t)};
                         const uint32_t b =
                             l.has_x ? *reinterpret_cast<const uint32_t*>(
                                           x + 128 * n + 32 * t + 16 * s)

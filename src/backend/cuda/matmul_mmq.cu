@@ -302,13 +302,7 @@ struct MmqK16 : MmqOneScale {
 #pragma unroll
                             for (int nib = 0; nib < 2; ++nib) {
                                 const int j = tb + 2 * nib;
-                                const uint32_t lo = (ql >> (4 * nib)) & 0x0F0F0F0Fu;
-                                const uint32_t hi = (j == 0   ? h << 4
-                                                     : j == 1 ? h << 2
-                                                     : j == 2 ? h
-                                                              : h >> 2) &
-                                                    0x30303030u;
-                                a.q[8 * n + 2 * j + s][i] = sub_bytes(lo | hi, 0x20202020u);
+                                a.q[8 * n + 2 * j + s][i] = q6k_quants4(ql, h, j);
                             }
                         }
                     }
