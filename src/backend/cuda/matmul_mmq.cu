@@ -65,7 +65,7 @@ constexpr int kQminStride = 48;
 
 // Token tiles of 8 a warp, 8 by default (64 tokens a CTA, two CTAs an SM: the double
 // accumulators of 8 tiles take 64 of about 210 registers). NT_MMQ_TILES=4 gives 32 tokens a
-// CTA and three CTAs an SM (165 registers for Q4_K): more warps to hide latency, the weights'
+// CTA and three CTAs an SM (168 registers for Q4_K): more warps to hide latency, the weights'
 // unpacking shared by half as many tokens. An A/B knob; not yet timed on a GPU.
 int mmq_tiles() {
     static const int t = env_int("NT_MMQ_TILES", 8) == 4 ? 4 : 8;
@@ -131,7 +131,8 @@ struct MmqQ45k : MmqOneScale {
     static constexpr GgmlType kType = Q5 ? GgmlType::Q5_K : GgmlType::Q4_K;
     static constexpr int kStepBytes = Q5 ? 176 : 144, kWSlot = kStepBytes, kXStride = 288;
     static constexpr int kMaxOff = 0, kStages = 3, kMinSubs = 8;  // blocks 16-byte aligned
-    static constexpr bool kThreeCtas = true;   // at 4 tiles, 168 registers without spilling
+    // At 4 tiles, 168 registers: no spill with cp.async; the bulk form spills 4-16 bytes.
+    static constexpr bool kThreeCtas = true;
     // The sub-block scales ride in A: sc = 8 sh + sl (sh, sl < 8), and A holds sh q and sl q as
     // unsigned bytes (at most 7 * 31 = 217), so the tensor cores sum sh q x and sl q x over the
     // whole block and is = 8 sum(sh q x) + sum(sl q x), the same integer as sum(sc * dot): two
@@ -229,7 +230,7 @@ struct MmqK16 : MmqOneScale {
     static constexpr int kMaxOff = kQ2 ? 12 : 14;  // Q2_K's blocks are 4-byte aligned
     static constexpr int kWSlot = (kStepBytes + kMaxOff + 15) / 16 * 16, kXStride = 272;
     static constexpr int kStages = 3, kMinSubs = kQ2 ? 16 : 0;
-    static constexpr bool kThreeCtas = kQ2;  // Q3_K and Q6_K spill at 168 registers
+    static constexpr bool kThreeCtas = kQ2;  // Q3_K and Q6_K spill at 168 (Q2_K bulk: 24 B)
     struct A {
         uint32_t q[16][2];  // sub-block k, rows g, g + 8: the quants as int8
         int sc[2][16];
