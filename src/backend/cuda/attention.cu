@@ -1110,6 +1110,10 @@ __global__ void __launch_bounds__(kXThreads, 1) attn_prefill_exact_kernel(Prefil
 float scale_log2(int head_dim) {
     return kLog2e / std::sqrt(float(head_dim));
 }
+// The scores' scale as the CPU computes it (the kernels with its arithmetic).
+float cpu_scale(int head_dim) {
+    return 1.0f / std::sqrt(float(head_dim));
+}
 
 void check_shape(const AttnShape& s) {
     if (s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0)
@@ -1246,7 +1250,7 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.kv_dim = s.kv_dim();
     a.group = s.group();
     a.splits = splits;
-    a.scale = 1.0f / std::sqrt(float(s.head_dim));  // the CPU's
+    a.scale = cpu_scale(s.head_dim);
     a.xq = nullptr;
     a.xd = nullptr;
     a.qmode = -1;
@@ -1316,7 +1320,7 @@ void attn_prefill(const AttnShape& s, const float* q, const __half* k_cache, con
     a.n_tiles = n_tiles;
     a.scale_log2 = scale_log2(s.head_dim);
     a.parts = (kPrefillTileRows + kXP / s.group() - 1) / (kXP / s.group());
-    a.scale = 1.0f / std::sqrt(float(s.head_dim));
+    a.scale = cpu_scale(s.head_dim);
     if (exact) {
         const unsigned blocks = unsigned(s.n_head_kv) * unsigned(n_tiles) * unsigned(a.parts);
         if (s.head_dim == 64)

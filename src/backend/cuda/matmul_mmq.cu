@@ -502,19 +502,24 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
     const int64_t steps = (cols + kStepElems - 1) / kStepElems;
     const int64_t xd_row = cols / 32;
 
-    // One step's copies into stage s: the weight rows' bytes from their 16-byte aligned floor
-    // (the slot keeps the offset), the tokens' quants (zeros past the row) and scales. Rows and
-    // tokens past the matrix repeat the last one (their outputs are not stored).
+    // Where weight row r's slot for step kb starts (the 16-byte floor of the step; the slot keeps
+    // the offset), and which token fills token slot tk: rows and tokens past the matrix repeat
+    // the last one (their outputs are not stored).
+    auto row_floor = [&](int r, int64_t kb) {
+        const int64_t row = min64(row0 + r, rows - 1);
+        const uint8_t* start = w + row * row_bytes + kb * P::kStepBytes;
+        return reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(start) &
+                                                ~uintptr_t(15));
+    };
+    auto token = [&](int tk) { return tok0 + tk < n ? tok0 + tk : n - 1; };
+    // One step's copies into stage s: the weight rows' slots, the tokens' quants (zeros past
+    // the row) and scales.
     auto load = [&](int s, int64_t kb) {
         uint8_t* st = smem + s * L::kStage;
         constexpr int kChunks = P::kWSlot / 16;
         for (int i = tid; i < kMmqRows * kChunks; i += kMmqThreads) {
             const int r = i / kChunks, c = i % kChunks;
-            const int64_t row = min64(row0 + r, rows - 1);
-            const uint8_t* start = w + row * row_bytes + kb * P::kStepBytes;
-            const uint8_t* src = reinterpret_cast<const uint8_t*>(
-                                     reinterpret_cast<uintptr_t>(start) & ~uintptr_t(15)) +
-                                 16 * c;
+            const uint8_t* src = row_floor(r, kb) + 16 * c;
             const int64_t left = w_end - src;
             uint8_t* dst = st + r * P::kWSlot + 16 * c;
             if (left >= 16) {
@@ -532,7 +537,7 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
         uint8_t* xs = st + L::kWBytes;
         for (int i = tid; i < kMmqTokens * 16; i += kMmqThreads) {
             const int tk = i >> 4, c = i & 15;
-            const int tok = (tok0 + tk < n ? tok0 + tk : n - 1);
+            const int tok = token(tk);
             const int64_t col = kb * kStepElems + 16 * c;
             const int64_t left = cols - col;
             const int bytes = left >= 16 ? 16 : left > 0 ? int(left) : 0;
@@ -542,7 +547,7 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
         uint8_t* xds = xs + L::kXBytes;
         for (int i = tid; i < kMmqTokens * P::kXdIn; i += kMmqThreads) {
             const int tk = i / P::kXdIn, j = i % P::kXdIn;
-            const int tok = (tok0 + tk < n ? tok0 + tk : n - 1);
+            const int tok = token(tk);
             const int64_t b = kb * 8 + j;
             const bool in = b < xd_row;
             cp_async8(xds + tk * L::kXdSlot + 8 * j, in ? xd + int64_t(tok) * xd_row + b : xd,
@@ -560,10 +565,7 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
         uint8_t* st = smem + s * L::kStage;
         uint64_t* bar = bars + s;
         if (tid < kMmqRows) {
-            const int64_t row = min64(row0 + tid, rows - 1);
-            const uint8_t* start = w + row * row_bytes + kb * P::kStepBytes;
-            const uint8_t* src = reinterpret_cast<const uint8_t*>(
-                reinterpret_cast<uintptr_t>(start) & ~uintptr_t(15));
+            const uint8_t* src = row_floor(tid, kb);
             uint8_t* dst = st + tid * P::kWSlot;
             const int64_t left = w_end - src;
             if (left >= P::kWSlot) {
@@ -577,7 +579,7 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
             }
         } else if (tid - kMmqRows < kMmqTokens) {
             const int tk = tid - kMmqRows;
-            const int tok = (tok0 + tk < n ? tok0 + tk : n - 1);
+            const int tok = token(tk);
             uint8_t* xs = st + L::kWBytes;
             mbar_expect_tx(bar, kStepElems + L::kXdSlot);
             bulk_copy_g2s(xs + tk * P::kXStride, xq + int64_t(tok) * cols + kb * kStepElems,
@@ -588,26 +590,33 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
             mbar_expect_tx(bar, 0);
         }
     };
-    constexpr bool kUseBulk = kBulk;
-    if constexpr (kUseBulk) {
+    if constexpr (kBulk) {
         if (tid == 0) {
             for (int s = 0; s < P::kStages; ++s) mbar_init(bars + s, kMmqThreads);
             mbar_fence_init();
         }
         __syncthreads();
     }
+    // Step kb into stage s, and the wait for step kb's stage, by either loader.
+    auto fill = [&](int s, int64_t kb) {
+        if constexpr (kBulk)
+            load_bulk(s, kb);
+        else
+            load(s, kb);
+    };
+    auto wait_step = [&](int64_t kb) {
+        if constexpr (kBulk)
+            mbar_wait(bars + int(kb % P::kStages), uint32_t(kb / P::kStages) & 1u);
+        else
+            cp_async_wait<P::kStages - 2>();
+    };
 #else
-    constexpr bool kUseBulk = false;  // (kBulk is never launched below sm_90)
-    auto load_bulk = load;
+    auto fill = load;  // (kBulk is never launched below sm_90)
+    auto wait_step = [](int64_t) { cp_async_wait<P::kStages - 2>(); };
 #endif
 
     for (int s = 0; s < P::kStages - 1; ++s) {
-        if (s < steps) {
-            if constexpr (kUseBulk)
-                load_bulk(s, s);
-            else
-                load(s, s);
-        }
+        if (s < steps) fill(s, s);
         cp_async_commit();
     }
     double acc[kMmqTiles][4];
@@ -617,21 +626,10 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.0;
 
     for (int64_t kb = 0; kb < steps; ++kb) {
-        if constexpr (kUseBulk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            mbar_wait(bars + int(kb % P::kStages), uint32_t(kb / P::kStages) & 1u);
-#endif
-        } else {
-            cp_async_wait<P::kStages - 2>();
-        }
+        wait_step(kb);
         __syncthreads();
-        if (kb + P::kStages - 1 < steps) {
-            const int s = int((kb + P::kStages - 1) % P::kStages);
-            if constexpr (kUseBulk)
-                load_bulk(s, kb + P::kStages - 1);
-            else
-                load(s, kb + P::kStages - 1);
-        }
+        if (kb + P::kStages - 1 < steps)
+            fill(int((kb + P::kStages - 1) % P::kStages), kb + P::kStages - 1);
         cp_async_commit();
         uint8_t* st = smem + int(kb % P::kStages) * L::kStage;
         const int8_t* xs = reinterpret_cast<const int8_t*>(st + L::kWBytes);

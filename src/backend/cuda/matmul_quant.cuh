@@ -49,21 +49,11 @@ NT_HD float h2f(uint32_t h) {
 #endif
 }
 
-// double(v), exactly. On the GPU by one DADD on the FP64 pipe: the low word of 2^52 + 2^31 + v
-// is v's bits with the sign bit flipped, so subtracting 2^52 + 2^31 leaves v. A plain int ->
-// double conversion goes through the conversion unit, a quarter of the FP64 pipe's rate on
-// sm_80 and sm_90, and the blocks' terms convert an integer sum or two each.
-NT_HD double i2d(int v) {
-#ifdef __CUDA_ARCH__
-    return __hiloint2double(0x43300000, int(uint32_t(v) ^ 0x80000000u)) - 4503601774854144.0;
-#else
-    return double(v);
-#endif
-}
-
-// i2d's input with its sign bit already flipped: integer sums that start at kI2dBias (an mma's
-// accumulator seeded with it, the sums then taken modulo 2^32) hold v + 2^31, the low word i2d
-// builds, and skip its flip. Exact for |v| < 2^31.
+// v from b = v + 2^31 (mod 2^32), exactly, for |v| < 2^31. On the GPU by one DADD on the FP64
+// pipe: b is the low word of the double 2^52 + 2^31 + v, so subtracting 2^52 + 2^31 leaves v. A
+// plain int -> double conversion goes through the conversion unit, a quarter of the FP64 pipe's
+// rate on sm_80 and sm_90, and the blocks' terms convert an integer sum or two each. Integer
+// sums that start at kI2dBias (an mma's accumulator seeded with it) come biased already.
 constexpr uint32_t kI2dBias = 0x80000000u;
 NT_HD double i2d_biased(uint32_t b) {
 #ifdef __CUDA_ARCH__
@@ -71,6 +61,10 @@ NT_HD double i2d_biased(uint32_t b) {
 #else
     return double(int64_t(b) - int64_t(kI2dBias));
 #endif
+}
+// double(v), exactly: i2d_biased of v with its sign bit flipped.
+NT_HD double i2d(int v) {
+    return i2d_biased(uint32_t(v) ^ kI2dBias);
 }
 
 NT_HD uint32_t ld_u16(const uint8_t* p) {  // p 2-byte aligned
