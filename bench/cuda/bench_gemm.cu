@@ -11,7 +11,9 @@
 //              backend's nt::vec_dot bit for bit (all of them, or FAIL); otherwise (x -> f16,
 //              dequantize in slices, cublasGemmEx) err = max |y - ref| / sum|w*x| against a
 //              double reference on FP16-rounded weights and x.
-//   mmq      : the integer GEMM alone on activations already quantized (quantize_q8);
+//   mmq      : the integer GEMM alone on activations already quantized (quantize_q8), the
+//              kernel matmul() takes (on compute capability 9.0, wgmma for Q4_K and Q5_K);
+//   mmq-sync : the mma.sync kernel, 8 token tiles a warp (64 tokens a CTA);
 //   mmq-t4   : the same with 4 token tiles a warp (NT_MMQ_TILES=4: 32 tokens a CTA, 3 CTAs an SM).
 //   dequant  : the weight -> FP16 kernel alone: GB/s of bytes read + written, % of --hbm.
 //   cublas   : cublasGemmEx alone on already-dequantized weights (the ceiling for matmul).
@@ -147,12 +149,12 @@ int main(int argc, char** argv) try {
                     DeviceBuffer<float2> xd(size_t(n) * sh.cols / 32);
                     nt::cuda::detail::quantize_q8(dx.p, n, sh.cols, nt::cuda::detail::act_quant(t),
                                                   xq.p, xd.p, stream);
-                    for (const int tiles : {8, 4}) {
+                    for (const int tiles : {0, 8, 4}) {
                         const double mq_us = time_stream_us(stream, iters, [&](int) {
                             nt::cuda::detail::gemm_mmq(t, dw.p, sh.rows, sh.cols, xq.p, xd.p, n,
                                                        dy.p, stream, tiles);
                         });
-                        line(tiles == 8 ? "mmq" : "mmq-t4", mq_us, "");
+                        line(tiles == 0 ? "mmq" : tiles == 8 ? "mmq-sync" : "mmq-t4", mq_us, "");
                     }
                 }
 

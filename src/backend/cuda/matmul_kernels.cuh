@@ -53,9 +53,17 @@ void convert_to_bf16(const float* x, int64_t count, __nv_bfloat16* out, cudaStre
 // integer sums scaled in double, the CPU's (and the GEMV's) arithmetic.
 bool mmq_supported(GgmlType t);
 // y [n][rows] from W (rows x cols, 16-byte aligned) and x quantized by quantize_q8 for t.
-// tiles: token tiles of 8 a warp, 8 or 4 (0: NT_MMQ_TILES, default 8); the same bits either way.
+// tiles 0: the fastest kernel the device has (gemm_mmq_wgmma's where it takes the type, else
+// the mma.sync kernel at NT_MMQ_TILES, default 8); 8 or 4: the mma.sync kernel with that many
+// token tiles a warp. The same bits every way.
 void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
               const float2* xd, int n, float* y, cudaStream_t stream, int tiles = 0);
+// The same on Hopper's warpgroup tensor cores (sm90a/matmul_mmq_wgmma.cu, built where the CUDA
+// architectures include 9.0): Q4_K and Q5_K on a compute capability 9.0 device, with cols a
+// multiple of 256 and w, xq 16-byte aligned. Returns false, launching nothing, where it does
+// not apply (or the build has no sm_90a code).
+bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+                    const float2* xd, int n, float* y, cudaStream_t stream);
 
 // ---- GEMV, n <= 8 --------------------------------------------------------------------------
 

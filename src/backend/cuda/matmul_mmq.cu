@@ -47,6 +47,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_gemv_mma.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
+#include "backend/cuda/matmul_mmq.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "core/error.h"
 #include "core/env.h"
@@ -58,10 +59,6 @@ namespace {
 constexpr int kMmqWarps = 4;
 constexpr int kMmqRows = kMmqWarps * kMmaTileRows;  // 64 weight rows a CTA
 constexpr int kMmqThreads = kMmqWarps * 32;
-constexpr int kStepElems = 256;
-// Bytes a token in the stage's sums of quants a sub-block (K-quants with mins): 16 hi, 16 lo and
-// padding that puts the 8 tokens of a tile in distinct banks.
-constexpr int kQminStride = 48;
 
 // Token tiles of 8 a warp, 8 by default (64 tokens a CTA, two CTAs an SM: the double
 // accumulators of 8 tiles take 64 of about 210 registers). NT_MMQ_TILES=4 gives 32 tokens a
@@ -74,46 +71,6 @@ int mmq_tiles() {
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
-}
-
-// What every warp reads for one token tile of a step: the activation rows of its 8 tokens (B's
-// column g is token 8 * tile + g) and the scales of C's columns (tokens 2t4, 2t4 + 1).
-struct MmqTile {
-    const int8_t* xr;     // token 8 * tile + g, the step's 256 quants
-    const double* xd0;    // token 8 * tile + 2t4: the step's scales as doubles (P::kXdd)
-    const double* xd1;    // token 8 * tile + 2t4 + 1
-    const uint8_t* qmin;  // token 8 * tile + g's sums of quants a sub-block: 16 hi then 16 lo
-};
-
-// sum over sub-blocks of m * (the token's sum of quants), the K-quants' mins term, on the
-// tensor cores (mma.m16n8k16: k = sub-block, lane t4 holds sub-blocks 4t4..4t4+3): a token's
-// sums (|s| <= 32 * 127) go as 64 * hi + lo, hi in -64..63 and lo in 0..63, both int8. The
-// result is biased by kI2dBias, for i2d_biased.
-__device__ __forceinline__ void mins_mma(const uint32_t (&amin)[2], const MmqTile& t, bool live,
-                                         int t4, uint32_t (&ms)[4]) {
-    const uint32_t* q = reinterpret_cast<const uint32_t*>(t.qmin);
-    const uint32_t bh = live ? q[t4] : 0u;
-    const uint32_t bl = live ? q[4 + t4] : 0u;
-    int mh[4], ml[4];
-    mma_s8_16816(mh, amin[0], amin[1], bh);
-    mma_s8_16816(ml, amin[0], amin[1], bl, kI2dBias);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) ms[i] = 64u * uint32_t(mh[i]) + uint32_t(ml[i]);  // mod 2^32
-}
-
-// A K-quant block's term with mins, d dx is - dmin dx ms (rows g, g + 8 by tokens 2t4, 2t4 + 1):
-// is d and ms dmin are exact in a double (at most 27 + 11 and 21 + 11 bits), so their
-// difference rounds once and its product with dx once more, in the fma that adds it. is and ms
-// come biased by kI2dBias.
-__device__ __forceinline__ void k_block_term(const double (&d)[2], const double (&dmin)[2],
-                                             const uint32_t (&is)[4], const uint32_t (&ms)[4],
-                                             const MmqTile& t, double (&acc)[4]) {
-    const double dx[2] = {t.xd0[0], t.xd1[0]};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const double u = fma(i2d_biased(is[i]), d[i >> 1], -(i2d_biased(ms[i]) * dmin[i >> 1]));
-        acc[i] = fma(u, dx[i & 1], acc[i]);
-    }
 }
 
 // The K-quants' activations (Q8_K): one scale a 256-element block, the step's first float2.
@@ -753,9 +710,19 @@ bool mmq_supported(GgmlType t) {
     return tr && tr->weight_type && tr->block_elems > 1;
 }
 
+#ifndef NT_HAVE_SM90A
+bool gemm_mmq_wgmma(GgmlType, const void*, int64_t, int64_t, const int8_t*, const float2*, int,
+                    float*, cudaStream_t) {
+    return false;  // this build has no sm_90a code
+}
+#endif
+
 void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
               const float2* xd, int n, float* y, cudaStream_t stream, int tiles) {
     if (n <= 0 || rows <= 0) return;
+    // NT_MMQ_WGMMA=0 keeps the mma.sync kernel (an A/B knob; the same bits).
+    static const bool wgmma = env_int("NT_MMQ_WGMMA", 1) != 0;
+    if (tiles == 0 && wgmma && gemm_mmq_wgmma(t, w, rows, cols, xq, xd, n, y, stream)) return;
     switch (t) {
 #define NT_MMQ_CASE(T, P)                                                                    \
     case GgmlType::T:                                                                          \
