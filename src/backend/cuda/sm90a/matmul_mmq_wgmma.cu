@@ -34,13 +34,14 @@
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_mmq.cuh"
 #include "backend/cuda/matmul_quant.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace nt::cuda::detail {
 
 namespace {
 
-constexpr int kWgRows = 64, kWgTokens = 64, kWgThreads = 128, kWgStages = 3;
+constexpr int kWgRows = 64, kWgTokens = 64, kWgThreads = 128;
 constexpr int kCorePiece = 128;    // 8 tokens x 16 bytes: one core matrix
 constexpr int kCoreGroup = 2048;   // 8 tokens x 256 bytes: a step of 8 tokens
 
@@ -94,16 +95,16 @@ struct Wg45 {
     static constexpr int kStepBytes = Q5 ? 176 : 144, kQs = Q5 ? 48 : 16;
 };
 
-// Shared memory: kWgStages stages of [B: 64 tokens x 256 quants as core matrices | 64 weight
+// Shared memory: kStages stages of [B: 64 tokens x 256 quants as core matrices | 64 weight
 // rows' blocks | 64 token scales (float2)], then the step's token scales as doubles and its sums
 // of quants a sub-block (hi, lo), written once a step.
-template <class P>
+template <class P, int kStages>
 struct WgLayout {
     static constexpr int kX = kWgTokens * kStepElems;
     static constexpr int kW = kWgRows * P::kStepBytes;
     static constexpr int kXd = kWgTokens * 8;
     static constexpr int kStage = (kX + kW + kXd + 127) / 128 * 128;
-    static constexpr int kXdd = kWgStages * kStage;
+    static constexpr int kXdd = kStages * kStage;
     static constexpr int kQmin = kXdd + kWgTokens * 8;
     static constexpr int kBytes = kQmin + kWgTokens * kQminStride;
     static_assert(P::kStepBytes % 16 == 0);
@@ -111,14 +112,14 @@ struct WgLayout {
 
 // blockIdx.x: token tile (the fastest: CTAs that share weight rows run together), blockIdx.y:
 // row tile.
-template <bool Q5>
+template <bool Q5, int kWgStages>
 __global__ void __launch_bounds__(kWgThreads, 2)
     gemm_wgmma_q45k(const uint8_t* __restrict__ w, int64_t rows, int64_t cols, int64_t row_bytes,
                     const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
                     float* __restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = Wg45<Q5>;
-    using L = WgLayout<P>;
+    using L = WgLayout<P, kWgStages>;
     extern __shared__ __align__(128) uint8_t smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t row0 = int64_t(blockIdx.y) * kWgRows;
@@ -126,27 +127,35 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     const int64_t steps = cols / kStepElems, xd_row = cols / 32;
     auto token = [&](int tk) { return tok0 + tk < n ? tok0 + tk : n - 1; };
 
-    // Step kb into stage s. Tokens and rows past the matrix repeat the last one (their outputs
-    // are not stored).
+    // Each thread's copies start at the same places every step, kb * (a step's bytes) on. Tokens
+    // and rows past the matrix repeat the last one (their outputs are not stored).
+    //   B: the stage's 16-byte piece i = tid + 128 it holds token 8 it + (tid & 7), bytes
+    //      16 (tid >> 3).. (consecutive threads fill consecutive bytes); where the tile has all
+    //      64 tokens, token 8 it + (tid & 7) is 8 it rows past the first;
+    //   weights: row tid >> 1, 16-byte pieces (tid & 1) + 2m of its step;
+    //   scales: threads below 64, token tid's float2.
+    const bool full = tok0 + kWgTokens <= n;
+    const int8_t* xsrc = xq + int64_t(token(tid & 7)) * cols + 16 * (tid >> 3);
+    const uint8_t* wsrc =
+        w + (row0 + (tid >> 1) < rows ? row0 + (tid >> 1) : rows - 1) * row_bytes + 16 * (tid & 1);
+    const float2* xdsrc = xd + int64_t(token(tid & (kWgTokens - 1))) * xd_row;
     auto load = [&](int s, int64_t kb) {
         uint8_t* st = smem + s * L::kStage;
-        // B: 16-byte piece i of the stage holds token ((i >> 7) << 3) | (i & 7), bytes
-        // 16 ((i >> 3) & 15).., so consecutive threads fill consecutive bytes.
+        const int8_t* xs = xsrc + kb * kStepElems;
 #pragma unroll
-        for (int it = 0; it < kWgTokens * 16 / kWgThreads; ++it) {
-            const int i = tid + kWgThreads * it;
-            const int tk = ((i >> 7) << 3) | (i & 7), p = (i >> 3) & 15;
-            cp_async16(st + 16 * i, xq + int64_t(token(tk)) * cols + kb * kStepElems + 16 * p);
+        for (int it = 0; it < kWgTokens / 8; ++it) {
+            const int8_t* src = full ? xs + int64_t(8 * it) * cols
+                                     : xq + int64_t(token(8 * it + (tid & 7))) * cols +
+                                           kb * kStepElems + 16 * (tid >> 3);
+            cp_async16(st + 16 * (tid + kWgThreads * it), src);
         }
         constexpr int kChunks = P::kStepBytes / 16;
-        for (int i = tid; i < kWgRows * kChunks; i += kWgThreads) {
-            const int r = i / kChunks, c = i % kChunks;
-            const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
-            cp_async16(st + L::kX + r * P::kStepBytes + 16 * c,
-                       w + row * row_bytes + kb * P::kStepBytes + 16 * c);
-        }
-        if (tid < kWgTokens)
-            cp_async8(st + L::kX + L::kW + 8 * tid, xd + int64_t(token(tid)) * xd_row + kb * 8);
+        uint8_t* wd = st + L::kX + (tid >> 1) * P::kStepBytes + 16 * (tid & 1);
+        const uint8_t* ws = wsrc + kb * P::kStepBytes;
+#pragma unroll
+        for (int m = 0; 2 * m + 1 < kChunks + 1; ++m)
+            if (2 * m + (tid & 1) < kChunks) cp_async16(wd + 32 * m, ws + 32 * m);
+        if (tid < kWgTokens) cp_async8(st + L::kX + L::kW + 8 * tid, xdsrc + kb * 8);
     };
 
     for (int s = 0; s < kWgStages - 1; ++s) {
@@ -288,12 +297,12 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #endif
 }
 
-template <bool Q5>
+template <bool Q5, int kStages>
 void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                        const float2* xd, int n, float* y, cudaStream_t stream) {
-    using L = WgLayout<Wg45<Q5>>;
+    using L = WgLayout<Wg45<Q5>, kStages>;
     static const bool ready = [] {
-        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_q45k<Q5>,
+        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_q45k<Q5, kStages>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
                       "cudaFuncSetAttribute (wgmma GEMM shared memory)");
         return true;
@@ -304,10 +313,22 @@ void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* 
         nt::fail("gemm (%s, wgmma): %lld rows (at most %d).", Q5 ? "Q5_K" : "Q4_K",
                  (long long)rows, 65535 * kWgRows);
     const dim3 grid(unsigned((n + kWgTokens - 1) / kWgTokens), unsigned(row_tiles));
-    gemm_wgmma_q45k<Q5><<<grid, kWgThreads, L::kBytes, stream>>>(
+    gemm_wgmma_q45k<Q5, kStages><<<grid, kWgThreads, L::kBytes, stream>>>(
         static_cast<const uint8_t*>(w), rows, cols, int64_t(row_bytes(Wg45<Q5>::kType, cols)), xq,
         xd, n, y);
     NT_CUDA_CHECK(cudaGetLastError(), Q5 ? "gemm (Q5_K, wgmma)" : "gemm (Q4_K, wgmma)");
+}
+
+// Steps in flight through shared memory: 3 (about 80 KB a CTA) or, with NT_WGMMA_STAGES=4,
+// 4 (Q4_K about 108 KB, two CTAs an SM; Q5_K about 116 KB, one). An A/B knob.
+template <bool Q5>
+void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+                       const float2* xd, int n, float* y, cudaStream_t stream) {
+    static const int stages = env_int("NT_WGMMA_STAGES", 3) == 4 ? 4 : 3;
+    if (stages == 4)
+        launch_wgmma_q45k<Q5, 4>(w, rows, cols, xq, xd, n, y, stream);
+    else
+        launch_wgmma_q45k<Q5, 3>(w, rows, cols, xq, xd, n, y, stream);
 }
 
 }  // namespace
