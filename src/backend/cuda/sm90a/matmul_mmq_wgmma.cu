@@ -25,6 +25,7 @@
 // tokens x 16 bytes contiguous (128 bytes), the next 16 bytes of K 128 bytes on (the
 // descriptor's leading byte offset) and the next 8 tokens 2048 bytes on (its stride byte
 // offset); the cp.async loader writes that layout directly, a quarter-warp 128 contiguous bytes.
+#include <cuda.h>  // CUtensorMap and its encoder's types; the encoder comes from the runtime
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -87,6 +88,25 @@ __device__ __forceinline__ void wgmma_u8s8_m64n64k32(int (&d)[32], const uint32_
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
         : "memory");
 }
+// The same for B as the tensor memory accelerator writes it with 128-byte swizzling: each token's
+// 128 bytes of K contiguous, 16-byte chunk j of token t at chunk j ^ (t & 7), 8 tokens (1024
+// bytes, 1024-aligned) a swizzle atom and the next 8 tokens 1024 bytes on (stride byte offset);
+// the leading byte offset is unused for K-major swizzled layouts. A chunk of K starts 32c bytes
+// into the atom: the swizzle applies to the address bits, so the start may move within a row.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t smem_addr) {
+    return uint64_t((smem_addr & 0x3FFFF) >> 4) | uint64_t(1) << 16 | uint64_t(1024 >> 4) << 32 |
+           uint64_t(1) << 62;
+}
+// A 2D box of map at (c0, c1) (bytes along the rows, then rows) into shared memory, counted on
+// bar when it lands.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                            uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+        : "memory");
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <bool Q5>
@@ -127,35 +147,27 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     const int64_t steps = cols / kStepElems, xd_row = cols / 32;
     auto token = [&](int tk) { return tok0 + tk < n ? tok0 + tk : n - 1; };
 
-    // Each thread's copies start at the same places every step, kb * (a step's bytes) on. Tokens
-    // and rows past the matrix repeat the last one (their outputs are not stored).
-    //   B: the stage's 16-byte piece i = tid + 128 it holds token 8 it + (tid & 7), bytes
-    //      16 (tid >> 3).. (consecutive threads fill consecutive bytes); where the tile has all
-    //      64 tokens, token 8 it + (tid & 7) is 8 it rows past the first;
-    //   weights: row tid >> 1, 16-byte pieces (tid & 1) + 2m of its step;
-    //   scales: threads below 64, token tid's float2.
-    const bool full = tok0 + kWgTokens <= n;
-    const int8_t* xsrc = xq + int64_t(token(tid & 7)) * cols + 16 * (tid >> 3);
-    const uint8_t* wsrc =
-        w + (row0 + (tid >> 1) < rows ? row0 + (tid >> 1) : rows - 1) * row_bytes + 16 * (tid & 1);
-    const float2* xdsrc = xd + int64_t(token(tid & (kWgTokens - 1))) * xd_row;
+    // Step kb into stage s. Tokens and rows past the matrix repeat the last one (their outputs
+    // are not stored).
     auto load = [&](int s, int64_t kb) {
         uint8_t* st = smem + s * L::kStage;
-        const int8_t* xs = xsrc + kb * kStepElems;
+        // B: 16-byte piece i of the stage holds token ((i >> 7) << 3) | (i & 7), bytes
+        // 16 ((i >> 3) & 15).., so consecutive threads fill consecutive bytes.
 #pragma unroll
-        for (int it = 0; it < kWgTokens / 8; ++it) {
-            const int8_t* src = full ? xs + int64_t(8 * it) * cols
-                                     : xq + int64_t(token(8 * it + (tid & 7))) * cols +
-                                           kb * kStepElems + 16 * (tid >> 3);
-            cp_async16(st + 16 * (tid + kWgThreads * it), src);
+        for (int it = 0; it < kWgTokens * 16 / kWgThreads; ++it) {
+            const int i = tid + kWgThreads * it;
+            const int tk = ((i >> 7) << 3) | (i & 7), p = (i >> 3) & 15;
+            cp_async16(st + 16 * i, xq + int64_t(token(tk)) * cols + kb * kStepElems + 16 * p);
         }
         constexpr int kChunks = P::kStepBytes / 16;
-        uint8_t* wd = st + L::kX + (tid >> 1) * P::kStepBytes + 16 * (tid & 1);
-        const uint8_t* ws = wsrc + kb * P::kStepBytes;
-#pragma unroll
-        for (int m = 0; 2 * m + 1 < kChunks + 1; ++m)
-            if (2 * m + (tid & 1) < kChunks) cp_async16(wd + 32 * m, ws + 32 * m);
-        if (tid < kWgTokens) cp_async8(st + L::kX + L::kW + 8 * tid, xdsrc + kb * 8);
+        for (int i = tid; i < kWgRows * kChunks; i += kWgThreads) {
+            const int r = i / kChunks, c = i % kChunks;
+            const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
+            cp_async16(st + L::kX + r * P::kStepBytes + 16 * c,
+                       w + row * row_bytes + kb * P::kStepBytes + 16 * c);
+        }
+        if (tid < kWgTokens)
+            cp_async8(st + L::kX + L::kW + 8 * tid, xd + int64_t(token(tid)) * xd_row + kb * 8);
     };
 
     for (int s = 0; s < kWgStages - 1; ++s) {
@@ -297,6 +309,269 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 #endif
 }
 
+// ---- The same GEMM with the tensor memory accelerator (TMA) feeding it ------------------------
+// Why: the cp.async kernel above is bound by L2 (ncu, Q4_K 14336 x 4096 x 512: L2 76% busy,
+// issue 28%): each 16-byte cp.async is its own L2 request and its own shared-memory wavefront
+// (twice the ideal sectors, 7 times the ideal wavefronts), and every 64-row CTA reads the
+// activations again. Here one thread asks the TMA for a step's whole boxes (B in two boxes of
+// 64 tokens x 128 bytes, already in wgmma's 128-byte swizzled layout; the weights as one box of
+// 128 rows; the token scales), counted on the stage's mbarrier, and a CTA takes 128 weight rows
+// (two warpgroups sharing B), which halves the activations' reads.
+constexpr int kTmaRows = 128, kTmaThreads = 256;
+
+template <class P, int kStages>
+struct TmaLayout {
+    static constexpr int kXBox = kWgTokens * 128;  // 64 tokens x 128 bytes of K
+    static constexpr int kX = 2 * kXBox;
+    static constexpr int kW = kTmaRows * P::kStepBytes;
+    static constexpr int kXd = kWgTokens * 16;  // the step's first two float2 a token
+    static constexpr int kStage = (kX + kW + kXd + 1023) / 1024 * 1024;
+    static constexpr int kXdd = kStages * kStage;
+    static constexpr int kQmin = kXdd + kWgTokens * 8;
+    static constexpr int kBars = kQmin + kWgTokens * kQminStride;
+    static constexpr int kUsed = kBars + kStages * 8;
+    static constexpr int kBytes = kUsed + 1024;  // slack to align the base to 1024
+    static constexpr uint32_t kTx = kX + kW + kXd;
+    static_assert(kW % 128 == 0 && kQmin % 8 == 0 && kBars % 8 == 0);
+};
+
+// tmx: xq as [n][cols] bytes (box 128 x 64, 128-byte swizzle); tmw: W as [rows][row bytes] (box
+// a step's bytes x 128 rows); tmd: xd as [n][cols / 4] bytes (box 16 x 64). Boxes past the
+// matrix come zero-filled (their outputs are not stored).
+template <bool Q5, int kStages>
+__global__ void __launch_bounds__(kTmaThreads, 1)
+    gemm_wgmma_tma_q45k(const __grid_constant__ CUtensorMap tmx,
+                        const __grid_constant__ CUtensorMap tmw,
+                        const __grid_constant__ CUtensorMap tmd, int64_t rows, int64_t cols,
+                        int n, float* __restrict__ y) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using P = Wg45<Q5>;
+    using L = TmaLayout<P, kStages>;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t row0 = int64_t(blockIdx.y) * kTmaRows;
+    const int tok0 = blockIdx.x * kWgTokens;
+    const int64_t steps = cols / kStepElems;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
+    if (tid == 0) {
+        for (int s = 0; s < kStages; ++s) mbar_init(bars + s, 1);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    // Step kb into stage s, by thread 0. Every thread has finished with the stage (the barrier
+    // before each call), and the fence orders their reads before the TMA's writes.
+    auto issue = [&](int s, int64_t kb) {
+        if (tid != 0) return;
+        uint8_t* st = smem + s * L::kStage;
+        fence_proxy_async_smem();
+        mbar_expect_tx(bars + s, L::kTx);
+        tma_load_2d(st, &tmx, int(kb * kStepElems), tok0, bars + s);
+        tma_load_2d(st + L::kXBox, &tmx, int(kb * kStepElems + 128), tok0, bars + s);
+        tma_load_2d(st + L::kX, &tmw, int(kb * P::kStepBytes), int(row0), bars + s);
+        tma_load_2d(st + L::kX + L::kW, &tmd, int(kb * 64), tok0, bars + s);
+    };
+    for (int s = 0; s < kStages - 1; ++s)
+        if (s < steps) issue(s, s);
+
+    double acc[8][4];
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] = 0.0;
+    int h[32], l[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) h[i] = l[i] = 0;
+    double* xdd = reinterpret_cast<double*>(smem + L::kXdd);
+    uint8_t* qmin = smem + L::kQmin;
+
+    for (int64_t kb = 0; kb < steps; ++kb) {
+        const int s = int(kb % kStages);
+        mbar_wait(bars + s, uint32_t(kb / kStages) & 1u);
+        __syncthreads();
+        if (kb + kStages - 1 < steps) issue(int((kb + kStages - 1) % kStages), kb + kStages - 1);
+        const uint8_t* st = smem + s * L::kStage;
+
+        // This lane's rows g and g + 8 of the warp's 16 (warps 0-3 the first warpgroup's 64
+        // rows, 4-7 the second's): scales, mins, and the mins as mma.m16n8k16's A (lane
+        // t4 < 2: mins 4t4..4t4+3).
+        const uint8_t* rw[2] = {st + L::kX + (16 * warp + g) * P::kStepBytes,
+                                st + L::kX + (16 * warp + g + 8) * P::kStepBytes};
+        uint4 hd[2];
+        double d[2], dmin[2];
+        uint32_t amin[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            hd[i] = *reinterpret_cast<const uint4*>(rw[i]);
+            d[i] = double(h2f(hd[i].x & 0xFFFF));
+            dmin[i] = double(h2f(hd[i].x >> 16));
+            int m[8], sc;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) scale_min_k4_words(j, hd[i].y, hd[i].z, hd[i].w, sc, m[j]);
+            const uint32_t m03 = uint32_t(m[0]) | uint32_t(m[1]) << 8 | uint32_t(m[2]) << 16 |
+                                 uint32_t(m[3]) << 24;
+            const uint32_t m47 = uint32_t(m[4]) | uint32_t(m[5]) << 8 | uint32_t(m[6]) << 16 |
+                                 uint32_t(m[7]) << 24;
+            amin[i] = t4 == 0 ? m03 : t4 == 1 ? m47 : 0u;
+        }
+        uint32_t qh[4] = {0, 0, 0, 0};
+        if constexpr (Q5) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                qh[k] = *reinterpret_cast<const uint32_t*>(rw[k & 1] + 16 + 16 * (k >> 1) + 4 * t4);
+        }
+        const uint32_t xbase = smem_u32(st);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            constexpr uint32_t M = 0x0F0F0F0Fu, B = 0x01010101u;
+            int scv[2], mv;
+            scale_min_k4_words(c, hd[0].y, hd[0].z, hd[0].w, scv[0], mv);
+            scale_min_k4_words(c, hd[1].y, hd[1].z, hd[1].w, scv[1], mv);
+            uint32_t ah[4], al[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const uint32_t q = *reinterpret_cast<const uint32_t*>(
+                    rw[k & 1] + P::kQs + 32 * (c >> 1) + 16 * (k >> 1) + 4 * t4);
+                uint32_t v = (c & 1 ? q >> 4 : q) & M;
+                if constexpr (Q5) v |= ((qh[k] >> c) & B) << 4;
+                ah[k] = v * uint32_t(scv[k & 1] >> 3);
+                al[k] = v * uint32_t(scv[k & 1] & 7);
+            }
+            wgmma_fence();
+            // Chunk c: bytes 32c.. of every token, in box c >> 2, 32 (c & 3) into each row.
+            const uint64_t dc = sw128_desc(xbase + (c >> 2) * L::kXBox + 32 * (c & 3));
+            wgmma_u8s8_m64n64k32(h, ah, dc, c);
+            wgmma_u8s8_m64n64k32(l, al, dc, c);
+        }
+        wgmma_commit();
+
+        // While the tensor cores run: the step's token scales as doubles, and each token's sums
+        // of quants a sub-block as int8 hi (sum >> 6) and lo (sum & 63) for mins_mma. Token tk's
+        // 16-byte chunk j sits in box j >> 3 at chunk (j & 7) ^ (tk & 7) of its row; a
+        // quarter-warp reads 8 tokens' chunks, 8 distinct 16-byte bank groups.
+        if (tid < kWgTokens)
+            xdd[tid] = double(reinterpret_cast<const float2*>(st + L::kX + L::kW)[2 * tid].x);
+#pragma unroll
+        for (int it = 0; it < kWgTokens * 8 / kTmaThreads; ++it) {
+            const int i = tid + kTmaThreads * it;
+            const int tk = ((i >> 6) << 3) | (i & 7), j = (i >> 3) & 7;
+            const uint8_t* row = st + (j >> 2) * L::kXBox + tk * 128;
+            const uint4 a = *reinterpret_cast<const uint4*>(row + (((2 * j) & 7) ^ (tk & 7)) * 16);
+            const uint4 b =
+                *reinterpret_cast<const uint4*>(row + (((2 * j + 1) & 7) ^ (tk & 7)) * 16);
+            int sum = 0;
+            sum = __dp4a(int(a.x), 0x01010101, sum);
+            sum = __dp4a(int(a.y), 0x01010101, sum);
+            sum = __dp4a(int(a.z), 0x01010101, sum);
+            sum = __dp4a(int(a.w), 0x01010101, sum);
+            sum = __dp4a(int(b.x), 0x01010101, sum);
+            sum = __dp4a(int(b.y), 0x01010101, sum);
+            sum = __dp4a(int(b.z), 0x01010101, sum);
+            sum = __dp4a(int(b.w), 0x01010101, sum);
+            qmin[tk * kQminStride + j] = uint8_t(int8_t(sum >> 6));
+            qmin[tk * kQminStride + 16 + j] = uint8_t(sum & 63);
+        }
+        __syncthreads();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            fence_operand(h[i]);
+            fence_operand(l[i]);
+        }
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            MmqTile tl;
+            tl.xr = nullptr;
+            tl.xd0 = xdd + 8 * t + 2 * t4;
+            tl.xd1 = tl.xd0 + 1;
+            tl.qmin = qmin + (8 * t + g) * kQminStride;
+            uint32_t is[4], ms[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)  // modulo 2^32, biased for i2d_biased
+                is[i] = 8u * uint32_t(h[4 * t + i]) + uint32_t(l[4 * t + i]) + kI2dBias;
+            mins_mma(amin, tl, t4 < 2, t4, ms);
+            k_block_term(d, dmin, is, ms, tl, acc[t]);
+        }
+    }
+    const int64_t r0 = row0 + 16 * warp + g;
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int64_t row = r0 + 8 * (i >> 1);
+            const int tok = tok0 + 8 * t + 2 * t4 + (i & 1);
+            if (row < rows && tok < n) y[int64_t(tok) * rows + row] = float(acc[t][i]);
+        }
+#else
+    __trap();  // launched only on compute capability 9.0, for which this file is built
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, through the runtime (no link against the driver).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+    static const EncodeTiled fn = [] {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        NT_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                                       cudaEnableDefault, &q),
+                      "cudaGetDriverEntryPointByVersion (cuTensorMapEncodeTiled)");
+        if (q != cudaDriverEntryPointSuccess || !p)
+            nt::fail("gemm (wgmma): the driver has no cuTensorMapEncodeTiled.");
+        return reinterpret_cast<EncodeTiled>(p);
+    }();
+    return fn;
+}
+
+// A 2D map over bytes: rows of `inner` bytes, `stride` apart, boxes of box_inner x box_rows.
+CUtensorMap byte_map(const void* base, uint64_t inner, uint64_t rows, uint64_t stride,
+                     uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+    CUtensorMap m;
+    const cuuint64_t dims[2] = {inner, rows};
+    const cuuint64_t strides[1] = {stride};
+    const cuuint32_t box[2] = {box_inner, box_rows};
+    const cuuint32_t elem[2] = {1, 1};
+    const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base),
+                                      dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                      swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        nt::fail("gemm (wgmma): cuTensorMapEncodeTiled failed (CUresult %d).", int(r));
+    return m;
+}
+
+template <bool Q5, int kStages>
+void launch_wgmma_tma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+                           const float2* xd, int n, float* y, cudaStream_t stream) {
+    using P = Wg45<Q5>;
+    using L = TmaLayout<P, kStages>;
+    static const bool ready = [] {
+        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_tma_q45k<Q5, kStages>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
+                      "cudaFuncSetAttribute (wgmma TMA GEMM shared memory)");
+        return true;
+    }();
+    (void)ready;
+    const int64_t rb = int64_t(row_bytes(P::kType, cols));
+    const CUtensorMap tmx = byte_map(xq, uint64_t(cols), uint64_t(n), uint64_t(cols), 128,
+                                     kWgTokens, CU_TENSOR_MAP_SWIZZLE_128B);
+    const CUtensorMap tmw = byte_map(w, uint64_t(rb), uint64_t(rows), uint64_t(rb),
+                                     P::kStepBytes, kTmaRows, CU_TENSOR_MAP_SWIZZLE_NONE);
+    const CUtensorMap tmd = byte_map(xd, uint64_t(cols / 4), uint64_t(n), uint64_t(cols / 4), 16,
+                                     kWgTokens, CU_TENSOR_MAP_SWIZZLE_NONE);
+    const int64_t row_tiles = (rows + kTmaRows - 1) / kTmaRows;
+    if (row_tiles > 65535)
+        nt::fail("gemm (%s, wgmma): %lld rows (at most %d).", Q5 ? "Q5_K" : "Q4_K",
+                 (long long)rows, 65535 * kTmaRows);
+    const dim3 grid(unsigned((n + kWgTokens - 1) / kWgTokens), unsigned(row_tiles));
+    gemm_wgmma_tma_q45k<Q5, kStages>
+        <<<grid, kTmaThreads, L::kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
+    NT_CUDA_CHECK(cudaGetLastError(), Q5 ? "gemm (Q5_K, wgmma, TMA)" : "gemm (Q4_K, wgmma, TMA)");
+}
+
 template <bool Q5, int kStages>
 void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                        const float2* xd, int n, float* y, cudaStream_t stream) {
@@ -319,16 +594,23 @@ void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* 
     NT_CUDA_CHECK(cudaGetLastError(), Q5 ? "gemm (Q5_K, wgmma)" : "gemm (Q4_K, wgmma)");
 }
 
-// Steps in flight through shared memory: 3 (about 80 KB a CTA) or, with NT_WGMMA_STAGES=4,
-// 4 (Q4_K about 108 KB, two CTAs an SM; Q5_K about 116 KB, one). An A/B knob.
+// The TMA kernel, or with NT_MMQ_WGMMA=2 the cp.async one (an A/B knob); steps in flight
+// through shared memory: 3 or, with NT_WGMMA_STAGES=4, 4 (another).
 template <bool Q5>
 void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                        const float2* xd, int n, float* y, cudaStream_t stream) {
     static const int stages = env_int("NT_WGMMA_STAGES", 3) == 4 ? 4 : 3;
-    if (stages == 4)
+    static const bool tma = env_int("NT_MMQ_WGMMA", 1) != 2;
+    if (tma) {
+        if (stages == 4)
+            launch_wgmma_tma_q45k<Q5, 4>(w, rows, cols, xq, xd, n, y, stream);
+        else
+            launch_wgmma_tma_q45k<Q5, 3>(w, rows, cols, xq, xd, n, y, stream);
+    } else if (stages == 4) {
         launch_wgmma_q45k<Q5, 4>(w, rows, cols, xq, xd, n, y, stream);
-    else
+    } else {
         launch_wgmma_q45k<Q5, 3>(w, rows, cols, xq, xd, n, y, stream);
+    }
 }
 
 }  // namespace
@@ -346,7 +628,7 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
     }();
     const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
     if (!sm90 || (t != GgmlType::Q4_K && t != GgmlType::Q5_K) || cols % kStepElems != 0 ||
-        !aligned(w) || !aligned(xq) || (reinterpret_cast<uintptr_t>(xd) & 7) != 0)
+        !aligned(w) || !aligned(xq) || !aligned(xd))
         return false;
     if (n <= 0 || rows <= 0) return true;
     if (t == GgmlType::Q4_K)
