@@ -12,12 +12,12 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DNT_CUDA=ON -DCMAKE_CUDA_ARCH
 cmake --build "$build" -j "$(nproc)" 2>&1 | grep -E "error|warning: .*spill" ; test "${PIPESTATUS[0]}" = 0 || exit 1
 declare -A result
 "$build/tests/nt_gpu_tests" --gtest_brief=1; result[kernels]=$?
-# The prompt path with the CPU's arithmetic (integer GEMM, exact prefill attention), and its
-# GEMM with the copy engine's bulk copies (sm_90, opt-in).
+# The prompt path with the CPU's arithmetic (integer GEMM, exact prefill attention); on
+# compute capability 9.0 its GEMM again on the mma.sync kernel alone (NT_MMQ_WGMMA=0).
 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
   --gtest_filter='*Matmul*:CudaBackend*:CudaKernels*'; result[exact-prompt]=$?
-NT_MMQ_BULK=1 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-  --gtest_filter='MatmulParity.*'; result[exact-gemm-bulk]=$?
+NT_MMQ_WGMMA=0 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
+  --gtest_filter='MatmulParity.*'; result[exact-gemm-sync]=$?
 "$build/tests/nt_unit_tests" --gtest_brief=1; result[unit]=$?
 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model]=$?
 NT_EXACT_PROMPT=1 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model-exact]=$?

@@ -13,8 +13,7 @@
 //              double reference on FP16-rounded weights and x.
 //   mmq      : the integer GEMM alone on activations already quantized (quantize_q8), the
 //              kernel matmul() takes (on compute capability 9.0, wgmma for Q4_K and Q5_K);
-//   mmq-sync : the mma.sync kernel, 8 token tiles a warp (64 tokens a CTA);
-//   mmq-t4   : the same with 4 token tiles a warp (NT_MMQ_TILES=4: 32 tokens a CTA, 3 CTAs an SM).
+//   mmq-sync : the mma.sync kernel every device has (the same bits).
 //   dequant  : the weight -> FP16 kernel alone: GB/s of bytes read + written, % of --hbm.
 //   cublas   : cublasGemmEx alone on already-dequantized weights (the ceiling for matmul).
 //   gemv-loop: ceil(n/8) GEMV passes of 8 rows (n <= 128 only): where the GEMV path still wins.
@@ -149,12 +148,13 @@ int main(int argc, char** argv) try {
                     DeviceBuffer<float2> xd(size_t(n) * sh.cols / 32);
                     nt::cuda::detail::quantize_q8(dx.p, n, sh.cols, nt::cuda::detail::act_quant(t),
                                                   xq.p, xd.p, stream);
-                    for (const int tiles : {0, 8, 4}) {
+                    using nt::cuda::detail::MmqKernel;
+                    for (const MmqKernel k : {MmqKernel::Best, MmqKernel::Sync}) {
                         const double mq_us = time_stream_us(stream, iters, [&](int) {
                             nt::cuda::detail::gemm_mmq(t, dw.p, sh.rows, sh.cols, xq.p, xd.p, n,
-                                                       dy.p, stream, tiles);
+                                                       dy.p, stream, k);
                         });
-                        line(tiles == 0 ? "mmq" : tiles == 8 ? "mmq-sync" : "mmq-t4", mq_us, "");
+                        line(k == MmqKernel::Best ? "mmq" : "mmq-sync", mq_us, "");
                     }
                 }
 

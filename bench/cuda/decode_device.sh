@@ -11,7 +11,7 @@
 #   bench/cuda/decode_device.sh readback # 8B tg128 (AB_MODELS) with each bench --readback, and generate
 #                                        # (default sampler, greedy) end to end
 #   bench/cuda/decode_device.sh exact    # the prompt path with the CPU's arithmetic: its tests, the integer GEMM
-#                                        # with either loader, prefill attention v3, 8B pp512 by tile shape and loader
+#                                        # (best kernel and mma.sync), prefill attention v3, 8B pp512 by GEMM kernel
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
 #   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64 (after types: needs the disk)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
@@ -141,24 +141,21 @@ stage() {
         ;;
     exact)
         # The prompt path with the CPU's arithmetic (NT_EXACT_PROMPT=1): its tests (the integer
-        # GEMM bit for bit against vec_dot, the exact prefill attention against the CPU), the
-        # GEMM alone with cp.async and with the bulk copies (NT_MMQ_BULK), the attention kernels
-        # (prefill v3 = exact, bit for bit against v1), then 8B Q4_K_M pp512 at 8 and 4 token
-        # tiles a warp, each with either loader, and on the default FP16 path.
+        # GEMM bit for bit against vec_dot and across its kernels, the exact prefill attention
+        # against the CPU), the GEMM alone (bench_gemm's mmq: the kernel matmul takes, on
+        # compute capability 9.0 wgmma for Q4_K and Q5_K; mmq-sync: the mma.sync kernel), the
+        # attention kernels (prefill v3 = exact, bit for bit against v1), then 8B Q4_K_M pp512
+        # with the best GEMM, with mma.sync alone (NT_MMQ_WGMMA=0), and on the default FP16 path.
         NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
             --gtest_filter='MatmulParity.*:MatmulTypes*:CudaBackend.AttentionAgainstCpu:CudaBackend.RopeAttention' \
             2>&1 | tail -n 5
-        NT_MMQ_BULK=1 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-            --gtest_filter='MatmulParity.*' 2>&1 | tail -n 3
-        for b in 0 1; do
-            echo "+ NT_MMQ_BULK=$b bench_gemm --types ${GEMM_TYPES:-q4_K,q6_K,q8_0} --shapes 8b --n 512"
-            NT_MMQ_BULK=$b NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types "${GEMM_TYPES:-q4_K,q6_K,q8_0}" \
-                --shapes 8b --n 512 --iters 5 2>&1 | grep -E "mmq|FAIL"
-        done
+        echo "+ bench_gemm --types ${GEMM_TYPES:-q4_K,q5_K,q6_K,q8_0} --shapes 8b --n 512"
+        NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types "${GEMM_TYPES:-q4_K,q5_K,q6_K,q8_0}" \
+            --shapes 8b --n 512 --iters 10 2>&1 | grep -E "matmul|mmq|FAIL"
         "$build/bench/bench_attention" --iters 20 2>&1 | sed -n '/== prefill/,$p'
         wait_model q4_k_m || return 1
-        for cfg in 8,0 4,0 8,1 4,1; do
-            echo "exact: tiles ${cfg%,*} bulk ${cfg#*,} $(NT_MMQ_TILES=${cfg%,*} NT_MMQ_BULK=${cfg#*,} NT_EXACT_PROMPT=1 \
+        for e in 1 0; do
+            echo "exact: wgmma $e $(NT_MMQ_WGMMA=$e NT_EXACT_PROMPT=1 \
                 "$nt" bench -m "$(model q4_k_m)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
         done
         echo "default: $("$nt" bench -m "$(model q4_k_m)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"

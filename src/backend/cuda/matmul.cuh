@@ -35,7 +35,8 @@ constexpr int kGemvMaxBatch = 8;
 // GEMM for the types that have it, and the prompt's attention by the prefill kernel that sums
 // in the CPU's chunks (attn_prefill's exact form) instead of the FP16 flash-attention kernel.
 // NT_EXACT_PROMPT=1 turns it on; the default is the FP16 paths (within FP16 rounding of the
-// CPU), which run 8B prompts 2.4x faster for now (docs/BENCHMARKS.md).
+// CPU), which run 8B prompts 1.7x (Q4_K_M, whose Q4_K GEMMs have the wgmma kernel on compute
+// capability 9.0) to 4x (Q8_0) faster for now (docs/BENCHMARKS.md).
 bool prompt_exact();
 
 // Whether matmul() multiplies a batch of n rows of type t on the GEMV path (int8 activations,

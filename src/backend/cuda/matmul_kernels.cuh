@@ -53,11 +53,12 @@ void convert_to_bf16(const float* x, int64_t count, __nv_bfloat16* out, cudaStre
 // integer sums scaled in double, the CPU's (and the GEMV's) arithmetic.
 bool mmq_supported(GgmlType t);
 // y [n][rows] from W (rows x cols, 16-byte aligned) and x quantized by quantize_q8 for t.
-// tiles 0: the fastest kernel the device has (gemm_mmq_wgmma's where it takes the type, else
-// the mma.sync kernel at NT_MMQ_TILES, default 8); 8 or 4: the mma.sync kernel with that many
-// token tiles a warp. The same bits every way.
+// Best: the fastest kernel the device has (gemm_mmq_wgmma's where it takes the type); Sync: the
+// mma.sync kernel every device has. The same bits either way.
+enum class MmqKernel { Best, Sync };
 void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-              const float2* xd, int n, float* y, cudaStream_t stream, int tiles = 0);
+              const float2* xd, int n, float* y, cudaStream_t stream,
+              MmqKernel kernel = MmqKernel::Best);
 // The same on Hopper's warpgroup tensor cores (sm90a/matmul_mmq_wgmma.cu, built where the CUDA
 // architectures include 9.0): Q4_K and Q5_K on a compute capability 9.0 device, with cols a
 // multiple of 256 and w, xq, xd 16-byte aligned. Returns false, launching nothing, where it does

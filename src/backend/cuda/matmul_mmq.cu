@@ -13,10 +13,10 @@
 // prompt (docs/BENCHMARKS.md, "Prompt processing with the CPU's arithmetic").
 //
 // Shape. A CTA takes 64 weight rows by 64 activation rows (tokens): 4 warps of 16 weight rows,
-// each multiplying its rows by all 64 tokens as 8 tiles of m16n8 (or by 32 tokens as 4 tiles:
-// mmq_tiles()). A step is 256 elements of the row (one K-quant block, or 8 legacy blocks); its
-// weights, its int8 activations and their scales go through shared memory, 3 steps in flight,
-// by cp.async or (sm_90, mmq_bulk()) by the copy engine. Each warp prepares its A fragments and
+// each multiplying its rows by all 64 tokens as 8 tiles of m16n8. A step is 256 elements of the
+// row (one K-quant block, or 8 legacy blocks); its weights, its int8 activations and their
+// scales go through shared memory by cp.async, 3 steps in flight. Each warp prepares its A
+// fragments and
 // scales once a step and reuses them for the 8 token tiles, so the weight-side work (unpacking
 // nibbles, 6-bit scales) is shared by 64 tokens; the per-token work is the mma, the integer
 // scaling of each sub-block's sum and the double epilogue:
@@ -60,14 +60,11 @@ constexpr int kMmqWarps = 4;
 constexpr int kMmqRows = kMmqWarps * kMmaTileRows;  // 64 weight rows a CTA
 constexpr int kMmqThreads = kMmqWarps * 32;
 
-// Token tiles of 8 a warp, 8 by default (64 tokens a CTA, two CTAs an SM: the double
-// accumulators of 8 tiles take 64 of about 210 registers). NT_MMQ_TILES=4 gives 32 tokens a
-// CTA and three CTAs an SM (168 registers for Q4_K): more warps to hide latency, the weights'
-// unpacking shared by half as many tokens. An A/B knob; not yet timed on a GPU.
-int mmq_tiles() {
-    static const int t = env_int("NT_MMQ_TILES", 8) == 4 ? 4 : 8;
-    return t;
-}
+// Token tiles of 8 a warp: 64 tokens a CTA, two CTAs an SM (the double accumulators of 8 tiles
+// take 64 of about 210 registers). 4 tiles, 32 tokens a CTA and three CTAs an SM, lost by 15-40%
+// on the 8B shapes (docs/BENCHMARKS.md, thirty-second session): the weights' unpacking is then
+// shared by half as many tokens.
+constexpr int kMmqTiles = 8;
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) {
     return a < b ? a : b;
@@ -88,8 +85,6 @@ struct MmqQ45k : MmqOneScale {
     static constexpr GgmlType kType = Q5 ? GgmlType::Q5_K : GgmlType::Q4_K;
     static constexpr int kStepBytes = Q5 ? 176 : 144, kWSlot = kStepBytes, kXStride = 288;
     static constexpr int kMaxOff = 0, kStages = 3, kMinSubs = 8;  // blocks 16-byte aligned
-    // At 4 tiles, 168 registers: no spill with cp.async; the bulk form spills 4-16 bytes.
-    static constexpr bool kThreeCtas = true;
     // The sub-block scales ride in A: sc = 8 sh + sl (sh, sl < 8), and A holds sh q and sl q as
     // unsigned bytes (at most 7 * 31 = 217), so the tensor cores sum sh q x and sl q x over the
     // whole block and is = 8 sum(sh q x) + sum(sl q x), the same integer as sum(sc * dot): two
@@ -187,7 +182,6 @@ struct MmqK16 : MmqOneScale {
     static constexpr int kMaxOff = kQ2 ? 12 : 14;  // Q2_K's blocks are 4-byte aligned
     static constexpr int kWSlot = (kStepBytes + kMaxOff + 15) / 16 * 16, kXStride = 272;
     static constexpr int kStages = 3, kMinSubs = kQ2 ? 16 : 0;
-    static constexpr bool kThreeCtas = kQ2;  // Q3_K and Q6_K spill at 168 (Q2_K bulk: 24 B)
     struct A {
         uint32_t q[16][2];  // sub-block k, rows g, g + 8: the quants as int8
         int sc[2][16];
@@ -299,7 +293,6 @@ struct MmqQ80 {
     static constexpr int kStepBytes = 8 * 34, kWSlot = 288, kXStride = 288;
     static constexpr int kMaxOff = 14, kStages = 2, kMinSubs = 0;  // 3 stages: one CTA an SM
     static constexpr int kXdIn = 8, kXdd = 8;
-    static constexpr bool kThreeCtas = true;
     struct A {
         uint32_t q[8][4];  // block u: rows g, g + 8, quants 8t4..8t4+3 and 8t4+4..8t4+7
         double d[8][2];
@@ -357,7 +350,6 @@ struct MmqLegacy4 {
     static constexpr int kStages = 3, kMinSubs = 0;
     // A block's activation scales as doubles: dx and (with a min) s, or (with an offset) -off * s.
     static constexpr int kXdIn = 8, kXdd = 16;
-    static constexpr bool kThreeCtas = !kMin;  // the mins' doubles spill at 168 registers
     struct A {
         uint32_t lo[8][2], hi[8][2];  // block u, rows g, g + 8: elements 4t4.. and 16 + 4t4..
         double d[8][2], m[8][2];
@@ -417,13 +409,13 @@ struct MmqLegacy4 {
 // copied (float2), then the current step's scales as doubles and (K-quants with mins) its sums
 // of quants, both written from the stage once a step (one buffer: they are rewritten only after
 // the next step's barrier, when every warp is done with them).
-template <class P, int kTiles>
+template <class P>
 struct MmqLayout {
-    static constexpr int kMmqTokens = 8 * kTiles;
+    static constexpr int kMmqTokens = 8 * kMmqTiles;
     static constexpr int kWBytes = kMmqRows * P::kWSlot;
     static constexpr int kXBytes = kMmqTokens * P::kXStride;
     // A token's activation scales in the stage: its kXdIn float2, in a slot of at least 16
-    // bytes (the bulk copies move multiples of 16).
+    // bytes.
     static constexpr int kXdSlot = P::kXdIn * 8 < 16 ? 16 : P::kXdIn * 8;
     static constexpr int kXdBytes = kMmqTokens * kXdSlot;
     static constexpr int kStage = kWBytes + kXBytes + kXdBytes;
@@ -431,9 +423,7 @@ struct MmqLayout {
     static constexpr int kXddStride = P::kXdd == 1 ? 8 : P::kXdd * 8 + 16;
     static constexpr int kXddBytes = kMmqTokens * kXddStride;
     static constexpr int kMinBytes = P::kMinSubs ? kMmqTokens * kQminStride : 0;
-    // then an mbarrier a stage (the bulk loader's)
-    static constexpr int kBars = P::kStages * kStage + kXddBytes + kMinBytes;
-    static constexpr int kBytes = kBars + P::kStages * 8;
+    static constexpr int kBytes = P::kStages * kStage + kXddBytes + kMinBytes;
     static_assert(kWBytes % 16 == 0 && kXBytes % 16 == 0 && kXdBytes % 16 == 0);
     // A row's step starts up to kMaxOff bytes above its 16-byte floor.
     static_assert(P::kWSlot % 16 == 0 && P::kWSlot >= P::kStepBytes + P::kMaxOff);
@@ -441,15 +431,12 @@ struct MmqLayout {
 
 // blockIdx.x: token tile (the fastest, so CTAs that share weight rows run together and the
 // weights come from L2 after the first), blockIdx.y: row tile.
-// kBulk (sm_90, where mmq_bulk() holds): the step's copies by the copy engine, one cp.async.bulk
-// a weight row, a token's quants and its scales, counted on the stage's mbarrier: a thread issues
-// one or two copies a step instead of a dozen 16-byte cp.async with their address arithmetic.
-template <class P, int kMmqTiles, bool kBulk>
-__global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ? 3 : 2)
+template <class P>
+__global__ void __launch_bounds__(kMmqThreads, 2)
     gemm_mmq(const uint8_t* __restrict__ w, int64_t rows, int64_t cols, int64_t row_bytes,
              const int8_t* __restrict__ xq, const float2* __restrict__ xd, int n,
              float* __restrict__ y) {
-    using L = MmqLayout<P, kMmqTiles>;
+    using L = MmqLayout<P>;
     constexpr int kMmqTokens = L::kMmqTokens;
     extern __shared__ __align__(16) uint8_t smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -511,69 +498,8 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
                       in ? 8 : 0);
         }
     };
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-    // The same copies as load's, by the copy engine (mmq_bulk(): cols a multiple of 256, so a
-    // token's quants and scales of a step are whole and 16-byte aligned). Threads below kMmqRows
-    // take a weight row's slot, the next kMmqTokens a token; every thread arrives on the stage's
-    // barrier once, announcing its bytes. A slot that would read past the matrix (its last row)
-    // is copied by plain loads, before the arrival that publishes it.
-    auto load_bulk = [&](int s, int64_t kb) {
-        uint8_t* st = smem + s * L::kStage;
-        uint64_t* bar = bars + s;
-        if (tid < kMmqRows) {
-            const uint8_t* src = row_floor(tid, kb);
-            uint8_t* dst = st + tid * P::kWSlot;
-            const int64_t left = w_end - src;
-            if (left >= P::kWSlot) {
-                mbar_expect_tx(bar, P::kWSlot);
-                bulk_copy_g2s(dst, src, P::kWSlot, bar);
-            } else {
-                for (int b = 0; b < P::kWSlot; b += 2)
-                    *reinterpret_cast<uint16_t*>(dst + b) =
-                        b < left ? *reinterpret_cast<const uint16_t*>(src + b) : uint16_t(0);
-                mbar_expect_tx(bar, 0);
-            }
-        } else if (tid - kMmqRows < kMmqTokens) {
-            const int tk = tid - kMmqRows;
-            const int tok = token(tk);
-            uint8_t* xs = st + L::kWBytes;
-            mbar_expect_tx(bar, kStepElems + L::kXdSlot);
-            bulk_copy_g2s(xs + tk * P::kXStride, xq + int64_t(tok) * cols + kb * kStepElems,
-                          kStepElems, bar);
-            bulk_copy_g2s(xs + L::kXBytes + tk * L::kXdSlot, xd + int64_t(tok) * xd_row + kb * 8,
-                          L::kXdSlot, bar);
-        } else {
-            mbar_expect_tx(bar, 0);
-        }
-    };
-    if constexpr (kBulk) {
-        if (tid == 0) {
-            for (int s = 0; s < P::kStages; ++s) mbar_init(bars + s, kMmqThreads);
-            mbar_fence_init();
-        }
-        __syncthreads();
-    }
-    // Step kb into stage s, and the wait for step kb's stage, by either loader.
-    auto fill = [&](int s, int64_t kb) {
-        if constexpr (kBulk)
-            load_bulk(s, kb);
-        else
-            load(s, kb);
-    };
-    auto wait_step = [&](int64_t kb) {
-        if constexpr (kBulk)
-            mbar_wait(bars + int(kb % P::kStages), uint32_t(kb / P::kStages) & 1u);
-        else
-            cp_async_wait<P::kStages - 2>();
-    };
-#else
-    auto fill = load;  // (kBulk is never launched below sm_90)
-    auto wait_step = [](int64_t) { cp_async_wait<P::kStages - 2>(); };
-#endif
-
     for (int s = 0; s < P::kStages - 1; ++s) {
-        if (s < steps) fill(s, s);
+        if (s < steps) load(s, s);
         cp_async_commit();
     }
     double acc[kMmqTiles][4];
@@ -583,10 +509,10 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
         for (int i = 0; i < 4; ++i) acc[t][i] = 0.0;
 
     for (int64_t kb = 0; kb < steps; ++kb) {
-        wait_step(kb);
+        cp_async_wait<P::kStages - 2>();
         __syncthreads();
         if (kb + P::kStages - 1 < steps)
-            fill(int((kb + P::kStages - 1) % P::kStages), kb + P::kStages - 1);
+            load(int((kb + P::kStages - 1) % P::kStages), kb + P::kStages - 1);
         cp_async_commit();
         uint8_t* st = smem + int(kb % P::kStages) * L::kStage;
         const int8_t* xs = reinterpret_cast<const int8_t*>(st + L::kWBytes);
@@ -646,13 +572,13 @@ __global__ void __launch_bounds__(kMmqThreads, kMmqTiles == 4 && P::kThreeCtas ?
         }
 }
 
-template <class P, int kTiles, bool kBulk>
-void launch_mmq_tiles(const char* what, const void* w, int64_t rows, int64_t cols,
-                      const int8_t* xq, const float2* xd, int n, float* y, cudaStream_t stream) {
-    using L = MmqLayout<P, kTiles>;
+template <class P>
+void launch_mmq(const char* what, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+                const float2* xd, int n, float* y, cudaStream_t stream) {
+    using L = MmqLayout<P>;
     static const bool ready = [] {
-        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_mmq<P, kTiles, kBulk>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
+        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_mmq<P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           L::kBytes),
                       "cudaFuncSetAttribute (mmq shared memory)");
         return true;
     }();
@@ -661,45 +587,10 @@ void launch_mmq_tiles(const char* what, const void* w, int64_t rows, int64_t col
     if (row_tiles > 65535)
         nt::fail("%s: %lld rows (at most %d).", what, (long long)rows, 65535 * kMmqRows);
     const dim3 grid(unsigned((n + L::kMmqTokens - 1) / L::kMmqTokens), unsigned(row_tiles));
-    gemm_mmq<P, kTiles, kBulk><<<grid, kMmqThreads, L::kBytes, stream>>>(
+    gemm_mmq<P><<<grid, kMmqThreads, L::kBytes, stream>>>(
         static_cast<const uint8_t*>(w), rows, cols, int64_t(row_bytes(P::kType, cols)), xq, xd, n,
         y);
     NT_CUDA_CHECK(cudaGetLastError(), what);
-}
-
-// Whether the copy engine takes the step's copies (gemm_mmq's kBulk): asked for with
-// NT_MMQ_BULK=1 (off by default until it has been timed against cp.async on a GPU), an sm_90
-// device, rows a multiple of 256 long (a token's quants and scales of a step then whole and
-// 16-byte aligned) and 16-byte aligned buffers. The bulk copies' operands are uniform registers,
-// so a warp whose lanes copy 32 rows issues them one distinct address at a time: fewer
-// instructions than 16-byte cp.async only if that loop stays short.
-bool mmq_bulk(int64_t cols, const void* w, const int8_t* xq, const float2* xd) {
-    static const bool sm90 = [] {
-        int dev = 0, major = 0;
-        NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
-        NT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-                      "cudaDeviceGetAttribute");
-        return major >= 9 && env_int("NT_MMQ_BULK", 0) != 0;
-    }();
-    const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-    return sm90 && cols % kStepElems == 0 && aligned(w) && aligned(xq) && aligned(xd);
-}
-
-template <class P>
-void launch_mmq_as(const char* what, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-                   const float2* xd, int n, float* y, cudaStream_t stream, int tiles) {
-    const bool bulk = mmq_bulk(cols, w, xq, xd);
-    if ((tiles ? tiles : mmq_tiles()) == 4) {
-        if (bulk)
-            launch_mmq_tiles<P, 4, true>(what, w, rows, cols, xq, xd, n, y, stream);
-        else
-            launch_mmq_tiles<P, 4, false>(what, w, rows, cols, xq, xd, n, y, stream);
-    } else {
-        if (bulk)
-            launch_mmq_tiles<P, 8, true>(what, w, rows, cols, xq, xd, n, y, stream);
-        else
-            launch_mmq_tiles<P, 8, false>(what, w, rows, cols, xq, xd, n, y, stream);
-    }
 }
 
 }  // namespace
@@ -718,16 +609,17 @@ bool gemm_mmq_wgmma(GgmlType, const void*, int64_t, int64_t, const int8_t*, cons
 #endif
 
 void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-              const float2* xd, int n, float* y, cudaStream_t stream, int tiles) {
+              const float2* xd, int n, float* y, cudaStream_t stream, MmqKernel kernel) {
     if (n <= 0 || rows <= 0) return;
     // NT_MMQ_WGMMA=0 keeps the mma.sync kernel (an A/B knob; the same bits).
     static const bool wgmma = env_int("NT_MMQ_WGMMA", 1) != 0;
-    if (tiles == 0 && wgmma && gemm_mmq_wgmma(t, w, rows, cols, xq, xd, n, y, stream)) return;
+    if (kernel == MmqKernel::Best && wgmma &&
+        gemm_mmq_wgmma(t, w, rows, cols, xq, xd, n, y, stream))
+        return;
     switch (t) {
-#define NT_MMQ_CASE(T, P)                                                                    \
-    case GgmlType::T:                                                                          \
-        return launch_mmq_as<P>("gemm (" #T ", mmq)", w, rows, cols, xq, xd, n, y, stream, \
-                                tiles);
+#define NT_MMQ_CASE(T, P) \
+    case GgmlType::T:     \
+        return launch_mmq<P>("gemm (" #T ", mmq)", w, rows, cols, xq, xd, n, y, stream);
         NT_MMQ_CASE(Q4_0, MmqLegacy4<GgmlType::Q4_0>)
         NT_MMQ_CASE(Q4_1, MmqLegacy4<GgmlType::Q4_1>)
         NT_MMQ_CASE(Q5_0, MmqLegacy4<GgmlType::Q5_0>)
