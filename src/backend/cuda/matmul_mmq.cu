@@ -587,9 +587,9 @@ void launch_mmq(const char* what, const void* w, int64_t rows, int64_t cols, con
     if (row_tiles > 65535)
         nt::fail("%s: %lld rows (at most %d).", what, (long long)rows, 65535 * kMmqRows);
     const dim3 grid(unsigned((n + L::kMmqTokens - 1) / L::kMmqTokens), unsigned(row_tiles));
-    gemm_mmq<P><<<grid, kMmqThreads, L::kBytes, stream>>>(
-        static_cast<const uint8_t*>(w), rows, cols, int64_t(row_bytes(P::kType, cols)), xq, xd, n,
-        y);
+    gemm_mmq<P><<<grid, kMmqThreads, L::kBytes, stream>>>(static_cast<const uint8_t*>(w), rows,
+                                                          cols, int64_t(row_bytes(P::kType, cols)),
+                                                          xq, xd, n, y);
     NT_CUDA_CHECK(cudaGetLastError(), what);
 }
 
