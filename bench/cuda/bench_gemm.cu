@@ -98,7 +98,8 @@ int main(int argc, char** argv) try {
                 const std::vector<float> hx = random_activations(n, sh.cols, seed++);
                 const std::vector<float> xr = t == GgmlType::F32    ? hx
                                               : t == GgmlType::BF16 ? round_bf16(hx)
-                                                                    : round_f16(hx);
+                                              : quantized ? round_q8_f16(t, hx, n, sh.cols)
+                                                          : round_f16(hx);
                 const bool mmq =
                     nt::cuda::prompt_exact() && nt::cuda::detail::mmq_supported(t);
                 const Reference ref =

@@ -99,6 +99,19 @@ inline std::vector<float> round_bf16(std::vector<float> v) {
     return v;
 }
 
+// x as the GEMM path feeds quantized weights to the tensor cores: each row quantized to the
+// weight's vec_dot_type (the CPU's 8-bit grid), then q * d rounded to FP16.
+inline std::vector<float> round_q8_f16(GgmlType t, std::vector<float> x, int n, int64_t cols) {
+    const GgmlType at = nt::vec_dot_type(t);
+    std::vector<uint8_t> act(nt::row_bytes(at, cols));
+    for (int i = 0; i < n; ++i) {
+        float* xi = x.data() + size_t(i) * cols;
+        nt::quantize_row(at, xi, act.data(), cols);
+        nt::dequantize_row(at, act.data(), xi, cols);
+    }
+    return round_f16(std::move(x));
+}
+
 // Reference y[i][r] (double) and sum |w * x| for the listed rows.
 struct Reference {
     std::vector<int64_t> rows;   // which rows
