@@ -30,13 +30,16 @@
 #include <cuda.h>  // CUtensorMap and its encoder's types; the encoder comes from the runtime
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_mmq.cuh"
 #include "backend/cuda/matmul_quant.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace nt::cuda::detail {
@@ -66,26 +69,32 @@ __device__ __forceinline__ void fence_operand(int& r) {
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// d (+)= a * b on a warpgroup: m64n64k32, A (u8) from registers in mma.m16n8k32's fragment
-// layout (warp w's rows 16w..16w+15), B (s8) from shared memory by descriptor, int32
-// accumulators in 8 m16n8 C fragments (d[4j..4j+3]: tokens 8j..8j+7). scale_d 0 ignores d's
-// values (the first chunk of a sum).
-__device__ __forceinline__ void wgmma_u8s8_m64n64k32(int (&d)[32], const uint32_t (&a)[4],
-                                                     uint64_t desc, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.s8 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "{%32, %33, %34, %35}, %36, p;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-          "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
-          "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
-          "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
-          "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
-        : "memory");
-}
+// d (+)= a * b on a warpgroup: m64n64k32, A (ATYPE: u8 or s8) from registers in
+// mma.m16n8k32's fragment layout (warp w's rows 16w..16w+15), B (s8) from shared memory by
+// descriptor, int32 accumulators in 8 m16n8 C fragments (d[4j..4j+3]: tokens 8j..8j+7).
+// scale_d 0 ignores d's values (the first chunk of a sum).
+#define NT_WGMMA_M64N64K32(NAME, ATYPE)                                                           \
+    __device__ __forceinline__ void NAME(int(&d)[32], const uint32_t(&a)[4], uint64_t desc,       \
+                                         int scale_d) {                                           \
+        asm volatile(                                                                             \
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                          \
+            "wgmma.mma_async.sync.aligned.m64n64k32.s32." ATYPE                                   \
+            ".s8 "                                                                                \
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "   \
+            "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "             \
+            "{%32, %33, %34, %35}, %36, p;\n}\n"                                                  \
+            : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), \
+              "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]),          \
+              "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]),       \
+              "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]),       \
+              "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]),       \
+              "+r"(d[31])                                                                         \
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)                 \
+            : "memory");                                                                          \
+    }
+NT_WGMMA_M64N64K32(wgmma_u8s8_m64n64k32, "u8")
+NT_WGMMA_M64N64K32(wgmma_s8s8_m64n64k32, "s8")
+#undef NT_WGMMA_M64N64K32
 // A shared-memory matrix descriptor for B as the TMA writes it with 128-byte swizzling: each
 // token's 128 bytes of K contiguous, 16-byte chunk j of token t at chunk j ^ (t & 7), 8 tokens
 // (1024 bytes, 1024-aligned) a swizzle atom and the next 8 tokens 1024 bytes on (stride byte
@@ -103,6 +112,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_u32(dst)),
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+        : "memory");
+}
+// The same for a 3D box at (c0, c1, c2).
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_u32(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
         : "memory");
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -305,6 +323,144 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #endif
 }
 
+// ---- Q8_0: a block's scale every 32 elements ---------------------------------------------------
+// Each chunk of K is one block, with its own d (a row's) and dx (a token's), so every chunk's sum
+// meets its scales in double on its own: a chunk's wgmma into one of two accumulator sets while
+// the epilogue of the chunk before takes the other. A is the quants as they are (k 4t4.. and
+// 16 + 4t4.. of the block: 2-byte aligned in the 34-byte blocks). The weights come as a 3D box
+// of 16-byte units (a step's 272 bytes is more than a box dimension's 256), 272 bytes a row.
+struct Wg80 {
+    static constexpr int kStepBytes = 8 * 34;
+};
+
+// Shared memory: kWgStages stages of [B | the weights' box | the token scales' box: 8 float2 a
+// token], then the step's token scales as doubles (9 a token: the padding puts the 4 tokens a
+// warp reads at once in distinct banks) and a stage's mbarrier each.
+struct Q80Layout {
+    static constexpr int kXBox = kWgTokens * 128;
+    static constexpr int kX = 2 * kXBox;
+    static constexpr int kW = kWgRows * Wg80::kStepBytes;
+    static constexpr int kXd = kWgTokens * 64;
+    static constexpr int kStage = (kX + kW + kXd + 1023) / 1024 * 1024;
+    static constexpr int kXddStride = 9;  // doubles a token
+    static constexpr int kXdd = kWgStages * kStage;
+    static constexpr int kBars = kXdd + kWgTokens * kXddStride * 8;
+    static constexpr int kBytes = kBars + kWgStages * 8 + 1024;
+    static constexpr uint32_t kTx = kX + kW + kXd;
+};
+
+// tmx as for Q4_K; tmw: W as [rows][row bytes / 16][16] (box 16 x 17 x 128); tmd: xd as
+// [n][cols / 4] bytes (box 64 x 64).
+__global__ void __launch_bounds__(kWgThreads, 1)
+    gemm_wgmma_q80(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw,
+                   const __grid_constant__ CUtensorMap tmd, int64_t rows, int64_t cols, int n,
+                   float* __restrict__ y) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using L = Q80Layout;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t row0 = int64_t(blockIdx.y) * kWgRows;
+    const int tok0 = blockIdx.x * kWgTokens;
+    const int64_t steps = cols / kStepElems;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
+    if (tid == 0) {
+        for (int s = 0; s < kWgStages; ++s) mbar_init(bars + s, 1);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    auto issue = [&](int s, int64_t kb) {
+        if (tid != 0) return;
+        uint8_t* st = smem + s * L::kStage;
+        fence_proxy_async_smem();
+        mbar_expect_tx(bars + s, L::kTx);
+        tma_load_2d(st, &tmx, int(kb * kStepElems), tok0, bars + s);
+        tma_load_2d(st + L::kXBox, &tmx, int(kb * kStepElems + 128), tok0, bars + s);
+        tma_load_3d(st + L::kX, &tmw, 0, int(kb * (Wg80::kStepBytes / 16)), int(row0), bars + s);
+        tma_load_2d(st + L::kX + L::kW, &tmd, int(kb * 64), tok0, bars + s);
+    };
+    for (int s = 0; s < kWgStages - 1; ++s)
+        if (s < steps) issue(s, s);
+
+    double acc[8][4];
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] = 0.0;
+    int dot[2][32];
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) dot[b][i] = 0;
+    double* xdd = reinterpret_cast<double*>(smem + L::kXdd);
+
+    for (int64_t kb = 0; kb < steps; ++kb) {
+        const int s = int(kb % kWgStages);
+        mbar_wait(bars + s, uint32_t(kb / kWgStages) & 1u);
+        __syncthreads();
+        if (kb + kWgStages - 1 < steps)
+            issue(int((kb + kWgStages - 1) % kWgStages), kb + kWgStages - 1);
+        const uint8_t* st = smem + s * L::kStage;
+        const uint8_t* rw[2] = {st + L::kX + (16 * warp + g) * Wg80::kStepBytes,
+                                st + L::kX + (16 * warp + g + 8) * Wg80::kStepBytes};
+        const uint32_t xbase = smem_u32(st);
+        // Chunk c (block c of the step): A from the rows' quants, then its wgmma into dot[c & 1].
+        auto issue_chunk = [&](int c) {
+            const uint32_t a[4] = {
+                ld_u32_a2(rw[0] + 34 * c + 2 + 4 * t4), ld_u32_a2(rw[1] + 34 * c + 2 + 4 * t4),
+                ld_u32_a2(rw[0] + 34 * c + 18 + 4 * t4), ld_u32_a2(rw[1] + 34 * c + 18 + 4 * t4)};
+            wgmma_fence();
+            wgmma_s8s8_m64n64k32(dot[c & 1], a,
+                                 sw128_desc(xbase + (c >> 2) * L::kXBox + 32 * (c & 3)), 0);
+            wgmma_commit();
+        };
+        issue_chunk(0);
+        issue_chunk(1);
+        // The step's token scales as doubles (the float2s' d), while the first chunks run.
+#pragma unroll
+        for (int it = 0; it < kWgTokens * 8 / kWgThreads; ++it) {
+            const int i = tid + kWgThreads * it;
+            xdd[(i >> 3) * L::kXddStride + (i & 7)] =
+                double(reinterpret_cast<const float2*>(st + L::kX + L::kW)[i].x);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            if (c < 7)
+                wgmma_wait<1>();
+            else
+                wgmma_wait<0>();
+            int* dc = dot[c & 1];
+#pragma unroll
+            for (int i = 0; i < 32; ++i) fence_operand(dc[i]);
+            // dot * d is exact (at most 19 + 11 bits): one rounding, in the fma (as gemm_mmq).
+            const double d[2] = {double(h2f(ld_u16(rw[0] + 34 * c))),
+                                 double(h2f(ld_u16(rw[1] + 34 * c)))};
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                const double* xt = xdd + (8 * t + 2 * t4) * L::kXddStride + c;
+                const double dx[2] = {xt[0], xt[L::kXddStride]};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    acc[t][i] = fma(i2d(dc[4 * t + i]) * d[i >> 1], dx[i & 1], acc[t][i]);
+            }
+            if (c + 2 < 8) issue_chunk(c + 2);
+        }
+    }
+    const int64_t r0 = row0 + 16 * warp + g;
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int64_t row = r0 + 8 * (i >> 1);
+            const int tok = tok0 + 8 * t + 2 * t4 + (i & 1);
+            if (row < rows && tok < n) y[int64_t(tok) * rows + row] = float(acc[t][i]);
+        }
+#else
+    __trap();  // launched only on compute capability 9.0, for which this file is built
+#endif
+}
+
 // cuTensorMapEncodeTiled from the driver, through the runtime (no link against the driver).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                                  const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
@@ -324,21 +480,31 @@ EncodeTiled encode_tiled() {
     return fn;
 }
 
-// A 2D map over bytes: rows of `inner` bytes, `stride` apart, boxes of box_inner x box_rows.
-CUtensorMap byte_map(const void* base, uint64_t inner, uint64_t rows, uint64_t stride,
-                     uint32_t box_inner, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+// A map over bytes of rank dims.size(): dims innermost first, strides (bytes) of dims 1.., boxes
+// of box.
+CUtensorMap byte_map(const void* base, std::initializer_list<uint64_t> dims,
+                     std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box,
+                     CUtensorMapSwizzle swizzle) {
     CUtensorMap m;
-    const cuuint64_t dims[2] = {inner, rows};
-    const cuuint64_t strides[1] = {stride};
-    const cuuint32_t box[2] = {box_inner, box_rows};
-    const cuuint32_t elem[2] = {1, 1};
-    const CUresult r =
-        encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims, strides,
-                       box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    cuuint64_t d[3], st[2];
+    cuuint32_t bx[3], elem[3] = {1, 1, 1};
+    std::copy(dims.begin(), dims.end(), d);
+    std::copy(strides.begin(), strides.end(), st);
+    std::copy(box.begin(), box.end(), bx);
+    const CUresult r = encode_tiled()(
+        &m, CU_TENSOR_MAP_DATA_TYPE_UINT8, cuuint32_t(dims.size()), const_cast<void*>(base), d, st,
+        bx, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         nt::fail("gemm (wgmma): cuTensorMapEncodeTiled failed (CUresult %d).", int(r));
     return m;
+}
+
+// The activations' map, shared by the kernels: xq as [n][cols] bytes, boxes of 64 tokens x 128
+// bytes in wgmma's 128-byte swizzled layout.
+CUtensorMap x_map(const int8_t* xq, int64_t cols, int n) {
+    return byte_map(xq, {uint64_t(cols), uint64_t(n)}, {uint64_t(cols)}, {128, kWgTokens},
+                    CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 template <bool Q5>
@@ -354,12 +520,12 @@ void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* 
     }();
     (void)ready;
     const int64_t rb = int64_t(row_bytes(P::kType, cols));
-    const CUtensorMap tmx = byte_map(xq, uint64_t(cols), uint64_t(n), uint64_t(cols), 128,
-                                     kWgTokens, CU_TENSOR_MAP_SWIZZLE_128B);
-    const CUtensorMap tmw = byte_map(w, uint64_t(rb), uint64_t(rows), uint64_t(rb), P::kStepBytes,
-                                     kWgRows, CU_TENSOR_MAP_SWIZZLE_NONE);
-    const CUtensorMap tmd = byte_map(xd, uint64_t(cols / 4), uint64_t(n), uint64_t(cols / 4), 16,
-                                     kWgTokens, CU_TENSOR_MAP_SWIZZLE_NONE);
+    const CUtensorMap tmx = x_map(xq, cols, n);
+    const CUtensorMap tmw =
+        byte_map(w, {uint64_t(rb), uint64_t(rows)}, {uint64_t(rb)},
+                 {uint32_t(P::kStepBytes), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
+    const CUtensorMap tmd = byte_map(xd, {uint64_t(cols / 4), uint64_t(n)}, {uint64_t(cols / 4)},
+                                     {16, kWgTokens}, CU_TENSOR_MAP_SWIZZLE_NONE);
     const int64_t row_tiles = (rows + kWgRows - 1) / kWgRows;
     if (row_tiles > 65535)
         nt::fail("gemm (%s, wgmma): %lld rows (at most %d).", Q5 ? "Q5_K" : "Q4_K", (long long)rows,
@@ -367,6 +533,31 @@ void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* 
     const dim3 grid(unsigned((n + kWgTokens - 1) / kWgTokens), unsigned(row_tiles));
     gemm_wgmma_q45k<Q5><<<grid, kWgThreads, L::kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
     NT_CUDA_CHECK(cudaGetLastError(), Q5 ? "gemm (Q5_K, wgmma)" : "gemm (Q4_K, wgmma)");
+}
+
+void launch_wgmma_q80(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
+                      int n, float* y, cudaStream_t stream) {
+    using L = Q80Layout;
+    static const bool ready = [] {
+        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_q80,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
+                      "cudaFuncSetAttribute (wgmma GEMM shared memory)");
+        return true;
+    }();
+    (void)ready;
+    const uint64_t rb = row_bytes(GgmlType::Q8_0, cols);  // 272 a step: a multiple of 16
+    const CUtensorMap tmx = x_map(xq, cols, n);
+    const CUtensorMap tmw =
+        byte_map(w, {16, rb / 16, uint64_t(rows)}, {16, rb},
+                 {16, uint32_t(Wg80::kStepBytes / 16), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
+    const CUtensorMap tmd = byte_map(xd, {uint64_t(cols / 4), uint64_t(n)}, {uint64_t(cols / 4)},
+                                     {64, kWgTokens}, CU_TENSOR_MAP_SWIZZLE_NONE);
+    const int64_t row_tiles = (rows + kWgRows - 1) / kWgRows;
+    if (row_tiles > 65535)
+        nt::fail("gemm (Q8_0, wgmma): %lld rows (at most %d).", (long long)rows, 65535 * kWgRows);
+    const dim3 grid(unsigned((n + kWgTokens - 1) / kWgTokens), unsigned(row_tiles));
+    gemm_wgmma_q80<<<grid, kWgThreads, L::kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
+    NT_CUDA_CHECK(cudaGetLastError(), "gemm (Q8_0, wgmma)");
 }
 
 }  // namespace
@@ -382,15 +573,19 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
                       "cudaDeviceGetAttribute");
         return major == 9 && minor == 0;
     }();
+    // Q8_0's kernel is opt-in (NT_MMQ_WGMMA_Q80=1) until it has run on a GPU.
+    static const bool q80 = env_int("NT_MMQ_WGMMA_Q80", 0) != 0;
+    const bool typed = t == GgmlType::Q4_K || t == GgmlType::Q5_K || (q80 && t == GgmlType::Q8_0);
     const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-    if (!sm90 || (t != GgmlType::Q4_K && t != GgmlType::Q5_K) || cols % kStepElems != 0 ||
-        !aligned(w) || !aligned(xq) || !aligned(xd))
+    if (!sm90 || !typed || cols % kStepElems != 0 || !aligned(w) || !aligned(xq) || !aligned(xd))
         return false;
     if (n <= 0 || rows <= 0) return true;
     if (t == GgmlType::Q4_K)
         launch_wgmma_q45k<false>(w, rows, cols, xq, xd, n, y, stream);
-    else
+    else if (t == GgmlType::Q5_K)
         launch_wgmma_q45k<true>(w, rows, cols, xq, xd, n, y, stream);
+    else
+        launch_wgmma_q80(w, rows, cols, xq, xd, n, y, stream);
     return true;
 }
 
