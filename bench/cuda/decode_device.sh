@@ -152,11 +152,12 @@ stage() {
         echo "+ bench_gemm --types ${GEMM_TYPES:-q4_K,q5_K,q6_K,q8_0} --shapes 8b --n 512"
         NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types "${GEMM_TYPES:-q4_K,q5_K,q6_K,q8_0}" \
             --shapes 8b --n 512 --iters 10 2>&1 | grep -E "matmul|mmq|FAIL"
-        # Q8_0's wgmma kernel (opt-in until run): its tests, then its mmq line against mmq-sync.
-        NT_MMQ_WGMMA_Q80=1 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
+        # The 32-element block types' wgmma kernel (opt-in until run): its tests, then its mmq
+        # lines against mmq-sync.
+        NT_MMQ_WGMMA_BLOCKS=1 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
             --gtest_filter='MatmulParity.*' 2>&1 | tail -n 3
-        NT_MMQ_WGMMA_Q80=1 NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types q8_0 --shapes 8b \
-            --n 512 --iters 10 2>&1 | grep -E "matmul|mmq|FAIL" | sed "s/^/q80-wgmma /"
+        NT_MMQ_WGMMA_BLOCKS=1 NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types q8_0,q4_0,q4_1 \
+            --shapes 8b --n 512 --iters 10 2>&1 | grep -E "matmul|mmq|FAIL" | sed "s/^/blocks-wgmma /"
         "$build/bench/bench_attention" --iters 20 2>&1 | sed -n '/== prefill/,$p'
         wait_model q4_k_m || return 1
         for e in 1 0; do
@@ -166,7 +167,7 @@ stage() {
         echo "default: $("$nt" bench -m "$(model q4_k_m)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
         wait_model q8_0 || return 1
         for e in 1 0; do
-            echo "exact q8_0: wgmma-q80 $e $(NT_MMQ_WGMMA_Q80=$e NT_EXACT_PROMPT=1 \
+            echo "exact q8_0: wgmma-blocks $e $(NT_MMQ_WGMMA_BLOCKS=$e NT_EXACT_PROMPT=1 \
                 "$nt" bench -m "$(model q8_0)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
         done
         ;;

@@ -27,6 +27,8 @@
 //     an mma.sync makes the compiler wait for the wgmmas) and d dx is - dmin dx ms in double
 //     once a block (k_block_term), summed over the blocks in order: the same roundings in the
 //     same order as gemm_mmq, so the same bits.
+// The 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) have a kernel of the same shape
+// further down, opt-in (NT_MMQ_WGMMA_BLOCKS=1) until it has run on a GPU.
 #include <cuda.h>  // CUtensorMap and its encoder's types; the encoder comes from the runtime
 #include <cuda_runtime.h>
 
@@ -323,40 +325,93 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #endif
 }
 
-// ---- Q8_0: a block's scale every 32 elements ---------------------------------------------------
-// Each chunk of K is one block, with its own d (a row's) and dx (a token's), so every chunk's sum
-// meets its scales in double on its own: a chunk's wgmma into one of two accumulator sets while
-// the epilogue of the chunk before takes the other. A is the quants as they are (k 4t4.. and
-// 16 + 4t4.. of the block: 2-byte aligned in the 34-byte blocks). The weights come as a 3D box
-// of 16-byte units (a step's 272 bytes is more than a box dimension's 256), 272 bytes a row.
-struct Wg80 {
-    static constexpr int kStepBytes = 8 * 34;
+// ---- The 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) ------------------------------
+// Each chunk of K is one block, with its own scales (a row's d and m, a token's), so every
+// chunk's sum meets them in double on its own: a chunk's wgmma into one of two accumulator sets
+// while the epilogue of the chunk before takes the other. A is the block's quants (Q8_0) or
+// nibbles with the fifth bit (k 4t4.. the low nibbles of bytes 4t4.., 16 + 4t4.. their high
+// ones, as matmul_mmq.cu's MmqLegacy4), 2-byte aligned in the blocks. The weights come as a 3D
+// box of 16-byte units (Q8_0's 272 bytes a step is more than a box dimension's 256). The terms
+// are gemm_mmq's (MmqQ80, MmqLegacy4), in the same order: the same bits.
+template <GgmlType T>
+struct WgBlocks {
+    static constexpr bool kQ8 = T == GgmlType::Q8_0;
+    static constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+    static constexpr bool kQ5 = T == GgmlType::Q5_0 || T == GgmlType::Q5_1;
+    static constexpr int kBlockBytes = kQ8                   ? 34
+                                       : T == GgmlType::Q4_0 ? 18
+                                       : T == GgmlType::Q4_1 ? 20
+                                       : T == GgmlType::Q5_0 ? 22
+                                                             : 24;
+    static constexpr int kStepBytes = 8 * kBlockBytes;
+    static constexpr int kQs = kQ8 ? 2 : 2 + (kMin ? 2 : 0) + (kQ5 ? 4 : 0);
+    static_assert(kStepBytes % 16 == 0);
+    // A token's block scales as doubles: dx and (with a min) s, (with an offset) -off * s, or
+    // (Q8_0) nothing.
+    __device__ static double2 xdd(float2 v) {
+        return make_double2(double(v.x), kQ8    ? 0.0
+                                         : kMin ? double(v.y)
+                                                : -(kQ5 ? 16.0 : 8.0) * double(v.y));
+    }
+    // Rows g and g + 8's A registers for block c.
+    __device__ static void load_a(const uint8_t* const (&rw)[2], int c, int t4, uint32_t (&a)[4]) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const uint8_t* b = rw[i] + kBlockBytes * c;
+            if constexpr (kQ8) {
+                a[i] = ld_u32_a2(b + kQs + 4 * t4);
+                a[2 + i] = ld_u32_a2(b + kQs + 16 + 4 * t4);
+            } else {
+                const uint32_t q = ld_u32_a2(b + kQs + 4 * t4);
+                a[i] = q & 0x0F0F0F0Fu;
+                a[2 + i] = (q >> 4) & 0x0F0F0F0Fu;
+                if constexpr (kQ5) {
+                    const uint32_t qh = ld_u32_a2(b + (kMin ? 4 : 2));
+                    a[i] |= spread4_to_bit4((qh >> (4 * t4)) & 0xF);
+                    a[2 + i] |= spread4_to_bit4((qh >> (16 + 4 * t4)) & 0xF);
+                }
+            }
+        }
+    }
+    // acc += the block's term for sum s, the row's d and m, the token's xi.
+    __device__ static double term(double acc, int s, double d, double m, double2 xi) {
+        if constexpr (kQ8)  // s d is exact (at most 19 + 11 bits): one rounding, in the fma
+            return fma(i2d(s) * d, xi.x, acc);
+        else if constexpr (kMin)  // d s and m xs exact: each fma rounds once
+            return fma(i2d(s) * d, xi.x, fma(m, xi.y, acc));
+        else  // dx s and off xs exact
+            return fma(d, fma(xi.x, i2d(s), xi.y), acc);
+    }
 };
 
 // Shared memory: kWgStages stages of [B | the weights' box | the token scales' box: 8 float2 a
-// token], then the step's token scales as doubles (9 a token: the padding puts the 4 tokens a
+// token], then the step's token scales as double2 (9 a token: the padding puts the 8 tokens a
 // warp reads at once in distinct banks) and a stage's mbarrier each.
-struct Q80Layout {
+template <class P>
+struct BlocksLayout {
     static constexpr int kXBox = kWgTokens * 128;
     static constexpr int kX = 2 * kXBox;
-    static constexpr int kW = kWgRows * Wg80::kStepBytes;
+    static constexpr int kW = kWgRows * P::kStepBytes;
     static constexpr int kXd = kWgTokens * 64;
     static constexpr int kStage = (kX + kW + kXd + 1023) / 1024 * 1024;
-    static constexpr int kXddStride = 9;  // doubles a token
+    static constexpr int kXddStride = 9;  // double2 a token
     static constexpr int kXdd = kWgStages * kStage;
-    static constexpr int kBars = kXdd + kWgTokens * kXddStride * 8;
+    static constexpr int kBars = kXdd + kWgTokens * kXddStride * 16;
     static constexpr int kBytes = kBars + kWgStages * 8 + 1024;
     static constexpr uint32_t kTx = kX + kW + kXd;
 };
 
-// tmx as for Q4_K; tmw: W as [rows][row bytes / 16][16] (box 16 x 17 x 128); tmd: xd as
-// [n][cols / 4] bytes (box 64 x 64).
+// tmx as for Q4_K; tmw: W as [rows][row bytes / 16][16] (box 16 x a step's units x 128); tmd:
+// xd as [n][cols / 4] bytes (box 64 x 64).
+template <GgmlType T>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    gemm_wgmma_q80(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw,
-                   const __grid_constant__ CUtensorMap tmd, int64_t rows, int64_t cols, int n,
-                   float* __restrict__ y) {
+    gemm_wgmma_blocks(const __grid_constant__ CUtensorMap tmx,
+                      const __grid_constant__ CUtensorMap tmw,
+                      const __grid_constant__ CUtensorMap tmd, int64_t rows, int64_t cols, int n,
+                      float* __restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using L = Q80Layout;
+    using P = WgBlocks<T>;
+    using L = BlocksLayout<P>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -376,7 +431,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         mbar_expect_tx(bars + s, L::kTx);
         tma_load_2d(st, &tmx, int(kb * kStepElems), tok0, bars + s);
         tma_load_2d(st + L::kXBox, &tmx, int(kb * kStepElems + 128), tok0, bars + s);
-        tma_load_3d(st + L::kX, &tmw, 0, int(kb * (Wg80::kStepBytes / 16)), int(row0), bars + s);
+        tma_load_3d(st + L::kX, &tmw, 0, int(kb * (P::kStepBytes / 16)), int(row0), bars + s);
         tma_load_2d(st + L::kX + L::kW, &tmd, int(kb * 64), tok0, bars + s);
     };
     for (int s = 0; s < kWgStages - 1; ++s)
@@ -392,7 +447,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     for (int b = 0; b < 2; ++b)
 #pragma unroll
         for (int i = 0; i < 32; ++i) dot[b][i] = 0;
-    double* xdd = reinterpret_cast<double*>(smem + L::kXdd);
+    double2* xdd = reinterpret_cast<double2*>(smem + L::kXdd);
 
     for (int64_t kb = 0; kb < steps; ++kb) {
         const int s = int(kb % kWgStages);
@@ -401,14 +456,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         if (kb + kWgStages - 1 < steps)
             issue(int((kb + kWgStages - 1) % kWgStages), kb + kWgStages - 1);
         const uint8_t* st = smem + s * L::kStage;
-        const uint8_t* rw[2] = {st + L::kX + (16 * warp + g) * Wg80::kStepBytes,
-                                st + L::kX + (16 * warp + g + 8) * Wg80::kStepBytes};
+        const uint8_t* const rw[2] = {st + L::kX + (16 * warp + g) * P::kStepBytes,
+                                      st + L::kX + (16 * warp + g + 8) * P::kStepBytes};
         const uint32_t xbase = smem_u32(st);
-        // Chunk c (block c of the step): A from the rows' quants, then its wgmma into dot[c & 1].
+        // Block c of the step: A from the rows' quants, then its wgmma into dot[c & 1].
         auto issue_chunk = [&](int c) {
-            const uint32_t a[4] = {
-                ld_u32_a2(rw[0] + 34 * c + 2 + 4 * t4), ld_u32_a2(rw[1] + 34 * c + 2 + 4 * t4),
-                ld_u32_a2(rw[0] + 34 * c + 18 + 4 * t4), ld_u32_a2(rw[1] + 34 * c + 18 + 4 * t4)};
+            uint32_t a[4];
+            P::load_a(rw, c, t4, a);
             wgmma_fence();
             wgmma_s8s8_m64n64k32(dot[c & 1], a,
                                  sw128_desc(xbase + (c >> 2) * L::kXBox + 32 * (c & 3)), 0);
@@ -416,12 +470,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         };
         issue_chunk(0);
         issue_chunk(1);
-        // The step's token scales as doubles (the float2s' d), while the first chunks run.
+        // The step's token scales as doubles, while the first blocks run.
 #pragma unroll
         for (int it = 0; it < kWgTokens * 8 / kWgThreads; ++it) {
             const int i = tid + kWgThreads * it;
             xdd[(i >> 3) * L::kXddStride + (i & 7)] =
-                double(reinterpret_cast<const float2*>(st + L::kX + L::kW)[i].x);
+                P::xdd(reinterpret_cast<const float2*>(st + L::kX + L::kW)[i]);
         }
         __syncthreads();
 #pragma unroll
@@ -433,16 +487,20 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             int* dc = dot[c & 1];
 #pragma unroll
             for (int i = 0; i < 32; ++i) fence_operand(dc[i]);
-            // dot * d is exact (at most 19 + 11 bits): one rounding, in the fma (as gemm_mmq).
-            const double d[2] = {double(h2f(ld_u16(rw[0] + 34 * c))),
-                                 double(h2f(ld_u16(rw[1] + 34 * c)))};
+            double d[2], m[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const uint8_t* b = rw[i] + P::kBlockBytes * c;
+                d[i] = double(h2f(ld_u16(b)));
+                m[i] = P::kMin ? double(h2f(ld_u16(b + 2))) : 0.0;
+            }
 #pragma unroll
             for (int t = 0; t < 8; ++t) {
-                const double* xt = xdd + (8 * t + 2 * t4) * L::kXddStride + c;
-                const double dx[2] = {xt[0], xt[L::kXddStride]};
+                const double2* xt = xdd + (8 * t + 2 * t4) * L::kXddStride + c;
+                const double2 xi[2] = {xt[0], xt[L::kXddStride]};
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
-                    acc[t][i] = fma(i2d(dc[4 * t + i]) * d[i >> 1], dx[i & 1], acc[t][i]);
+                    acc[t][i] = P::term(acc[t][i], dc[4 * t + i], d[i >> 1], m[i >> 1], xi[i & 1]);
             }
             if (c + 2 < 8) issue_chunk(c + 2);
         }
@@ -535,29 +593,32 @@ void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* 
     NT_CUDA_CHECK(cudaGetLastError(), Q5 ? "gemm (Q5_K, wgmma)" : "gemm (Q4_K, wgmma)");
 }
 
-void launch_wgmma_q80(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
-                      int n, float* y, cudaStream_t stream) {
-    using L = Q80Layout;
+template <GgmlType T>
+void launch_wgmma_blocks(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+                         const float2* xd, int n, float* y, cudaStream_t stream) {
+    using P = WgBlocks<T>;
+    using L = BlocksLayout<P>;
     static const bool ready = [] {
-        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_q80,
+        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_blocks<T>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
                       "cudaFuncSetAttribute (wgmma GEMM shared memory)");
         return true;
     }();
     (void)ready;
-    const uint64_t rb = row_bytes(GgmlType::Q8_0, cols);  // 272 a step: a multiple of 16
+    const uint64_t rb = row_bytes(T, cols);  // a multiple of 16: whole steps
     const CUtensorMap tmx = x_map(xq, cols, n);
     const CUtensorMap tmw =
         byte_map(w, {16, rb / 16, uint64_t(rows)}, {16, rb},
-                 {16, uint32_t(Wg80::kStepBytes / 16), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
+                 {16, uint32_t(P::kStepBytes / 16), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
     const CUtensorMap tmd = byte_map(xd, {uint64_t(cols / 4), uint64_t(n)}, {uint64_t(cols / 4)},
                                      {64, kWgTokens}, CU_TENSOR_MAP_SWIZZLE_NONE);
     const int64_t row_tiles = (rows + kWgRows - 1) / kWgRows;
     if (row_tiles > 65535)
-        nt::fail("gemm (Q8_0, wgmma): %lld rows (at most %d).", (long long)rows, 65535 * kWgRows);
+        nt::fail("gemm (%s, wgmma): %lld rows (at most %d).", type_name(T), (long long)rows,
+                 65535 * kWgRows);
     const dim3 grid(unsigned((n + kWgTokens - 1) / kWgTokens), unsigned(row_tiles));
-    gemm_wgmma_q80<<<grid, kWgThreads, L::kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
-    NT_CUDA_CHECK(cudaGetLastError(), "gemm (Q8_0, wgmma)");
+    gemm_wgmma_blocks<T><<<grid, kWgThreads, L::kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
+    NT_CUDA_CHECK(cudaGetLastError(), "gemm (32-element blocks, wgmma)");
 }
 
 }  // namespace
@@ -573,19 +634,40 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
                       "cudaDeviceGetAttribute");
         return major == 9 && minor == 0;
     }();
-    // Q8_0's kernel is opt-in (NT_MMQ_WGMMA_Q80=1) until it has run on a GPU.
-    static const bool q80 = env_int("NT_MMQ_WGMMA_Q80", 0) != 0;
-    const bool typed = t == GgmlType::Q4_K || t == GgmlType::Q5_K || (q80 && t == GgmlType::Q8_0);
+    // The 32-element block types' kernel is opt-in (NT_MMQ_WGMMA_BLOCKS=1) until it has run on
+    // a GPU.
+    static const bool blocks = env_int("NT_MMQ_WGMMA_BLOCKS", 0) != 0;
+    const bool k45 = t == GgmlType::Q4_K || t == GgmlType::Q5_K;
+    const bool b32 = blocks && (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1 ||
+                                t == GgmlType::Q5_0 || t == GgmlType::Q5_1);
     const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-    if (!sm90 || !typed || cols % kStepElems != 0 || !aligned(w) || !aligned(xq) || !aligned(xd))
+    if (!sm90 || !(k45 || b32) || cols % kStepElems != 0 || !aligned(w) || !aligned(xq) ||
+        !aligned(xd))
         return false;
     if (n <= 0 || rows <= 0) return true;
-    if (t == GgmlType::Q4_K)
-        launch_wgmma_q45k<false>(w, rows, cols, xq, xd, n, y, stream);
-    else if (t == GgmlType::Q5_K)
-        launch_wgmma_q45k<true>(w, rows, cols, xq, xd, n, y, stream);
-    else
-        launch_wgmma_q80(w, rows, cols, xq, xd, n, y, stream);
+    switch (t) {
+        case GgmlType::Q4_K:
+            launch_wgmma_q45k<false>(w, rows, cols, xq, xd, n, y, stream);
+            break;
+        case GgmlType::Q5_K:
+            launch_wgmma_q45k<true>(w, rows, cols, xq, xd, n, y, stream);
+            break;
+        case GgmlType::Q8_0:
+            launch_wgmma_blocks<GgmlType::Q8_0>(w, rows, cols, xq, xd, n, y, stream);
+            break;
+        case GgmlType::Q4_0:
+            launch_wgmma_blocks<GgmlType::Q4_0>(w, rows, cols, xq, xd, n, y, stream);
+            break;
+        case GgmlType::Q4_1:
+            launch_wgmma_blocks<GgmlType::Q4_1>(w, rows, cols, xq, xd, n, y, stream);
+            break;
+        case GgmlType::Q5_0:
+            launch_wgmma_blocks<GgmlType::Q5_0>(w, rows, cols, xq, xd, n, y, stream);
+            break;
+        default:
+            launch_wgmma_blocks<GgmlType::Q5_1>(w, rows, cols, xq, xd, n, y, stream);
+            break;
+    }
     return true;
 }
 
