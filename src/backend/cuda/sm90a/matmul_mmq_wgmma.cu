@@ -125,6 +125,37 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
         : "memory");
 }
+// What both kernels' CTAs start and end with: shared memory aligned to 1024 (the swizzle
+// atoms), the stage mbarriers, the accumulators zeroed, and the outputs stored.
+__device__ __forceinline__ uint8_t* align_1024(uint8_t* p) {
+    return p + ((1024 - (smem_u32(p) & 1023)) & 1023);
+}
+__device__ __forceinline__ void init_bars(uint64_t* bars, int tid) {
+    if (tid == 0) {
+        for (int s = 0; s < kWgStages; ++s) mbar_init(bars + s, 1);
+        mbar_fence_init();
+    }
+    __syncthreads();
+}
+__device__ __forceinline__ void zero(double (&acc)[8][4]) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[t][i] = 0.0;
+}
+// Warp w's rows 16w + g and + 8 by the tile's tokens 8t + 2t4 (+ 1), inside the matrix.
+__device__ __forceinline__ void store(const double (&acc)[8][4], int64_t row0, int tok0, int warp,
+                                      int g, int t4, int64_t rows, int n, float* y) {
+    const int64_t r0 = row0 + 16 * warp + g;
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int64_t row = r0 + 8 * (i >> 1);
+            const int tok = tok0 + 8 * t + 2 * t4 + (i & 1);
+            if (row < rows && tok < n) y[int64_t(tok) * rows + row] = float(acc[t][i]);
+        }
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <bool Q5>
@@ -165,17 +196,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     using P = Wg45<Q5>;
     using L = TmaLayout<P>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint8_t* smem = align_1024(smem_raw);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t row0 = int64_t(blockIdx.y) * kWgRows;
     const int tok0 = blockIdx.x * kWgTokens;
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-    if (tid == 0) {
-        for (int s = 0; s < kWgStages; ++s) mbar_init(bars + s, 1);
-        mbar_fence_init();
-    }
-    __syncthreads();
+    init_bars(bars, tid);
     // Step kb into stage s, by thread 0. Every thread has finished with the stage (the barrier
     // before each call), and the fence orders their reads before the TMA's writes.
     auto issue = [&](int s, int64_t kb) {
@@ -192,10 +219,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         if (s < steps) issue(s, s);
 
     double acc[8][4];
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[t][i] = 0.0;
+    zero(acc);
     int h[32], l[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) h[i] = l[i] = 0;
@@ -311,15 +335,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             k_block_term(d, dmin, is, ms, tl, acc[t]);
         }
     }
-    const int64_t r0 = row0 + 16 * warp + g;
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int64_t row = r0 + 8 * (i >> 1);
-            const int tok = tok0 + 8 * t + 2 * t4 + (i & 1);
-            if (row < rows && tok < n) y[int64_t(tok) * rows + row] = float(acc[t][i]);
-        }
+    store(acc, row0, tok0, warp, g, t4, rows, n, y);
 #else
     __trap();  // launched only on compute capability 9.0, for which this file is built
 #endif
@@ -413,17 +429,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     using P = WgBlocks<T>;
     using L = BlocksLayout<P>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t* smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint8_t* smem = align_1024(smem_raw);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int64_t row0 = int64_t(blockIdx.y) * kWgRows;
     const int tok0 = blockIdx.x * kWgTokens;
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-    if (tid == 0) {
-        for (int s = 0; s < kWgStages; ++s) mbar_init(bars + s, 1);
-        mbar_fence_init();
-    }
-    __syncthreads();
+    init_bars(bars, tid);
     auto issue = [&](int s, int64_t kb) {
         if (tid != 0) return;
         uint8_t* st = smem + s * L::kStage;
@@ -438,10 +450,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         if (s < steps) issue(s, s);
 
     double acc[8][4];
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[t][i] = 0.0;
+    zero(acc);
     int dot[2][32];
 #pragma unroll
     for (int b = 0; b < 2; ++b)
@@ -505,15 +514,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             if (c + 2 < 8) issue_chunk(c + 2);
         }
     }
-    const int64_t r0 = row0 + 16 * warp + g;
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int64_t row = r0 + 8 * (i >> 1);
-            const int tok = tok0 + 8 * t + 2 * t4 + (i & 1);
-            if (row < rows && tok < n) y[int64_t(tok) * rows + row] = float(acc[t][i]);
-        }
+    store(acc, row0, tok0, warp, g, t4, rows, n, y);
 #else
     __trap();  // launched only on compute capability 9.0, for which this file is built
 #endif
