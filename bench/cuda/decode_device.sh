@@ -13,7 +13,8 @@
 #   bench/cuda/decode_device.sh exact    # the prompt path with the CPU's arithmetic: its tests, the integer GEMM
 #                                        # (best kernel and mma.sync), prefill attention v3, 8B pp512 by GEMM kernel
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
-#   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64 (after types: needs the disk)
+#   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64, and pp512 on the exact
+#                                        # path (after types: needs the disk)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
 #   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
 #   bench/cuda/decode_device.sh sections # the first kernels of one 8B Q4_K_M decode token under ncu's
@@ -183,6 +184,8 @@ stage() {
         mkdir -p "$models"
         run synth_model "$m70" 70b q4_k_m >/dev/null
         run "$nt" bench -m "$m70" --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E "^\||^decode:"
+        # The prompt with the CPU's arithmetic (the issue's 1300 tok/s, on the exact path).
+        echo "exact: $(NT_EXACT_PROMPT=1 "$nt" bench -m "$m70" --device cuda -p 512 -n 0 -r 2 2>&1 | grep -E "pp512")"
         ;;
     tests)
         "$build/tests/nt_gpu_tests" --gtest_brief=1 ${TESTS:+--gtest_filter="$TESTS"} 2>&1 | tee "$out/gpu_tests.log" | tail -n 40
