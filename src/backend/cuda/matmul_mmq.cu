@@ -16,10 +16,9 @@
 // each multiplying its rows by all 64 tokens as 8 tiles of m16n8. A step is 256 elements of the
 // row (one K-quant block, or 8 legacy blocks); its weights, its int8 activations and their
 // scales go through shared memory by cp.async, 3 steps in flight. Each warp prepares its A
-// fragments and
-// scales once a step and reuses them for the 8 token tiles, so the weight-side work (unpacking
-// nibbles, 6-bit scales) is shared by 64 tokens; the per-token work is the mma, the integer
-// scaling of each sub-block's sum and the double epilogue:
+// fragments and scales once a step and reuses them for the 8 token tiles, so the weight-side
+// work (unpacking nibbles, 6-bit scales) is shared by 64 tokens; the per-token work is the mma,
+// the integer scaling of each sub-block's sum and the double epilogue:
 //   Q4_K  the 6-bit sub-block scales ride in A as two 3-bit digits (u8 sh * q and sl * q), so
 //         four chains of mma.m16n8k32 sum the whole block on the tensor cores and
 //         is = 8 sum(sh q x) + sum(sl q x) needs no multiply per sub-block; the mins'
@@ -106,11 +105,7 @@ struct MmqQ45k : MmqOneScale {
             int m[8];
 #pragma unroll
             for (int j = 0; j < 8; ++j) scale_min_k4_words(j, h.y, h.z, h.w, sc[i][j], m[j]);
-            const uint32_t m03 = uint32_t(m[0]) | uint32_t(m[1]) << 8 | uint32_t(m[2]) << 16 |
-                                 uint32_t(m[3]) << 24;
-            const uint32_t m47 = uint32_t(m[4]) | uint32_t(m[5]) << 8 | uint32_t(m[6]) << 16 |
-                                 uint32_t(m[7]) << 24;
-            a.amin[i] = t4 == 0 ? m03 : t4 == 1 ? m47 : 0u;
+            a.amin[i] = k4_mins_a(m, t4);
         }
         constexpr int kQs = Q5 ? 48 : 16;
         uint2 qh[2] = {make_uint2(0, 0), make_uint2(0, 0)};
@@ -414,8 +409,8 @@ struct MmqLayout {
     static constexpr int kMmqTokens = 8 * kMmqTiles;
     static constexpr int kWBytes = kMmqRows * P::kWSlot;
     static constexpr int kXBytes = kMmqTokens * P::kXStride;
-    // A token's activation scales in the stage: its kXdIn float2, in a slot of at least 16
-    // bytes.
+    // A token's activation scales in the stage: its kXdIn float2, in a slot of at least 16 bytes
+    // (8-byte slots for the K-quants' one float2 cost the Q5_K kernel a 4-byte spill in ptxas).
     static constexpr int kXdSlot = P::kXdIn * 8 < 16 ? 16 : P::kXdIn * 8;
     static constexpr int kXdBytes = kMmqTokens * kXdSlot;
     static constexpr int kStage = kWBytes + kXBytes + kXdBytes;
@@ -534,8 +529,7 @@ __global__ void __launch_bounds__(kMmqThreads, 2)
                 int s = 0;
 #pragma unroll
                 for (int k = 0; k < kWords; ++k) s = __dp4a(int(q[k]), 0x01010101, s);
-                qmin[tk * kQminStride + j] = uint8_t(int8_t(s >> 6));
-                qmin[tk * kQminStride + 16 + j] = uint8_t(s & 63);
+                store_qmin(qmin + tk * kQminStride, j, s);
             }
         }
         __syncthreads();

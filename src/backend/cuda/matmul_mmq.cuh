@@ -25,6 +25,23 @@ struct MmqTile {
     const uint8_t* qmin;  // token 8 * tile + g's sums of quants a sub-block: 16 hi then 16 lo
 };
 
+// A Q4_K/Q5_K row's 8 mins m as mins_mma's A for lane t4: t4 0 holds mins 0..3, t4 1 mins 4..7,
+// a byte each; the other lanes' k are zero.
+__device__ __forceinline__ uint32_t k4_mins_a(const int (&m)[8], int t4) {
+    const uint32_t m03 =
+        uint32_t(m[0]) | uint32_t(m[1]) << 8 | uint32_t(m[2]) << 16 | uint32_t(m[3]) << 24;
+    const uint32_t m47 =
+        uint32_t(m[4]) | uint32_t(m[5]) << 8 | uint32_t(m[6]) << 16 | uint32_t(m[7]) << 24;
+    return t4 == 0 ? m03 : t4 == 1 ? m47 : 0u;
+}
+
+// A token's sum of quants for sub-block j as mins_mma's B wants it: int8 hi (sum >> 6) at byte
+// j, lo (sum & 63) at byte 16 + j of the token's kQminStride bytes.
+__device__ __forceinline__ void store_qmin(uint8_t* token_qmin, int j, int sum) {
+    token_qmin[j] = uint8_t(int8_t(sum >> 6));
+    token_qmin[16 + j] = uint8_t(sum & 63);
+}
+
 // sum over sub-blocks of m * (the token's sum of quants), the K-quants' mins term, on the
 // tensor cores (mma.m16n8k16: k = sub-block, lane t4 holds sub-blocks 4t4..4t4+3): a token's
 // sums (|s| <= 32 * 127) go as 64 * hi + lo, hi in -64..63 and lo in 0..63, both int8. The

@@ -156,6 +156,21 @@ __device__ __forceinline__ void store(const double (&acc)[8][4], int64_t row0, i
             if (row < rows && tok < n) y[int64_t(tok) * rows + row] = float(acc[t][i]);
         }
 }
+// Step kb into stage st (its mbarrier bar), by one thread: the activations' two boxes, the
+// weights' box (load_w, at the stage's weights), the token scales' box, kTx bytes in all. Every
+// thread has finished with the stage (the barrier before each call), and the fence orders their
+// reads before the TMA's writes.
+template <class L, class LoadW>
+__device__ __forceinline__ void issue_step(uint8_t* st, uint64_t* bar, const CUtensorMap* tmx,
+                                           const CUtensorMap* tmd, int64_t kb, int tok0,
+                                           LoadW load_w) {
+    fence_proxy_async_smem();
+    mbar_expect_tx(bar, L::kTx);
+    tma_load_2d(st, tmx, int(kb * kStepElems), tok0, bar);
+    tma_load_2d(st + L::kXBox, tmx, int(kb * kStepElems + 128), tok0, bar);
+    load_w(st + L::kX);
+    tma_load_2d(st + L::kX + L::kW, tmd, int(kb * 64), tok0, bar);
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <bool Q5>
@@ -203,17 +218,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
     init_bars(bars, tid);
-    // Step kb into stage s, by thread 0. Every thread has finished with the stage (the barrier
-    // before each call), and the fence orders their reads before the TMA's writes.
+    // Step kb into stage s, by thread 0; the weights as a 2D box.
     auto issue = [&](int s, int64_t kb) {
         if (tid != 0) return;
-        uint8_t* st = smem + s * L::kStage;
-        fence_proxy_async_smem();
-        mbar_expect_tx(bars + s, L::kTx);
-        tma_load_2d(st, &tmx, int(kb * kStepElems), tok0, bars + s);
-        tma_load_2d(st + L::kXBox, &tmx, int(kb * kStepElems + 128), tok0, bars + s);
-        tma_load_2d(st + L::kX, &tmw, int(kb * P::kStepBytes), int(row0), bars + s);
-        tma_load_2d(st + L::kX + L::kW, &tmd, int(kb * 64), tok0, bars + s);
+        issue_step<L>(smem + s * L::kStage, bars + s, &tmx, &tmd, kb, tok0, [&](uint8_t* dst) {
+            tma_load_2d(dst, &tmw, int(kb * P::kStepBytes), int(row0), bars + s);
+        });
     };
     for (int s = 0; s < kWgStages - 1; ++s)
         if (s < steps) issue(s, s);
@@ -250,11 +260,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             int m[8], sc;
 #pragma unroll
             for (int j = 0; j < 8; ++j) scale_min_k4_words(j, hd[i].y, hd[i].z, hd[i].w, sc, m[j]);
-            const uint32_t m03 =
-                uint32_t(m[0]) | uint32_t(m[1]) << 8 | uint32_t(m[2]) << 16 | uint32_t(m[3]) << 24;
-            const uint32_t m47 =
-                uint32_t(m[4]) | uint32_t(m[5]) << 8 | uint32_t(m[6]) << 16 | uint32_t(m[7]) << 24;
-            amin[i] = t4 == 0 ? m03 : t4 == 1 ? m47 : 0u;
+            amin[i] = k4_mins_a(m, t4);
         }
         uint32_t qh[4] = {0, 0, 0, 0};
         if constexpr (Q5) {
@@ -310,8 +316,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             sum = __dp4a(int(b.y), 0x01010101, sum);
             sum = __dp4a(int(b.z), 0x01010101, sum);
             sum = __dp4a(int(b.w), 0x01010101, sum);
-            qmin[tk * kQminStride + j] = uint8_t(int8_t(sum >> 6));
-            qmin[tk * kQminStride + 16 + j] = uint8_t(sum & 63);
+            store_qmin(qmin + tk * kQminStride, j, sum);
         }
         __syncthreads();
         wgmma_wait<0>();
@@ -436,15 +441,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
     init_bars(bars, tid);
+    // Step kb into stage s, by thread 0; the weights as a 3D box of 16-byte units.
     auto issue = [&](int s, int64_t kb) {
         if (tid != 0) return;
-        uint8_t* st = smem + s * L::kStage;
-        fence_proxy_async_smem();
-        mbar_expect_tx(bars + s, L::kTx);
-        tma_load_2d(st, &tmx, int(kb * kStepElems), tok0, bars + s);
-        tma_load_2d(st + L::kXBox, &tmx, int(kb * kStepElems + 128), tok0, bars + s);
-        tma_load_3d(st + L::kX, &tmw, 0, int(kb * (P::kStepBytes / 16)), int(row0), bars + s);
-        tma_load_2d(st + L::kX + L::kW, &tmd, int(kb * 64), tok0, bars + s);
+        issue_step<L>(smem + s * L::kStage, bars + s, &tmx, &tmd, kb, tok0, [&](uint8_t* dst) {
+            tma_load_3d(dst, &tmw, 0, int(kb * (P::kStepBytes / 16)), int(row0), bars + s);
+        });
     };
     for (int s = 0; s < kWgStages - 1; ++s)
         if (s < steps) issue(s, s);
