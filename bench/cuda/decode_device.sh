@@ -144,21 +144,16 @@ stage() {
         # The prompt path with the CPU's arithmetic (NT_EXACT_PROMPT=1): its tests (the integer
         # GEMM bit for bit against vec_dot and across its kernels, the exact prefill attention
         # against the CPU), the GEMM alone (bench_gemm's mmq: the kernel matmul takes, on
-        # compute capability 9.0 wgmma for Q4_K and Q5_K; mmq-sync: the mma.sync kernel), the
-        # attention kernels (prefill v3 = exact, bit for bit against v1), then 8B Q4_K_M pp512
-        # with the best GEMM, with mma.sync alone (NT_MMQ_WGMMA=0), and on the default FP16 path.
+        # compute capability 9.0 wgmma for Q4_K, Q5_K and the 32-element block types; mmq-sync:
+        # the mma.sync kernel), the attention kernels (prefill v3 = exact, bit for bit against
+        # v1), then 8B Q4_K_M pp512 with the best GEMM, with mma.sync alone (NT_MMQ_WGMMA=0),
+        # and on the default FP16 path; 8B Q8_0 pp512 with the best GEMM and mma.sync alone.
         NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
             --gtest_filter='MatmulParity.*:MatmulTypes*:CudaBackend.AttentionAgainstCpu:CudaBackend.RopeAttention' \
             2>&1 | tail -n 5
-        echo "+ bench_gemm --types ${GEMM_TYPES:-q4_K,q5_K,q6_K,q8_0} --shapes 8b --n 512"
-        NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types "${GEMM_TYPES:-q4_K,q5_K,q6_K,q8_0}" \
+        echo "+ bench_gemm --types ${GEMM_TYPES:-q4_K,q5_K,q6_K,q8_0,q4_0} --shapes 8b --n 512"
+        NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types "${GEMM_TYPES:-q4_K,q5_K,q6_K,q8_0,q4_0}" \
             --shapes 8b --n 512 --iters 10 2>&1 | grep -E "matmul|mmq|FAIL"
-        # The 32-element block types' wgmma kernel (opt-in until run): its tests, then its mmq
-        # lines against mmq-sync.
-        NT_MMQ_WGMMA_BLOCKS=1 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-            --gtest_filter='MatmulParity.*' 2>&1 | tail -n 3
-        NT_MMQ_WGMMA_BLOCKS=1 NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types q8_0,q4_0,q4_1 \
-            --shapes 8b --n 512 --iters 10 2>&1 | grep -E "matmul|mmq|FAIL" | sed "s/^/blocks-wgmma /"
         "$build/bench/bench_attention" --iters 20 2>&1 | sed -n '/== prefill/,$p'
         wait_model q4_k_m || return 1
         for e in 1 0; do
@@ -168,7 +163,7 @@ stage() {
         echo "default: $("$nt" bench -m "$(model q4_k_m)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
         wait_model q8_0 || return 1
         for e in 1 0; do
-            echo "exact q8_0: wgmma-blocks $e $(NT_MMQ_WGMMA_BLOCKS=$e NT_EXACT_PROMPT=1 \
+            echo "exact q8_0: wgmma $e $(NT_MMQ_WGMMA=$e NT_EXACT_PROMPT=1 \
                 "$nt" bench -m "$(model q8_0)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
         done
         ;;

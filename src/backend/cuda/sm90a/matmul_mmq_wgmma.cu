@@ -1,7 +1,7 @@
-// The prompt path's integer GEMM for Q4_K and Q5_K on Hopper's warpgroup tensor cores (wgmma,
-// sm_90a), fed by the tensor memory accelerator (TMA): the same function as matmul_mmq.cu's
-// gemm_mmq, bit for bit, at about 1.8 times its speed (docs/BENCHMARKS.md, thirty-second
-// session).
+// The prompt path's integer GEMM for Q4_K and Q5_K (and, further down, the 32-element block
+// types) on Hopper's warpgroup tensor cores (wgmma, sm_90a), fed by the tensor memory
+// accelerator (TMA): the same function as matmul_mmq.cu's gemm_mmq, bit for bit, at 1.6 to 1.9
+// times its speed (docs/BENCHMARKS.md, thirty-second and thirty-third sessions).
 //
 // Why not the mma.sync kernel's shape: with 64-row CTAs and 16-byte cp.async copies it is bound
 // by L2 (ncu on a wgmma version with that loader, Q4_K 14336 x 4096 x 512: L2 76% busy, issue
@@ -28,7 +28,7 @@
 //     once a block (k_block_term), summed over the blocks in order: the same roundings in the
 //     same order as gemm_mmq, so the same bits.
 // The 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) have a kernel of the same shape
-// further down, opt-in (NT_MMQ_WGMMA_BLOCKS=1) until it has run on a GPU.
+// further down.
 #include <cuda.h>  // CUtensorMap and its encoder's types; the encoder comes from the runtime
 #include <cuda_runtime.h>
 
@@ -41,7 +41,6 @@
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_mmq.cuh"
 #include "backend/cuda/matmul_quant.cuh"
-#include "core/env.h"
 #include "core/error.h"
 
 namespace nt::cuda::detail {
@@ -638,12 +637,9 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
                       "cudaDeviceGetAttribute");
         return major == 9 && minor == 0;
     }();
-    // The 32-element block types' kernel is opt-in (NT_MMQ_WGMMA_BLOCKS=1) until it has run on
-    // a GPU.
-    static const bool blocks = env_int("NT_MMQ_WGMMA_BLOCKS", 0) != 0;
     const bool k45 = t == GgmlType::Q4_K || t == GgmlType::Q5_K;
-    const bool b32 = blocks && (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1 ||
-                                t == GgmlType::Q5_0 || t == GgmlType::Q5_1);
+    const bool b32 = t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1 ||
+                     t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
     const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
     if (!sm90 || !(k45 || b32) || cols % kStepElems != 0 || !aligned(w) || !aligned(xq) ||
         !aligned(xd) || !encode_tiled())
