@@ -60,8 +60,9 @@ void gemm_mmq(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_
               const float2* xd, int n, float* y, cudaStream_t stream,
               MmqKernel kernel = MmqKernel::Best);
 // The same on Hopper's warpgroup tensor cores (sm90a/matmul_mmq_wgmma.cu, built where the CUDA
-// architectures include 9.0): Q4_K, Q5_K, Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 on a compute
-// capability 9.0 device, with cols a multiple of 256 and w, xq, xd 16-byte aligned. Returns false, launching nothing, where it does
+// architectures include 9.0): Q4_K, Q5_K, Q6_K (rows a multiple of 16 bytes: cols a multiple of
+// 2048), Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 on a compute capability 9.0 device, with cols a
+// multiple of 256 and w, xq, xd 16-byte aligned. Returns false, launching nothing, where it does
 // not apply (or the build has no sm_90a code).
 bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                     const float2* xd, int n, float* y, cudaStream_t stream);

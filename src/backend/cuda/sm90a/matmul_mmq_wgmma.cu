@@ -1,5 +1,5 @@
-// The prompt path's integer GEMM for Q4_K and Q5_K (and, further down, the 32-element block
-// types) on Hopper's warpgroup tensor cores (wgmma, sm_90a), fed by the tensor memory
+// The prompt path's integer GEMM for Q4_K and Q5_K (and, further down, Q6_K and the 32-element
+// block types) on Hopper's warpgroup tensor cores (wgmma, sm_90a), fed by the tensor memory
 // accelerator (TMA): the same function as matmul_mmq.cu's gemm_mmq, bit for bit, at 1.6 to 1.9
 // times its speed (docs/BENCHMARKS.md, thirty-second and thirty-third sessions).
 //
@@ -176,11 +176,13 @@ template <bool Q5>
 struct Wg45 {
     static constexpr GgmlType kType = Q5 ? GgmlType::Q5_K : GgmlType::Q4_K;
     static constexpr int kStepBytes = Q5 ? 176 : 144, kQs = Q5 ? 48 : 16;
+    static constexpr bool kMins = true;
 };
 
 // Shared memory: kWgStages stages of [B: two boxes of 64 tokens x 128 bytes | the weights' box
 // | the token scales' box], 1024-aligned (the swizzle atoms), then the step's token scales as
-// doubles, each token's sums of quants a sub-block (hi, lo) and a stage's mbarrier each.
+// doubles, (with mins) each token's sums of quants a sub-block (hi, lo) and a stage's mbarrier
+// each.
 template <class P>
 struct TmaLayout {
     static constexpr int kXBox = kWgTokens * 128;  // 64 tokens x 128 bytes of K
@@ -190,7 +192,7 @@ struct TmaLayout {
     static constexpr int kStage = (kX + kW + kXd + 1023) / 1024 * 1024;
     static constexpr int kXdd = kWgStages * kStage;
     static constexpr int kQmin = kXdd + kWgTokens * 8;
-    static constexpr int kBars = kQmin + kWgTokens * kQminStride;
+    static constexpr int kBars = kQmin + (P::kMins ? kWgTokens * kQminStride : 0);
     static constexpr int kUsed = kBars + kWgStages * 8;
     static constexpr int kBytes = kUsed + 1024;  // slack to align the base to 1024
     static constexpr uint32_t kTx = kX + kW + kXd;
@@ -338,6 +340,173 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             mins_mma(amin, tl, t4 < 2, t4, ms);
             k_block_term(d, dmin, is, ms, tl, acc[t]);
         }
+    }
+    store(acc, row0, tok0, warp, g, t4, rows, n, y);
+#else
+    __trap();  // launched only on compute capability 9.0, for which this file is built
+#endif
+}
+
+// ---- Q6_K: ql[128] @0, qh[64] @128, scales[16] (int8) @192, d @208 -------------------------
+// Chunk c of a step (elements 32c..32c+31) is half h = c >> 2, quarter j = c & 3: element
+// 128h + 32j + l is the nibble j >> 1 of ql[64h + 32(j & 1) + l] with bits 2j, 2j + 1 of
+// qh[32h + l] above it, minus 32 (q' in [-32, 31]), in sub-block 2c + (l >= 16) with scale sc
+// (int8). sc q' needs 13 bits, so sc is split into three balanced base-8 digits, sc = 64 c2 +
+// 8 c1 + c0 with every c in [-3, 4] (c q' in [-128, 124], an int8), and each warpgroup runs
+// three wgmma.s8.s8 chains D_m = sum(c_m q' x) over the block: is = 64 D2 + 8 D1 + D0 =
+// sum(sc dot) exactly, which meets d dx in double once a block as in gemm_mmq (MmqK16). The
+// chunks commit one by one, chunk c's A built while chunk c - 1 runs (the three chains' A for
+// all eight chunks at once would not fit in registers beside the accumulators).
+struct Wg6 {
+    static constexpr GgmlType kType = GgmlType::Q6_K;
+    // A step's 210 bytes start 2-byte aligned in a row, and a box must start 16-byte aligned:
+    // the box starts at the 16 bytes below (off = 210 kb mod 16 bytes further is the block) and
+    // takes 240 bytes, off + 210 and the funnel shifts' last word included (rows 60 words
+    // apart put a quarter warp's 8 rows in distinct banks).
+    static constexpr int kBlockBytes = 210, kStepBytes = 240, kBoxBytes = 240;
+    static constexpr bool kMins = false;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The digits of four scales (the bytes of s, int8), plus 3, as bytes e_m = c_m + 3 in [0, 7]:
+// e0 = (sc + 3) mod 8; with h = floor((sc + 3) / 8) + 16 in [0, 32] (sc = 8 (h - 16) + c0),
+// e1 = (h + 3) mod 8 and e2 = floor((h + 3) / 8) + 1 (h - 16 = 8 c2 + c1). No byte carries
+// into the next: floor(sc / 8) + 16 is the byte's top five bits with the fifth flipped.
+__device__ __forceinline__ void q6_digits(uint32_t s, uint32_t (&e)[3]) {
+    const uint32_t lo = (s & 0x07070707u) + 0x03030303u;  // (sc mod 8) + 3, in [3, 10]
+    e[0] = lo & 0x07070707u;
+    const uint32_t h3 =
+        (((s >> 3) & 0x1F1F1F1Fu) ^ 0x10101010u) + ((lo >> 3) & 0x01010101u) + 0x03030303u;
+    e[1] = h3 & 0x07070707u;
+    e[2] = ((h3 >> 3) & 0x07070707u) + 0x01010101u;
+}
+// The word at byte x of a block that starts sh / 8 bytes past the 4-byte aligned p (sh 0 or 16;
+// x a multiple of 4).
+__device__ __forceinline__ uint32_t ld_shifted(const uint8_t* p, int x, uint32_t sh) {
+    return __funnelshift_r(*reinterpret_cast<const uint32_t*>(p + x),
+                           *reinterpret_cast<const uint32_t*>(p + x + 4), sh);
+}
+// Four quants (the bytes of u, in [0, 63]) times the digit c = e - 3, as int8 bytes: with
+// w = u - 0x20202020 (sum (u_b - 32) 256^b as one integer) and z = 0x80808080 - 3 w, e w + z =
+// c w + 0x80808080 has every byte c (u_b - 32) + 128 in [0, 252] (no carries), and the xor
+// turns those into two's complement.
+__device__ __forceinline__ uint32_t q6_digit_times(uint32_t e, uint32_t w, uint32_t z) {
+    return (e * w + z) ^ 0x80808080u;
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// tmx, tmd as for Q4_K; tmw: W as [rows][row bytes / 2] 16-bit elements (box 120 x 128 rows).
+__global__ void __launch_bounds__(kWgThreads, 1)
+    gemm_wgmma_q6k(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw,
+                   const __grid_constant__ CUtensorMap tmd, int64_t rows, int64_t cols, int n,
+                   float* __restrict__ y) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using P = Wg6;
+    using L = TmaLayout<P>;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    uint8_t* smem = align_1024(smem_raw);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int64_t row0 = int64_t(blockIdx.y) * kWgRows;
+    const int tok0 = blockIdx.x * kWgTokens;
+    const int64_t steps = cols / kStepElems;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
+    init_bars(bars, tid);
+    // Step kb into stage s, by thread 0; the weights as a 2D box of 16-bit elements.
+    auto issue = [&](int s, int64_t kb) {
+        if (tid != 0) return;
+        issue_step<L>(smem + s * L::kStage, bars + s, &tmx, &tmd, kb, tok0, [&](uint8_t* dst) {
+            tma_load_2d(dst, &tmw, int(kb * P::kBlockBytes) & ~15, int(row0), bars + s);
+        });
+    };
+    for (int s = 0; s < kWgStages - 1; ++s)
+        if (s < steps) issue(s, s);
+
+    double acc[8][4];
+    zero(acc);
+    int dm[3][32];
+#pragma unroll
+    for (int m = 0; m < 3; ++m)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) dm[m][i] = 0;
+    double* xdd = reinterpret_cast<double*>(smem + L::kXdd);
+
+    for (int64_t kb = 0; kb < steps; ++kb) {
+        const int s = int(kb % kWgStages);
+        mbar_wait(bars + s, uint32_t(kb / kWgStages) & 1u);
+        __syncthreads();
+        if (kb + kWgStages - 1 < steps)
+            issue(int((kb + kWgStages - 1) % kWgStages), kb + kWgStages - 1);
+        const uint8_t* st = smem + s * L::kStage;
+        if (tid < kWgTokens)
+            xdd[tid] = double(reinterpret_cast<const float2*>(st + L::kX + L::kW)[2 * tid].x);
+        // This lane's rows g and g + 8 of the warp's 16, from the 4-byte aligned word at or below
+        // each block (the block sh / 8 bytes further): the scales (sub-blocks 4w..4w+3 in word
+        // w) and, for chunks c and c + 1, the digits of word c >> 1.
+        const int off = int(kb * P::kBlockBytes) & 15;
+        const uint32_t sh = 8u * uint32_t(off & 3);
+        const uint8_t* rw[2] = {st + L::kX + (16 * warp + g) * P::kStepBytes + (off & ~3),
+                                st + L::kX + (16 * warp + g + 8) * P::kStepBytes + (off & ~3)};
+        uint32_t sc[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int w = 0; w < 4; ++w) sc[i][w] = ld_shifted(rw[i], 192 + 4 * w, sh);
+        const uint32_t xbase = smem_u32(st);
+        uint32_t e[2][3];
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            const int h = c >> 2, j = c & 3;
+            if ((c & 1) == 0) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    q6_digits(sc[i][c >> 1], e[i]);
+                }
+            }
+            // a[m][k]: row k & 1, elements 16 (k >> 1) + 4t4.. of the chunk (sub-block 2c + (k >> 1),
+            // byte 2 (c & 1) + (k >> 1) of the digits' words).
+            uint32_t a[3][4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int x = 16 * (k >> 1) + 4 * t4;
+                const uint32_t ql = ld_shifted(rw[k & 1], x + 64 * h + 32 * (j & 1), sh);
+                const uint32_t qh = ld_shifted(rw[k & 1], x + 128 + 32 * h, sh);
+                const uint32_t u = ((ql >> (4 * (j >> 1))) & 0x0F0F0F0Fu) |
+                                   ((j == 0   ? qh << 4
+                                     : j == 1 ? qh << 2
+                                     : j == 2 ? qh
+                                              : qh >> 2) &
+                                    0x30303030u);
+                const uint32_t w = u - 0x20202020u, z = 0x80808080u - 3u * w;
+                const int byte = 2 * (c & 1) + (k >> 1);
+#pragma unroll
+                for (int m = 0; m < 3; ++m)
+                    a[m][k] = q6_digit_times((e[k & 1][m] >> (8 * byte)) & 0xFFu, w, z);
+            }
+            wgmma_fence();
+            const uint64_t dc = sw128_desc(xbase + (c >> 2) * L::kXBox + 32 * (c & 3));
+#pragma unroll
+            for (int m = 0; m < 3; ++m) wgmma_s8s8_m64n64k32(dm[m], a[m], dc, c);
+            wgmma_commit();
+            wgmma_wait<1>();  // chunk c - 1 done: its A registers free
+        }
+        double d[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) d[i] = double(h2f(ld_u16(rw[i] + (off & 3) + 208)));
+        __syncthreads();  // xdd written
+        wgmma_wait<0>();
+#pragma unroll
+        for (int m = 0; m < 3; ++m)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) fence_operand(dm[m][i]);
+        // is * d is exact (at most 26 + 11 bits): one rounding in the fma, as MmqK16's.
+#pragma unroll
+        for (int t = 0; t < 8; ++t)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint32_t is = 64u * uint32_t(dm[2][4 * t + i]) + 8u * uint32_t(dm[1][4 * t + i]) +
+                                    uint32_t(dm[0][4 * t + i]) + kI2dBias;
+                acc[t][i] = fma(i2d_biased(is) * d[i >> 1], xdd[8 * t + 2 * t4 + (i & 1)], acc[t][i]);
+            }
     }
     store(acc, row0, tok0, warp, g, t4, rows, n, y);
 #else
@@ -542,7 +711,8 @@ EncodeTiled encode_tiled() {
 }
 
 // A map over bytes of rank dims.size(): dims innermost first, strides (bytes) of dims 1.., boxes
-// of box.
+// of box. A box's start must be 16-byte aligned along dims[0] (an unaligned start is an illegal
+// instruction at the copy).
 CUtensorMap byte_map(const void* base, std::initializer_list<uint64_t> dims,
                      std::initializer_list<uint64_t> strides, std::initializer_list<uint32_t> box,
                      CUtensorMapSwizzle swizzle) {
@@ -565,63 +735,70 @@ CUtensorMap byte_map(const void* base, std::initializer_list<uint64_t> dims,
 // bytes in wgmma's 128-byte swizzled layout.
 CUtensorMap x_map(const int8_t* xq, int64_t cols, int n) {
     return byte_map(xq, {uint64_t(cols), uint64_t(n)}, {uint64_t(cols)}, {128, kWgTokens},
-                    CU_TENSOR_MAP_SWIZZLE_128B);
+                      CU_TENSOR_MAP_SWIZZLE_128B);
+}
+// The token scales' map: xd as [n][cols / 4] bytes, boxes of `bytes` x 64 tokens.
+CUtensorMap xd_map(const float2* xd, int64_t cols, int n, uint32_t bytes) {
+    return byte_map(xd, {uint64_t(cols / 4), uint64_t(n)}, {uint64_t(cols / 4)},
+                      {bytes, kWgTokens}, CU_TENSOR_MAP_SWIZZLE_NONE);
+}
+
+using WgKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, int64_t, int64_t, int, float*);
+
+// Kernel K over the whole matrix, a CTA a tile of 128 rows by 64 tokens, with kBytes of shared
+// memory (raised once).
+template <WgKernel K, int kBytes>
+void launch_tiles(GgmlType t, const CUtensorMap& tmx, const CUtensorMap& tmw,
+                  const CUtensorMap& tmd, int64_t rows, int64_t cols, int n, float* y,
+                  cudaStream_t stream) {
+    static const bool ready = [] {
+        NT_CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes),
+                      "cudaFuncSetAttribute (wgmma GEMM shared memory)");
+        return true;
+    }();
+    (void)ready;
+    const int64_t row_tiles = (rows + kWgRows - 1) / kWgRows;
+    if (row_tiles > 65535)
+        nt::fail("gemm (%s, wgmma): %lld rows (at most %d).", type_name(t), (long long)rows,
+                 65535 * kWgRows);
+    const dim3 grid(unsigned((n + kWgTokens - 1) / kWgTokens), unsigned(row_tiles));
+    K<<<grid, kWgThreads, kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
+    NT_CUDA_CHECK(cudaGetLastError(), "gemm (wgmma)");
 }
 
 template <bool Q5>
 void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                        const float2* xd, int n, float* y, cudaStream_t stream) {
     using P = Wg45<Q5>;
-    using L = TmaLayout<P>;
-    static const bool ready = [] {
-        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_q45k<Q5>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
-                      "cudaFuncSetAttribute (wgmma GEMM shared memory)");
-        return true;
-    }();
-    (void)ready;
-    const int64_t rb = int64_t(row_bytes(P::kType, cols));
-    const CUtensorMap tmx = x_map(xq, cols, n);
-    const CUtensorMap tmw =
-        byte_map(w, {uint64_t(rb), uint64_t(rows)}, {uint64_t(rb)},
-                 {uint32_t(P::kStepBytes), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    const CUtensorMap tmd = byte_map(xd, {uint64_t(cols / 4), uint64_t(n)}, {uint64_t(cols / 4)},
-                                     {16, kWgTokens}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    const int64_t row_tiles = (rows + kWgRows - 1) / kWgRows;
-    if (row_tiles > 65535)
-        nt::fail("gemm (%s, wgmma): %lld rows (at most %d).", Q5 ? "Q5_K" : "Q4_K", (long long)rows,
-                 65535 * kWgRows);
-    const dim3 grid(unsigned((n + kWgTokens - 1) / kWgTokens), unsigned(row_tiles));
-    gemm_wgmma_q45k<Q5><<<grid, kWgThreads, L::kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
-    NT_CUDA_CHECK(cudaGetLastError(), Q5 ? "gemm (Q5_K, wgmma)" : "gemm (Q4_K, wgmma)");
+    const uint64_t rb = row_bytes(P::kType, cols);
+    const CUtensorMap tmw = byte_map(w, {rb, uint64_t(rows)}, {rb},
+                                       {uint32_t(P::kStepBytes), kWgRows},
+                                       CU_TENSOR_MAP_SWIZZLE_NONE);
+    launch_tiles<gemm_wgmma_q45k<Q5>, TmaLayout<P>::kBytes>(
+        P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
+}
+
+// rows of Q6_K a multiple of 16 bytes (cols a multiple of 2048), for the map's row stride.
+void launch_wgmma_q6k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+                      const float2* xd, int n, float* y, cudaStream_t stream) {
+    using P = Wg6;
+    const uint64_t rb = row_bytes(P::kType, cols);
+    const CUtensorMap tmw = byte_map(w, {rb, uint64_t(rows)}, {rb},
+                                       {uint32_t(P::kBoxBytes), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
+    launch_tiles<gemm_wgmma_q6k, TmaLayout<P>::kBytes>(
+        P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
 }
 
 template <GgmlType T>
 void launch_wgmma_blocks(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                          const float2* xd, int n, float* y, cudaStream_t stream) {
     using P = WgBlocks<T>;
-    using L = BlocksLayout<P>;
-    static const bool ready = [] {
-        NT_CUDA_CHECK(cudaFuncSetAttribute(gemm_wgmma_blocks<T>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes),
-                      "cudaFuncSetAttribute (wgmma GEMM shared memory)");
-        return true;
-    }();
-    (void)ready;
     const uint64_t rb = row_bytes(T, cols);  // a multiple of 16: whole steps
-    const CUtensorMap tmx = x_map(xq, cols, n);
     const CUtensorMap tmw =
         byte_map(w, {16, rb / 16, uint64_t(rows)}, {16, rb},
-                 {16, uint32_t(P::kStepBytes / 16), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    const CUtensorMap tmd = byte_map(xd, {uint64_t(cols / 4), uint64_t(n)}, {uint64_t(cols / 4)},
-                                     {64, kWgTokens}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    const int64_t row_tiles = (rows + kWgRows - 1) / kWgRows;
-    if (row_tiles > 65535)
-        nt::fail("gemm (%s, wgmma): %lld rows (at most %d).", type_name(T), (long long)rows,
-                 65535 * kWgRows);
-    const dim3 grid(unsigned((n + kWgTokens - 1) / kWgTokens), unsigned(row_tiles));
-    gemm_wgmma_blocks<T><<<grid, kWgThreads, L::kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
-    NT_CUDA_CHECK(cudaGetLastError(), "gemm (32-element blocks, wgmma)");
+                   {16, uint32_t(P::kStepBytes / 16), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
+    launch_tiles<gemm_wgmma_blocks<T>, BlocksLayout<P>::kBytes>(
+        T, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 64), rows, cols, n, y, stream);
 }
 
 }  // namespace
@@ -638,10 +815,11 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
         return major == 9 && minor == 0;
     }();
     const bool k45 = t == GgmlType::Q4_K || t == GgmlType::Q5_K;
+    const bool q6 = t == GgmlType::Q6_K && row_bytes(t, cols) % 16 == 0;
     const bool b32 = t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q4_1 ||
                      t == GgmlType::Q5_0 || t == GgmlType::Q5_1;
     const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-    if (!sm90 || !(k45 || b32) || cols % kStepElems != 0 || !aligned(w) || !aligned(xq) ||
+    if (!sm90 || !(k45 || q6 || b32) || cols % kStepElems != 0 || !aligned(w) || !aligned(xq) ||
         !aligned(xd) || !encode_tiled())
         return false;
     if (n <= 0 || rows <= 0) return true;
@@ -651,6 +829,9 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
             break;
         case GgmlType::Q5_K:
             launch_wgmma_q45k<true>(w, rows, cols, xq, xd, n, y, stream);
+            break;
+        case GgmlType::Q6_K:
+            launch_wgmma_q6k(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q8_0:
             launch_wgmma_blocks<GgmlType::Q8_0>(w, rows, cols, xq, xd, n, y, stream);
