@@ -144,10 +144,11 @@ stage() {
         # The prompt path with the CPU's arithmetic (NT_EXACT_PROMPT=1): its tests (the integer
         # GEMM bit for bit against vec_dot and across its kernels, the exact prefill attention
         # against the CPU), the GEMM alone (bench_gemm's mmq: the kernel matmul takes, on
-        # compute capability 9.0 wgmma for Q4_K, Q5_K and the 32-element block types; mmq-sync:
-        # the mma.sync kernel), the attention kernels (prefill v3 = exact, bit for bit against
-        # v1), then 8B Q4_K_M pp512 with the best GEMM, with mma.sync alone (NT_MMQ_WGMMA=0),
-        # and on the default FP16 path; 8B Q8_0 pp512 with the best GEMM and mma.sync alone.
+        # compute capability 9.0 wgmma for Q4_K, Q5_K, Q6_K and the 32-element block types;
+        # mmq-sync: the mma.sync kernel), the attention kernels (prefill v3 = exact, bit for bit
+        # against v1), then 8B Q4_K_M pp512 with the best GEMM, with mma.sync alone
+        # (NT_MMQ_WGMMA=0), and on the default FP16 path; 8B Q6_K and Q8_0 pp512 with the best
+        # GEMM and mma.sync alone.
         NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
             --gtest_filter='MatmulParity.*:MatmulTypes*:CudaBackend.AttentionAgainstCpu:CudaBackend.RopeAttention' \
             2>&1 | tail -n 5
@@ -161,10 +162,12 @@ stage() {
                 "$nt" bench -m "$(model q4_k_m)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
         done
         echo "default: $("$nt" bench -m "$(model q4_k_m)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
-        wait_model q8_0 || return 1
-        for e in 1 0; do
-            echo "exact q8_0: wgmma $e $(NT_MMQ_WGMMA=$e NT_EXACT_PROMPT=1 \
-                "$nt" bench -m "$(model q8_0)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
+        for t in q6_k q8_0; do
+            wait_model $t || return 1
+            for e in 1 0; do
+                echo "exact $t: wgmma $e $(NT_MMQ_WGMMA=$e NT_EXACT_PROMPT=1 \
+                    "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
+            done
         done
         ;;
     types)

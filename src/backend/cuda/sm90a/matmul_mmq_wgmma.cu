@@ -8,14 +8,19 @@
 // 28%): each 16-byte cp.async is its own L2 request and its own shared-memory wavefront (twice
 // the ideal sectors, seven times the ideal wavefronts), and every 64-row CTA reads the
 // activations again. Fewer instructions alone (wgmma instead of mma.sync, 944 instead of about
-// 1650 a warp step) gained 5%.
+// 1650 a warp step) gained 5%. With the TMA's boxes (a few large requests a step) L2 is 22% busy
+// at 128-row CTAs (ncu, Q4_K 4096 x 4096 x 512, H200), so 64-row CTAs can afford to read the
+// activations twice as often.
 //
-// Shape. A CTA is two warpgroups (8 warps, 256 threads) and takes 128 weight rows (warp w: rows
-// 16w..16w+15; each warpgroup's 64 rows are one wgmma's M) by 64 tokens. A step is one
-// 256-element block, 3 steps in flight. Per step:
+// Shape. A CTA is one warpgroup (128 threads) or two and takes R = 64 or 128 weight rows (warp w:
+// rows 16w..16w+15; each warpgroup's 64 rows are one wgmma's M) by 64 tokens. One warpgroup
+// lets two CTAs share an SM, so that one's epilogue runs beside the other's wgmmas (no
+// barrier ties them): Q6_K pp512 +5.8% and Q4_K_M +1.2% on an H100 against two warpgroups a
+// CTA. Q8_0 keeps two: two of its 64-row CTAs do not fit in an SM's shared memory, and one
+// alone is 14% slower. A step is one 256-element block, 3 steps in flight. Per step:
 //   - thread 0 asks the TMA for the step's boxes, counted on the stage's mbarrier: B (the
 //     activations) as two boxes of 64 tokens x 128 bytes, which the TMA writes in wgmma's
-//     128-byte swizzled K-major layout; the weights as one box of 128 rows x the step's bytes;
+//     128-byte swizzled K-major layout; the weights as one box of R rows x the step's bytes;
 //     each token's first two scales. Boxes past the matrix come zero-filled;
 //   - A: each sub-block's 6-bit scale split as sc = 8 sh + sl, and A = sh q, sl q as u8 (below
 //     7 * 31, as in matmul_mmq.cu's MmqQ45k), built chunk by chunk in registers from the
@@ -47,7 +52,8 @@ namespace nt::cuda::detail {
 
 namespace {
 
-constexpr int kWgRows = 128, kWgTokens = 64, kWgThreads = 256, kWgStages = 3;
+// A CTA takes R weight rows (one warpgroup of 128 threads for each 64) by kWgTokens tokens.
+constexpr int kWgTokens = 64, kWgStages = 3;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wgmma_fence() {
@@ -183,11 +189,11 @@ struct Wg45 {
 // | the token scales' box], 1024-aligned (the swizzle atoms), then the step's token scales as
 // doubles, (with mins) each token's sums of quants a sub-block (hi, lo) and a stage's mbarrier
 // each.
-template <class P>
+template <class P, int R>
 struct TmaLayout {
     static constexpr int kXBox = kWgTokens * 128;  // 64 tokens x 128 bytes of K
     static constexpr int kX = 2 * kXBox;
-    static constexpr int kW = kWgRows * P::kStepBytes;
+    static constexpr int kW = R * P::kStepBytes;
     static constexpr int kXd = kWgTokens * 16;  // the step's first two float2 a token
     static constexpr int kStage = (kX + kW + kXd + 1023) / 1024 * 1024;
     static constexpr int kXdd = kWgStages * kStage;
@@ -200,21 +206,21 @@ struct TmaLayout {
 };
 
 // tmx: xq as [n][cols] bytes (box 128 x 64, 128-byte swizzle); tmw: W as [rows][row bytes] (box
-// a step's bytes x 128 rows); tmd: xd as [n][cols / 4] bytes (box 16 x 64). Boxes past the
+// a step's bytes x R rows); tmd: xd as [n][cols / 4] bytes (box 16 x 64). Boxes past the
 // matrix come zero-filled (their outputs are not stored).
-template <bool Q5>
-__global__ void __launch_bounds__(kWgThreads, 1)
+template <bool Q5, int R>
+__global__ void __launch_bounds__(2 * R, 128 / R)
     gemm_wgmma_q45k(const __grid_constant__ CUtensorMap tmx,
                     const __grid_constant__ CUtensorMap tmw,
                     const __grid_constant__ CUtensorMap tmd, int64_t rows, int64_t cols, int n,
                     float* __restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = Wg45<Q5>;
-    using L = TmaLayout<P>;
+    using L = TmaLayout<P, R>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t* smem = align_1024(smem_raw);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int64_t row0 = int64_t(blockIdx.y) * kWgRows;
+    const int64_t row0 = int64_t(blockIdx.y) * R;
     const int tok0 = blockIdx.x * kWgTokens;
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
@@ -301,8 +307,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         if (tid < kWgTokens)
             xdd[tid] = double(reinterpret_cast<const float2*>(st + L::kX + L::kW)[2 * tid].x);
 #pragma unroll
-        for (int it = 0; it < kWgTokens * 8 / kWgThreads; ++it) {
-            const int i = tid + kWgThreads * it;
+        for (int it = 0; it < kWgTokens * 8 / (2 * R); ++it) {
+            const int i = tid + 2 * R * it;
             const int tk = ((i >> 6) << 3) | (i & 7), j = (i >> 3) & 7;
             const uint8_t* row = st + (j >> 2) * L::kXBox + tk * 128;
             const uint4 a = *reinterpret_cast<const uint4*>(row + (((2 * j) & 7) ^ (tk & 7)) * 16);
@@ -395,18 +401,20 @@ __device__ __forceinline__ uint32_t q6_digit_times(uint32_t e, uint32_t w, uint3
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// tmx, tmd as for Q4_K; tmw: W as [rows][row bytes / 2] 16-bit elements (box 120 x 128 rows).
-__global__ void __launch_bounds__(kWgThreads, 1)
+// tmx, tmd as for Q4_K; tmw: W as [rows][row bytes] (box 240 bytes x R rows, starts 16-byte
+// aligned).
+template <int R>
+__global__ void __launch_bounds__(2 * R, 128 / R)
     gemm_wgmma_q6k(const __grid_constant__ CUtensorMap tmx, const __grid_constant__ CUtensorMap tmw,
                    const __grid_constant__ CUtensorMap tmd, int64_t rows, int64_t cols, int n,
                    float* __restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = Wg6;
-    using L = TmaLayout<P>;
+    using L = TmaLayout<P, R>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t* smem = align_1024(smem_raw);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int64_t row0 = int64_t(blockIdx.y) * kWgRows;
+    const int64_t row0 = int64_t(blockIdx.y) * R;
     const int tok0 = blockIdx.x * kWgTokens;
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
@@ -576,11 +584,11 @@ struct WgBlocks {
 // Shared memory: kWgStages stages of [B | the weights' box | the token scales' box: 8 float2 a
 // token], then the step's token scales as double2 (9 a token: the padding puts the 8 tokens a
 // warp reads at once in distinct banks) and a stage's mbarrier each.
-template <class P>
+template <class P, int R>
 struct BlocksLayout {
     static constexpr int kXBox = kWgTokens * 128;
     static constexpr int kX = 2 * kXBox;
-    static constexpr int kW = kWgRows * P::kStepBytes;
+    static constexpr int kW = R * P::kStepBytes;
     static constexpr int kXd = kWgTokens * 64;
     static constexpr int kStage = (kX + kW + kXd + 1023) / 1024 * 1024;
     static constexpr int kXddStride = 9;  // double2 a token
@@ -592,19 +600,19 @@ struct BlocksLayout {
 
 // tmx as for Q4_K; tmw: W as [rows][row bytes / 16][16] (box 16 x a step's units x 128); tmd:
 // xd as [n][cols / 4] bytes (box 64 x 64).
-template <GgmlType T>
-__global__ void __launch_bounds__(kWgThreads, 1)
+template <GgmlType T, int R>
+__global__ void __launch_bounds__(2 * R, 128 / R)
     gemm_wgmma_blocks(const __grid_constant__ CUtensorMap tmx,
                       const __grid_constant__ CUtensorMap tmw,
                       const __grid_constant__ CUtensorMap tmd, int64_t rows, int64_t cols, int n,
                       float* __restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = WgBlocks<T>;
-    using L = BlocksLayout<P>;
+    using L = BlocksLayout<P, R>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t* smem = align_1024(smem_raw);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int64_t row0 = int64_t(blockIdx.y) * kWgRows;
+    const int64_t row0 = int64_t(blockIdx.y) * R;
     const int tok0 = blockIdx.x * kWgTokens;
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
@@ -651,8 +659,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         issue_chunk(1);
         // The step's token scales as doubles, while the first blocks run.
 #pragma unroll
-        for (int it = 0; it < kWgTokens * 8 / kWgThreads; ++it) {
-            const int i = tid + kWgThreads * it;
+        for (int it = 0; it < kWgTokens * 8 / (2 * R); ++it) {
+            const int i = tid + 2 * R * it;
             xdd[(i >> 3) * L::kXddStride + (i & 7)] =
                 P::xdd(reinterpret_cast<const float2*>(st + L::kX + L::kW)[i]);
         }
@@ -745,9 +753,9 @@ CUtensorMap xd_map(const float2* xd, int64_t cols, int n, uint32_t bytes) {
 
 using WgKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, int64_t, int64_t, int, float*);
 
-// Kernel K over the whole matrix, a CTA a tile of 128 rows by 64 tokens, with kBytes of shared
-// memory (raised once).
-template <WgKernel K, int kBytes>
+// Kernel K over the whole matrix, a CTA a tile of R rows by 64 tokens (2R threads), with kBytes
+// of shared memory (raised once).
+template <WgKernel K, int kBytes, int R>
 void launch_tiles(GgmlType t, const CUtensorMap& tmx, const CUtensorMap& tmw,
                   const CUtensorMap& tmd, int64_t rows, int64_t cols, int n, float* y,
                   cudaStream_t stream) {
@@ -757,47 +765,49 @@ void launch_tiles(GgmlType t, const CUtensorMap& tmx, const CUtensorMap& tmw,
         return true;
     }();
     (void)ready;
-    const int64_t row_tiles = (rows + kWgRows - 1) / kWgRows;
+    const int64_t row_tiles = (rows + R - 1) / R;
     if (row_tiles > 65535)
         nt::fail("gemm (%s, wgmma): %lld rows (at most %d).", type_name(t), (long long)rows,
-                 65535 * kWgRows);
+                 65535 * R);
     const dim3 grid(unsigned((n + kWgTokens - 1) / kWgTokens), unsigned(row_tiles));
-    K<<<grid, kWgThreads, kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
+    K<<<grid, 2 * R, kBytes, stream>>>(tmx, tmw, tmd, rows, cols, n, y);
     NT_CUDA_CHECK(cudaGetLastError(), "gemm (wgmma)");
 }
 
-template <bool Q5>
+template <bool Q5, int R>
 void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                        const float2* xd, int n, float* y, cudaStream_t stream) {
     using P = Wg45<Q5>;
     const uint64_t rb = row_bytes(P::kType, cols);
     const CUtensorMap tmw = byte_map(w, {rb, uint64_t(rows)}, {rb},
-                                       {uint32_t(P::kStepBytes), kWgRows},
-                                       CU_TENSOR_MAP_SWIZZLE_NONE);
-    launch_tiles<gemm_wgmma_q45k<Q5>, TmaLayout<P>::kBytes>(
+                                     {uint32_t(P::kStepBytes), uint32_t(R)},
+                                     CU_TENSOR_MAP_SWIZZLE_NONE);
+    launch_tiles<gemm_wgmma_q45k<Q5, R>, TmaLayout<P, R>::kBytes, R>(
         P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
 }
 
 // rows of Q6_K a multiple of 16 bytes (cols a multiple of 2048), for the map's row stride.
+template <int R>
 void launch_wgmma_q6k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                       const float2* xd, int n, float* y, cudaStream_t stream) {
     using P = Wg6;
     const uint64_t rb = row_bytes(P::kType, cols);
     const CUtensorMap tmw = byte_map(w, {rb, uint64_t(rows)}, {rb},
-                                       {uint32_t(P::kBoxBytes), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    launch_tiles<gemm_wgmma_q6k, TmaLayout<P>::kBytes>(
+                                     {uint32_t(P::kBoxBytes), uint32_t(R)},
+                                     CU_TENSOR_MAP_SWIZZLE_NONE);
+    launch_tiles<gemm_wgmma_q6k<R>, TmaLayout<P, R>::kBytes, R>(
         P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
 }
 
-template <GgmlType T>
+template <GgmlType T, int R>
 void launch_wgmma_blocks(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                          const float2* xd, int n, float* y, cudaStream_t stream) {
     using P = WgBlocks<T>;
     const uint64_t rb = row_bytes(T, cols);  // a multiple of 16: whole steps
     const CUtensorMap tmw =
         byte_map(w, {16, rb / 16, uint64_t(rows)}, {16, rb},
-                   {16, uint32_t(P::kStepBytes / 16), kWgRows}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    launch_tiles<gemm_wgmma_blocks<T>, BlocksLayout<P>::kBytes>(
+                 {16, uint32_t(P::kStepBytes / 16), uint32_t(R)}, CU_TENSOR_MAP_SWIZZLE_NONE);
+    launch_tiles<gemm_wgmma_blocks<T, R>, BlocksLayout<P, R>::kBytes, R>(
         T, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 64), rows, cols, n, y, stream);
 }
 
@@ -823,30 +833,30 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
         !aligned(xd) || !encode_tiled())
         return false;
     if (n <= 0 || rows <= 0) return true;
-    switch (t) {
+    switch (t) {  // 64-row CTAs, two an SM, but for Q8_0 (the header says why)
         case GgmlType::Q4_K:
-            launch_wgmma_q45k<false>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_q45k<false, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q5_K:
-            launch_wgmma_q45k<true>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_q45k<true, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q6_K:
-            launch_wgmma_q6k(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_q6k<64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q8_0:
-            launch_wgmma_blocks<GgmlType::Q8_0>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_blocks<GgmlType::Q8_0, 128>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q4_0:
-            launch_wgmma_blocks<GgmlType::Q4_0>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_blocks<GgmlType::Q4_0, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q4_1:
-            launch_wgmma_blocks<GgmlType::Q4_1>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_blocks<GgmlType::Q4_1, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q5_0:
-            launch_wgmma_blocks<GgmlType::Q5_0>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_blocks<GgmlType::Q5_0, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         default:
-            launch_wgmma_blocks<GgmlType::Q5_1>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_blocks<GgmlType::Q5_1, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
     }
     return true;
