@@ -470,20 +470,16 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
                     q6_digits(sc[i][c >> 1], e[i]);
                 }
             }
-            // a[m][k]: row k & 1, elements 16 (k >> 1) + 4t4.. of the chunk (sub-block 2c + (k >> 1),
-            // byte 2 (c & 1) + (k >> 1) of the digits' words).
+            // a[m][k]: row k & 1, the chunk's elements 16 (k >> 1) + 4t4.. (sub-block
+            // 2c + (k >> 1): byte 2 (c & 1) + (k >> 1) of the digits' words).
             uint32_t a[3][4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const int x = 16 * (k >> 1) + 4 * t4;
                 const uint32_t ql = ld_shifted(rw[k & 1], x + 64 * h + 32 * (j & 1), sh);
                 const uint32_t qh = ld_shifted(rw[k & 1], x + 128 + 32 * h, sh);
-                const uint32_t u = ((ql >> (4 * (j >> 1))) & 0x0F0F0F0Fu) |
-                                   ((j == 0   ? qh << 4
-                                     : j == 1 ? qh << 2
-                                     : j == 2 ? qh
-                                              : qh >> 2) &
-                                    0x30303030u);
+                const uint32_t hi = j == 0 ? qh << 4 : j == 1 ? qh << 2 : j == 2 ? qh : qh >> 2;
+                const uint32_t u = ((ql >> (4 * (j >> 1))) & 0x0F0F0F0Fu) | (hi & 0x30303030u);
                 const uint32_t w = u - 0x20202020u, z = 0x80808080u - 3u * w;
                 const int byte = 2 * (c & 1) + (k >> 1);
 #pragma unroll
@@ -503,17 +499,20 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
         __syncthreads();  // xdd written
         wgmma_wait<0>();
 #pragma unroll
-        for (int m = 0; m < 3; ++m)
+        for (int m = 0; m < 3; ++m) {
 #pragma unroll
             for (int i = 0; i < 32; ++i) fence_operand(dm[m][i]);
+        }
         // is * d is exact (at most 26 + 11 bits): one rounding in the fma, as MmqK16's.
 #pragma unroll
         for (int t = 0; t < 8; ++t)
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const uint32_t is = 64u * uint32_t(dm[2][4 * t + i]) + 8u * uint32_t(dm[1][4 * t + i]) +
-                                    uint32_t(dm[0][4 * t + i]) + kI2dBias;
-                acc[t][i] = fma(i2d_biased(is) * d[i >> 1], xdd[8 * t + 2 * t4 + (i & 1)], acc[t][i]);
+                const uint32_t is = 64u * uint32_t(dm[2][4 * t + i]) +
+                                    8u * uint32_t(dm[1][4 * t + i]) + uint32_t(dm[0][4 * t + i]) +
+                                    kI2dBias;
+                acc[t][i] =
+                    fma(i2d_biased(is) * d[i >> 1], xdd[8 * t + 2 * t4 + (i & 1)], acc[t][i]);
             }
     }
     store(acc, row0, tok0, warp, g, t4, rows, n, y);
@@ -743,12 +742,12 @@ CUtensorMap byte_map(const void* base, std::initializer_list<uint64_t> dims,
 // bytes in wgmma's 128-byte swizzled layout.
 CUtensorMap x_map(const int8_t* xq, int64_t cols, int n) {
     return byte_map(xq, {uint64_t(cols), uint64_t(n)}, {uint64_t(cols)}, {128, kWgTokens},
-                      CU_TENSOR_MAP_SWIZZLE_128B);
+                    CU_TENSOR_MAP_SWIZZLE_128B);
 }
 // The token scales' map: xd as [n][cols / 4] bytes, boxes of `bytes` x 64 tokens.
 CUtensorMap xd_map(const float2* xd, int64_t cols, int n, uint32_t bytes) {
-    return byte_map(xd, {uint64_t(cols / 4), uint64_t(n)}, {uint64_t(cols / 4)},
-                      {bytes, kWgTokens}, CU_TENSOR_MAP_SWIZZLE_NONE);
+    return byte_map(xd, {uint64_t(cols / 4), uint64_t(n)}, {uint64_t(cols / 4)}, {bytes, kWgTokens},
+                    CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 using WgKernel = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, int64_t, int64_t, int, float*);
@@ -779,22 +778,22 @@ void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* 
                        const float2* xd, int n, float* y, cudaStream_t stream) {
     using P = Wg45<Q5>;
     const uint64_t rb = row_bytes(P::kType, cols);
-    const CUtensorMap tmw = byte_map(w, {rb, uint64_t(rows)}, {rb},
-                                     {uint32_t(P::kStepBytes), uint32_t(R)},
-                                     CU_TENSOR_MAP_SWIZZLE_NONE);
+    const CUtensorMap tmw =
+        byte_map(w, {rb, uint64_t(rows)}, {rb}, {uint32_t(P::kStepBytes), uint32_t(R)},
+                 CU_TENSOR_MAP_SWIZZLE_NONE);
     launch_tiles<gemm_wgmma_q45k<Q5, R>, TmaLayout<P, R>::kBytes, R>(
         P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
 }
 
 // rows of Q6_K a multiple of 16 bytes (cols a multiple of 2048), for the map's row stride.
 template <int R>
-void launch_wgmma_q6k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
-                      const float2* xd, int n, float* y, cudaStream_t stream) {
+void launch_wgmma_q6k(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
+                      int n, float* y, cudaStream_t stream) {
     using P = Wg6;
     const uint64_t rb = row_bytes(P::kType, cols);
-    const CUtensorMap tmw = byte_map(w, {rb, uint64_t(rows)}, {rb},
-                                     {uint32_t(P::kBoxBytes), uint32_t(R)},
-                                     CU_TENSOR_MAP_SWIZZLE_NONE);
+    const CUtensorMap tmw =
+        byte_map(w, {rb, uint64_t(rows)}, {rb}, {uint32_t(P::kBoxBytes), uint32_t(R)},
+                 CU_TENSOR_MAP_SWIZZLE_NONE);
     launch_tiles<gemm_wgmma_q6k<R>, TmaLayout<P, R>::kBytes, R>(
         P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
 }
