@@ -176,6 +176,31 @@ __device__ __forceinline__ void issue_step(uint8_t* st, uint64_t* bar, const CUt
     load_w(st + L::kX);
     tma_load_2d(st + L::kX + L::kW, tmd, int(kb * 64), tok0, bar);
 }
+// The steps before the first into stages 0..kWgStages - 2 (issue(stage, step), by thread 0).
+template <class Issue>
+__device__ __forceinline__ void issue_first(int64_t steps, Issue issue) {
+    for (int s = 0; s < kWgStages - 1; ++s)
+        if (s < steps) issue(s, int64_t(s));
+}
+// Step kb's stage, once it has landed; every thread is then done with step kb - 1's stage, into
+// which step kb + kWgStages - 1 is issued.
+template <class L, class Issue>
+__device__ __forceinline__ const uint8_t* next_stage(uint8_t* smem, uint64_t* bars, int64_t kb,
+                                                     int64_t steps, Issue issue) {
+    const int s = int(kb % kWgStages);
+    mbar_wait(bars + s, uint32_t(kb / kWgStages) & 1u);
+    __syncthreads();
+    if (kb + kWgStages - 1 < steps)
+        issue(int((kb + kWgStages - 1) % kWgStages), kb + kWgStages - 1);
+    return smem + s * L::kStage;
+}
+template <int N>
+__device__ __forceinline__ void zero(int (&a)[N][32]) {
+#pragma unroll
+    for (int m = 0; m < N; ++m)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) a[m][i] = 0;
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <bool Q5>
@@ -232,8 +257,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
             tma_load_2d(dst, &tmw, int(kb * P::kStepBytes), int(row0), bars + s);
         });
     };
-    for (int s = 0; s < kWgStages - 1; ++s)
-        if (s < steps) issue(s, s);
+    issue_first(steps, issue);
 
     double acc[8][4];
     zero(acc);
@@ -244,12 +268,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
     uint8_t* qmin = smem + L::kQmin;
 
     for (int64_t kb = 0; kb < steps; ++kb) {
-        const int s = int(kb % kWgStages);
-        mbar_wait(bars + s, uint32_t(kb / kWgStages) & 1u);
-        __syncthreads();
-        if (kb + kWgStages - 1 < steps)
-            issue(int((kb + kWgStages - 1) % kWgStages), kb + kWgStages - 1);
-        const uint8_t* st = smem + s * L::kStage;
+        const uint8_t* st = next_stage<L>(smem, bars, kb, steps, issue);
 
         // This lane's rows g and g + 8 of the warp's 16 (warps 0-3 the first warpgroup's 64
         // rows, 4-7 the second's): scales, mins, and the mins as mma.m16n8k16's A (lane
@@ -426,25 +445,16 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
             tma_load_2d(dst, &tmw, int(kb * P::kBlockBytes) & ~15, int(row0), bars + s);
         });
     };
-    for (int s = 0; s < kWgStages - 1; ++s)
-        if (s < steps) issue(s, s);
+    issue_first(steps, issue);
 
     double acc[8][4];
     zero(acc);
     int dm[3][32];
-#pragma unroll
-    for (int m = 0; m < 3; ++m)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) dm[m][i] = 0;
+    zero(dm);
     double* xdd = reinterpret_cast<double*>(smem + L::kXdd);
 
     for (int64_t kb = 0; kb < steps; ++kb) {
-        const int s = int(kb % kWgStages);
-        mbar_wait(bars + s, uint32_t(kb / kWgStages) & 1u);
-        __syncthreads();
-        if (kb + kWgStages - 1 < steps)
-            issue(int((kb + kWgStages - 1) % kWgStages), kb + kWgStages - 1);
-        const uint8_t* st = smem + s * L::kStage;
+        const uint8_t* st = next_stage<L>(smem, bars, kb, steps, issue);
         if (tid < kWgTokens)
             xdd[tid] = double(reinterpret_cast<const float2*>(st + L::kX + L::kW)[2 * tid].x);
         // This lane's rows g and g + 8 of the warp's 16, from the 4-byte aligned word at or below
@@ -623,25 +633,16 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
             tma_load_3d(dst, &tmw, 0, int(kb * (P::kStepBytes / 16)), int(row0), bars + s);
         });
     };
-    for (int s = 0; s < kWgStages - 1; ++s)
-        if (s < steps) issue(s, s);
+    issue_first(steps, issue);
 
     double acc[8][4];
     zero(acc);
     int dot[2][32];
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) dot[b][i] = 0;
+    zero(dot);
     double2* xdd = reinterpret_cast<double2*>(smem + L::kXdd);
 
     for (int64_t kb = 0; kb < steps; ++kb) {
-        const int s = int(kb % kWgStages);
-        mbar_wait(bars + s, uint32_t(kb / kWgStages) & 1u);
-        __syncthreads();
-        if (kb + kWgStages - 1 < steps)
-            issue(int((kb + kWgStages - 1) % kWgStages), kb + kWgStages - 1);
-        const uint8_t* st = smem + s * L::kStage;
+        const uint8_t* st = next_stage<L>(smem, bars, kb, steps, issue);
         const uint8_t* const rw[2] = {st + L::kX + (16 * warp + g) * P::kStepBytes,
                                       st + L::kX + (16 * warp + g + 8) * P::kStepBytes};
         const uint32_t xbase = smem_u32(st);
