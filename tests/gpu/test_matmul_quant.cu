@@ -205,4 +205,44 @@ TEST(MatmulQuantHost, Q6_K) {
     check_type<GgmlType::Q6_K>();
 }
 
+// Q6_K's wgmma A (q6k_scale_digits, q6k_digit_times), exhaustively: every int8 scale in every
+// byte lane, beside other scales, splits into digits in [-3, 4] with 64 c2 + 8 c1 + c0 = sc;
+// every digit times every quant gives the int8 c (q - 32) in its lane, beside other quants.
+TEST(MatmulQuantHost, Q6kScaleDigits) {
+    const auto lane = [](uint32_t v, int b) { return int((v >> (8 * b)) & 0xFF); };
+    for (int sc = -128; sc < 128; ++sc)
+        for (int p = 0; p < 4; ++p) {
+            int want[4];
+            uint32_t s = 0;
+            for (int b = 0; b < 4; ++b) {
+                want[b] = b == p ? sc : int(int8_t(uint8_t(sc * 37 + 91 * b + 11)));
+                s |= uint32_t(uint8_t(want[b])) << (8 * b);
+            }
+            uint32_t e[3];
+            q6k_scale_digits(s, e);
+            for (int b = 0; b < 4; ++b) {
+                int c[3];
+                for (int m = 0; m < 3; ++m) {
+                    c[m] = lane(e[m], b) - 3;
+                    ASSERT_TRUE(c[m] >= -3 && c[m] <= 4) << "scale " << want[b] << " digit " << m;
+                }
+                ASSERT_EQ(want[b], 64 * c[2] + 8 * c[1] + c[0]) << "lane " << b;
+            }
+        }
+    for (uint32_t e = 0; e < 8; ++e)
+        for (int q = 0; q < 64; ++q)
+            for (int p = 0; p < 4; ++p) {
+                int qs[4];
+                uint32_t u = 0;
+                for (int b = 0; b < 4; ++b) {
+                    qs[b] = b == p ? q : (q * 7 + 13 * b + 5) & 63;
+                    u |= uint32_t(qs[b]) << (8 * b);
+                }
+                const uint32_t a = q6k_digit_times(e, u);
+                for (int b = 0; b < 4; ++b)
+                    ASSERT_EQ((int(e) - 3) * (qs[b] - 32), int(int8_t(uint8_t(lane(a, b)))))
+                        << "digit " << int(e) - 3 << " quant " << qs[b];
+            }
+}
+
 }  // namespace

@@ -213,6 +213,30 @@ NT_HD uint32_t spread4_to_bit4(uint32_t b) {
     return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
 }
 
+// Q6_K on int8 tensor cores (sm90a/matmul_mmq_wgmma.cu): a scale sc (int8) times a quant
+// q' = q - 32 (in [-32, 31]) needs 13 bits, so sc is split into three balanced base-8 digits,
+// sc = 64 c2 + 8 c1 + c0 with every c in [-3, 4], and every c q' is an int8 (in [-128, 124]).
+// The digits of four scales (the bytes of s), plus 3, as bytes e_m = c_m + 3 in [0, 7]:
+// e0 = (sc + 3) mod 8; with h = floor((sc + 3) / 8) + 16 in [0, 32] (sc = 8 (h - 16) + c0),
+// e1 = (h + 3) mod 8 and e2 = floor((h + 3) / 8) + 1 (h - 16 = 8 c2 + c1). No byte carries
+// into the next: floor(sc / 8) + 16 is the byte's top five bits with the fifth flipped.
+NT_HD void q6k_scale_digits(uint32_t s, uint32_t (&e)[3]) {
+    const uint32_t lo = (s & 0x07070707u) + 0x03030303u;  // (sc mod 8) + 3, in [3, 10]
+    e[0] = lo & 0x07070707u;
+    const uint32_t h3 =
+        (((s >> 3) & 0x1F1F1F1Fu) ^ 0x10101010u) + ((lo >> 3) & 0x01010101u) + 0x03030303u;
+    e[1] = h3 & 0x07070707u;
+    e[2] = ((h3 >> 3) & 0x07070707u) + 0x01010101u;
+}
+// Four quants (the bytes of u, in [0, 63]) times a digit c = e - 3, as int8 bytes c (q - 32):
+// with w = u - 0x20202020 (sum (q_b - 32) 256^b as one integer) and z = 0x80808080 - 3 w,
+// e w + z = c w + 0x80808080 has every byte c (q_b - 32) + 128 in [0, 252] (no carries), and
+// the xor turns those into two's complement. One IMAD and one LOP3 a digit (w and z are shared).
+NT_HD uint32_t q6k_digit_times(uint32_t e, uint32_t u) {
+    const uint32_t w = u - 0x20202020u, z = 0x80808080u - 3u * w;
+    return (e * w + z) ^ 0x80808080u;
+}
+
 // K-quant 6-bit scale and min j (0..7) from the 12 packed bytes (ggml's get_scale_min_k4).
 NT_HD void scale_min_k4(int j, const uint8_t* s, int& sc, int& m) {
     if (j < 4) {

@@ -378,7 +378,8 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
 // qh[32h + l] above it, minus 32 (q' in [-32, 31]), in sub-block 2c + (l >= 16) with scale sc
 // (int8). sc q' needs 13 bits, so sc is split into three balanced base-8 digits, sc = 64 c2 +
 // 8 c1 + c0 with every c in [-3, 4] (c q' in [-128, 124], an int8), and each warpgroup runs
-// three wgmma.s8.s8 chains D_m = sum(c_m q' x) over the block: is = 64 D2 + 8 D1 + D0 =
+// three wgmma.s8.s8 chains D_m = sum(c_m q' x) over the block (the digits and their products
+// are matmul_quant.cuh's q6k_scale_digits and q6k_digit_times): is = 64 D2 + 8 D1 + D0 =
 // sum(sc dot) exactly, which meets d dx in double once a block as in gemm_mmq (MmqK16). The
 // chunks commit one by one, chunk c's A built while chunk c - 1 runs (the three chains' A for
 // all eight chunks at once would not fit in registers beside the accumulators).
@@ -393,30 +394,11 @@ struct Wg6 {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// The digits of four scales (the bytes of s, int8), plus 3, as bytes e_m = c_m + 3 in [0, 7]:
-// e0 = (sc + 3) mod 8; with h = floor((sc + 3) / 8) + 16 in [0, 32] (sc = 8 (h - 16) + c0),
-// e1 = (h + 3) mod 8 and e2 = floor((h + 3) / 8) + 1 (h - 16 = 8 c2 + c1). No byte carries
-// into the next: floor(sc / 8) + 16 is the byte's top five bits with the fifth flipped.
-__device__ __forceinline__ void q6_digits(uint32_t s, uint32_t (&e)[3]) {
-    const uint32_t lo = (s & 0x07070707u) + 0x03030303u;  // (sc mod 8) + 3, in [3, 10]
-    e[0] = lo & 0x07070707u;
-    const uint32_t h3 =
-        (((s >> 3) & 0x1F1F1F1Fu) ^ 0x10101010u) + ((lo >> 3) & 0x01010101u) + 0x03030303u;
-    e[1] = h3 & 0x07070707u;
-    e[2] = ((h3 >> 3) & 0x07070707u) + 0x01010101u;
-}
 // The word at byte x of a block that starts sh / 8 bytes past the 4-byte aligned p (sh 0 or 16;
 // x a multiple of 4).
 __device__ __forceinline__ uint32_t ld_shifted(const uint8_t* p, int x, uint32_t sh) {
     return __funnelshift_r(*reinterpret_cast<const uint32_t*>(p + x),
                            *reinterpret_cast<const uint32_t*>(p + x + 4), sh);
-}
-// Four quants (the bytes of u, in [0, 63]) times the digit c = e - 3, as int8 bytes: with
-// w = u - 0x20202020 (sum (u_b - 32) 256^b as one integer) and z = 0x80808080 - 3 w, e w + z =
-// c w + 0x80808080 has every byte c (u_b - 32) + 128 in [0, 252] (no carries), and the xor
-// turns those into two's complement.
-__device__ __forceinline__ uint32_t q6_digit_times(uint32_t e, uint32_t w, uint32_t z) {
-    return (e * w + z) ^ 0x80808080u;
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -477,7 +459,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
             if ((c & 1) == 0) {
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    q6_digits(sc[i][c >> 1], e[i]);
+                    q6k_scale_digits(sc[i][c >> 1], e[i]);
                 }
             }
             // a[m][k]: row k & 1, the chunk's elements 16 (k >> 1) + 4t4.. (sub-block
@@ -490,11 +472,10 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
                 const uint32_t qh = ld_shifted(rw[k & 1], x + 128 + 32 * h, sh);
                 const uint32_t hi = j == 0 ? qh << 4 : j == 1 ? qh << 2 : j == 2 ? qh : qh >> 2;
                 const uint32_t u = ((ql >> (4 * (j >> 1))) & 0x0F0F0F0Fu) | (hi & 0x30303030u);
-                const uint32_t w = u - 0x20202020u, z = 0x80808080u - 3u * w;
                 const int byte = 2 * (c & 1) + (k >> 1);
 #pragma unroll
                 for (int m = 0; m < 3; ++m)
-                    a[m][k] = q6_digit_times((e[k & 1][m] >> (8 * byte)) & 0xFFu, w, z);
+                    a[m][k] = q6k_digit_times((e[k & 1][m] >> (8 * byte)) & 0xFFu, u);
             }
             wgmma_fence();
             const uint64_t dc = sw128_desc(xbase + (c >> 2) * L::kXBox + 32 * (c & 3));
