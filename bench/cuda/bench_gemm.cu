@@ -3,16 +3,21 @@
 // NT_EXACT_PROMPT=1) and the dequantize-to-FP16 + cuBLAS path, next to a loop of 8-row GEMVs.
 //
 //   bench_gemm [--types q4_K,q6_K,q8_0|all] [--shapes 8b|70b|all|ROWSxCOLS,...]
-//              [--n 16,64,128,512] [--hbm 4455] [--tflops 989] [--iters 10] [--check-rows 32]
+//              [--n 16,64,128,512] [--hbm 4455] [--tflops 989] [--tops 1979] [--iters 10]
+//              [--check-rows 32]
 //
 // Lines per (type, shape, n):
 //   matmul   : the public call; TFLOP/s = 2 n rows cols / time, % of --tflops (dense FP16
-//              peak). With the integer GEMM: "bits" = the checked outputs that equal the CPU
-//              backend's nt::vec_dot bit for bit (all of them, or FAIL); otherwise (x -> f16,
+//              peak), or with the integer GEMM of --tops (dense int8 peak, default twice
+//              --tflops; a K-quant kernel running two or three chains a block does that many
+//              times the counted operations). With the integer GEMM: "bits" = the checked
+//              outputs that equal the CPU backend's nt::vec_dot bit for bit (all of them, or
+//              FAIL); otherwise (x -> f16,
 //              dequantize in slices, cublasGemmEx) err = max |y - ref| / sum|w*x| against a
 //              double reference on FP16-rounded weights and x.
 //   mmq      : the integer GEMM alone on activations already quantized (quantize_q8), the
-//              kernel matmul() takes (on compute capability 9.0, wgmma for Q4_K and Q5_K);
+//              kernel matmul() takes (on compute capability 9.0, wgmma for every type but Q2_K
+//              and Q3_K);
 //   mmq-sync : the mma.sync kernel every device has (the same bits).
 //   dequant  : the weight -> FP16 kernel alone: GB/s of bytes read + written, % of --hbm.
 //   cublas   : cublasGemmEx alone on already-dequantized weights (the ceiling for matmul).
@@ -32,7 +37,7 @@ int main(int argc, char** argv) try {
     std::vector<std::string> types = {"q4_K", "q6_K", "q8_0"};
     std::vector<std::string> shape_names = {"8b", "70b"};
     std::vector<int> ns = {16, 64, 128, 512};
-    double hbm = 4455, tflops = 989;
+    double hbm = 4455, tflops = 989, tops = 0;
     int iters = 10, check_rows = 32;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -55,6 +60,8 @@ int main(int argc, char** argv) try {
             hbm = std::atof(val().c_str());
         else if (a == "--tflops")
             tflops = std::atof(val().c_str());
+        else if (a == "--tops")
+            tops = std::atof(val().c_str());
         else if (a == "--iters")
             iters = std::atoi(val().c_str());
         else if (a == "--check-rows")
@@ -63,7 +70,9 @@ int main(int argc, char** argv) try {
             nt::fail("unknown option %s (see the header of bench_gemm.cu).", a.c_str());
     }
     print_device(hbm);
-    std::printf("# FP16 dense peak used for %%: %.0f TFLOP/s\n", tflops);
+    if (tops <= 0) tops = 2 * tflops;
+    std::printf("# dense peaks used for %%: FP16 %.0f TFLOP/s, int8 %.0f TOPS (integer GEMM)\n",
+                tflops, tops);
     std::printf("# %-5s %-13s %-13s %4s  %-9s %9s %8s %7s %9s\n", "type", "shape", "rows x cols",
                 "n", "what", "us", "TFLOP/s", "%peak", "GB/s|err");
     cudaStream_t stream;
@@ -112,11 +121,11 @@ int main(int argc, char** argv) try {
                 nt::cuda::matmul_init(ws, wsbuf.p, wsbuf.count, stream);
                 const nt::WeightView wv{t, sh.cols, sh.rows, dw.p, hw.size()};
                 const double flop = 2.0 * n * double(sh.rows) * double(sh.cols);
-                auto line = [&](const char* what, double us, const char* extra) {
+                auto line = [&](const char* what, double us, const char* extra, bool int8) {
                     const double tf = flop / us * 1e-6;
                     std::printf("  %-5s %-13s %6lldx%-6lld %4d  %-9s %9.1f %8.1f %6.1f%% %9s\n",
                                 tname.c_str(), sh.name, (long long)sh.rows, (long long)sh.cols, n,
-                                what, us, tf, 100 * tf / tflops, extra);
+                                what, us, tf, 100 * tf / (int8 ? tops : tflops), extra);
                     std::fflush(stdout);
                 };
 
@@ -143,7 +152,7 @@ int main(int argc, char** argv) try {
                 failures += ok ? 0 : 1;
                 const double mm_us = time_stream_us(
                     stream, iters, [&](int) { nt::cuda::matmul(wv, dx.p, n, dy.p, ws, stream); });
-                line("matmul", mm_us, extra);
+                line("matmul", mm_us, extra, mmq);
                 if (nt::cuda::detail::mmq_supported(t)) {
                     DeviceBuffer<int8_t> xq(size_t(n) * sh.cols);
                     DeviceBuffer<float2> xd(size_t(n) * sh.cols / 32);
@@ -155,7 +164,7 @@ int main(int argc, char** argv) try {
                             nt::cuda::detail::gemm_mmq(t, dw.p, sh.rows, sh.cols, xq.p, xd.p, n,
                                                        dy.p, stream, k);
                         });
-                        line(k == MmqKernel::Best ? "mmq" : "mmq-sync", mq_us, "");
+                        line(k == MmqKernel::Best ? "mmq" : "mmq-sync", mq_us, "", true);
                     }
                 }
 
@@ -167,7 +176,7 @@ int main(int argc, char** argv) try {
                         double(hw.size()) + 2.0 * double(sh.rows) * double(sh.cols);
                     std::snprintf(extra, sizeof extra, "%.0f %.0f%%", bytes / dq_us * 1e-3,
                                   100 * bytes / dq_us * 1e-3 / hbm);
-                    line("dequant", dq_us, extra);
+                    line("dequant", dq_us, extra, false);
 
                     DeviceBuffer<__half> xh(hx.size());
                     nt::cuda::detail::convert_to_f16(dx.p, int64_t(hx.size()), xh.p, stream);
@@ -180,7 +189,7 @@ int main(int argc, char** argv) try {
                                          int(sh.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                             "cublasGemmEx");
                     });
-                    line("cublas", cb_us, "");
+                    line("cublas", cb_us, "", false);
 
                     if (n <= 128) {
                         DeviceBuffer<int8_t> xq(size_t(8) * sh.cols);
@@ -196,7 +205,7 @@ int main(int argc, char** argv) try {
                                                           dy.p + size_t(i0) * sh.rows, cfg, stream);
                             }
                         });
-                        line("gemv-loop", gl_us, "");
+                        line("gemv-loop", gl_us, "", false);
                     }
                 }
                 nt::cuda::matmul_free(ws);
