@@ -46,6 +46,7 @@
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_mmq.cuh"
 #include "backend/cuda/matmul_quant.cuh"
+#include "core/env.h"
 #include "core/error.h"
 
 namespace nt::cuda::detail {
@@ -569,6 +570,15 @@ struct WgBlocks {
         else  // dx s and off xs exact
             return fma(d, fma(xi.x, i2d(s), xi.y), acc);
     }
+    // The same for Q8_0, Q4_1 and Q5_1 with s d formed by exact_times (one DADD fewer on the
+    // FP64 pipe; the same bits, matmul_quant.cuh says why).
+    __device__ static double term(double acc, int s, const HalfScale& d, double m, double2 xi) {
+        static_assert(kQ8 || kMin);
+        if constexpr (kQ8)
+            return fma(exact_times(s, d), xi.x, acc);
+        else
+            return fma(exact_times(s, d), xi.x, fma(m, xi.y, acc));
+    }
 };
 
 // Shared memory: kWgStages stages of [B | the weights' box | the token scales' box: 8 float2 a
@@ -589,8 +599,10 @@ struct BlocksLayout {
 };
 
 // tmx as for Q4_K; tmw: W as [rows][row bytes / 16][16] (box 16 x a step's units x 128); tmd:
-// xd as [n][cols / 4] bytes (box 64 x 64).
-template <GgmlType T, int R>
+// xd as [n][cols / 4] bytes (box 64 x 64). X: s d by exact_times (Q8_0, Q4_1, Q5_1)
+// while every row scale of the warp's block is finite, opt-in (NT_MMQ_EXACT_TIMES=1) until it
+// has run on a GPU.
+template <GgmlType T, int R, bool X>
 __global__ void __launch_bounds__(2 * R, 128 / R)
     gemm_wgmma_blocks(const __grid_constant__ CUtensorMap tmx,
                       const __grid_constant__ CUtensorMap tmw,
@@ -656,20 +668,36 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
 #pragma unroll
             for (int i = 0; i < 32; ++i) fence_operand(dc[i]);
             double d[2], m[2];
+            HalfScale hs[2];
+            bool exact_times_ok = X;
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const uint8_t* b = rw[i] + P::kBlockBytes * c;
-                d[i] = double(h2f(ld_u16(b)));
+                const uint32_t dh = ld_u16(b);
+                d[i] = double(h2f(dh));
                 m[i] = P::kMin ? double(h2f(ld_u16(b + 2))) : 0.0;
+                if constexpr (X) exact_times_ok = half_scale(dh, hs[i]) && exact_times_ok;
             }
+            // The block's terms for the tile's outputs, by term(acc, s, row r of 2, xi).
+            auto scale = [&](auto term) {
 #pragma unroll
-            for (int t = 0; t < 8; ++t) {
-                const double2* xt = xdd + (8 * t + 2 * t4) * L::kXddStride + c;
-                const double2 xi[2] = {xt[0], xt[L::kXddStride]};
+                for (int t = 0; t < 8; ++t) {
+                    const double2* xt = xdd + (8 * t + 2 * t4) * L::kXddStride + c;
+                    const double2 xi[2] = {xt[0], xt[L::kXddStride]};
 #pragma unroll
-                for (int i = 0; i < 4; ++i)
-                    acc[t][i] = P::term(acc[t][i], dc[4 * t + i], d[i >> 1], m[i >> 1], xi[i & 1]);
-            }
+                    for (int i = 0; i < 4; ++i)
+                        acc[t][i] = term(acc[t][i], dc[4 * t + i], i >> 1, xi[i & 1]);
+                }
+            };
+            if (X && __all_sync(0xFFFFFFFFu, exact_times_ok))
+                scale([&](double a, int sum, int r, double2 xi) {
+                    if constexpr (X) return P::term(a, sum, hs[r], m[r], xi);
+                    return a;
+                });
+            else
+                scale([&](double a, int sum, int r, double2 xi) {
+                    return P::term(a, sum, d[r], m[r], xi);
+                });
             if (c + 2 < 8) issue_chunk(c + 2);
         }
     }
@@ -780,7 +808,7 @@ void launch_wgmma_q6k(const void* w, int64_t rows, int64_t cols, const int8_t* x
         P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
 }
 
-template <GgmlType T, int R>
+template <GgmlType T, int R, bool X = false>
 void launch_wgmma_blocks(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                          const float2* xd, int n, float* y, cudaStream_t stream) {
     using P = WgBlocks<T>;
@@ -788,7 +816,7 @@ void launch_wgmma_blocks(const void* w, int64_t rows, int64_t cols, const int8_t
     const CUtensorMap tmw =
         byte_map(w, {16, rb / 16, uint64_t(rows)}, {16, rb},
                  {16, uint32_t(P::kStepBytes / 16), uint32_t(R)}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    launch_tiles<gemm_wgmma_blocks<T, R>, BlocksLayout<P, R>::kBytes, R>(
+    launch_tiles<gemm_wgmma_blocks<T, R, X>, BlocksLayout<P, R>::kBytes, R>(
         T, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 64), rows, cols, n, y, stream);
 }
 
@@ -814,6 +842,8 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
         !aligned(xd) || !encode_tiled())
         return false;
     if (n <= 0 || rows <= 0) return true;
+    // NT_MMQ_EXACT_TIMES=1: Q8_0, Q4_1 and Q5_1 with s d by exact_times (opt-in until run).
+    static const bool exact_times = env_int("NT_MMQ_EXACT_TIMES", 0) != 0;
     switch (t) {  // 64-row CTAs, two an SM, but for Q8_0 (the header says why)
         case GgmlType::Q4_K:
             launch_wgmma_q45k<false, 64>(w, rows, cols, xq, xd, n, y, stream);
@@ -825,19 +855,28 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
             launch_wgmma_q6k<64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q8_0:
-            launch_wgmma_blocks<GgmlType::Q8_0, 128>(w, rows, cols, xq, xd, n, y, stream);
+            if (exact_times)
+                launch_wgmma_blocks<GgmlType::Q8_0, 128, true>(w, rows, cols, xq, xd, n, y, stream);
+            else
+                launch_wgmma_blocks<GgmlType::Q8_0, 128>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q4_0:
             launch_wgmma_blocks<GgmlType::Q4_0, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q4_1:
-            launch_wgmma_blocks<GgmlType::Q4_1, 64>(w, rows, cols, xq, xd, n, y, stream);
+            if (exact_times)
+                launch_wgmma_blocks<GgmlType::Q4_1, 64, true>(w, rows, cols, xq, xd, n, y, stream);
+            else
+                launch_wgmma_blocks<GgmlType::Q4_1, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q5_0:
             launch_wgmma_blocks<GgmlType::Q5_0, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         default:
-            launch_wgmma_blocks<GgmlType::Q5_1, 64>(w, rows, cols, xq, xd, n, y, stream);
+            if (exact_times)
+                launch_wgmma_blocks<GgmlType::Q5_1, 64, true>(w, rows, cols, xq, xd, n, y, stream);
+            else
+                launch_wgmma_blocks<GgmlType::Q5_1, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
     }
     return true;
