@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
     init_bars(bars, tid);
-    // Step kb into stage s, by thread 0; the weights as a 2D box of 16-bit elements.
+    // Step kb into stage s, by thread 0; the weights as a 2D box from the 16 bytes below the block.
     auto issue = [&](int s, int64_t kb) {
         if (tid != 0) return;
         issue_step<L>(smem + s * L::kStage, bars + s, &tmx, &tmd, kb, tok0, [&](uint8_t* dst) {
