@@ -169,14 +169,20 @@ stage() {
                     "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
             done
         done
-        # Q8_0, Q4_1 and Q5_1 with s d by exact_times (opt-in until run): the tests, the GEMMs
-        # and 8B Q8_0 pp512 with it.
-        NT_MMQ_EXACT_TIMES=1 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-            --gtest_filter='MatmulParity.*:MatmulTypes*' 2>&1 | tail -n 3
-        NT_MMQ_EXACT_TIMES=1 NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types q8_0,q4_1,q5_1 \
-            --shapes 8b --n 512 --iters 10 2>&1 | grep -E "mmq |FAIL" | sed "s/^/exact-times /"
-        echo "exact q8_0: exact-times $(NT_MMQ_EXACT_TIMES=1 NT_EXACT_PROMPT=1 \
-            "$nt" bench -m "$(model q8_0)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
+        # Opt-in until run: Q8_0, Q4_1 and Q5_1 with s d by exact_times (NT_MMQ_EXACT_TIMES=1),
+        # Q8_0 in 64-row CTAs of 2 stages (NT_MMQ_Q8_64=1): the tests, the GEMMs and 8B Q8_0
+        # pp512 with each and both.
+        for v in NT_MMQ_EXACT_TIMES=1 NT_MMQ_Q8_64=1; do
+            echo "+ $v"
+            env $v NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
+                --gtest_filter='MatmulParity.*:MatmulTypes*' 2>&1 | tail -n 3
+            env $v NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types q8_0,q4_1,q5_1 \
+                --shapes 8b --n 512 --iters 10 2>&1 | grep -E "mmq |FAIL" | sed "s/^/$v /"
+        done
+        for v in NT_MMQ_EXACT_TIMES=1 NT_MMQ_Q8_64=1 NT_MMQ_EXACT_TIMES=1,NT_MMQ_Q8_64=1; do
+            echo "exact q8_0: $v $(env ${v//,/ } NT_EXACT_PROMPT=1 \
+                "$nt" bench -m "$(model q8_0)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
+        done
         ;;
     types)
         for t in ${TYPES:-q4_k_m q8_0 q6_k}; do

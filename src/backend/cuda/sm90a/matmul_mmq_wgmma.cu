@@ -53,7 +53,8 @@ namespace nt::cuda::detail {
 
 namespace {
 
-// A CTA takes R weight rows (one warpgroup of 128 threads for each 64) by kWgTokens tokens.
+// A CTA takes R weight rows (one warpgroup of 128 threads for each 64) by kWgTokens tokens,
+// with (a layout's kStages) steps in flight, kWgStages but where said.
 constexpr int kWgTokens = 64, kWgStages = 3;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -136,9 +137,10 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
 __device__ __forceinline__ uint8_t* align_1024(uint8_t* p) {
     return p + ((1024 - (smem_u32(p) & 1023)) & 1023);
 }
+template <class L>
 __device__ __forceinline__ void init_bars(uint64_t* bars, int tid) {
     if (tid == 0) {
-        for (int s = 0; s < kWgStages; ++s) mbar_init(bars + s, 1);
+        for (int s = 0; s < L::kStages; ++s) mbar_init(bars + s, 1);
         mbar_fence_init();
     }
     __syncthreads();
@@ -177,22 +179,22 @@ __device__ __forceinline__ void issue_step(uint8_t* st, uint64_t* bar, const CUt
     load_w(st + L::kX);
     tma_load_2d(st + L::kX + L::kW, tmd, int(kb * 64), tok0, bar);
 }
-// The steps before the first into stages 0..kWgStages - 2 (issue(stage, step), by thread 0).
-template <class Issue>
+// The steps before the first into stages 0..kStages - 2 (issue(stage, step), by thread 0).
+template <class L, class Issue>
 __device__ __forceinline__ void issue_first(int64_t steps, Issue issue) {
-    for (int s = 0; s < kWgStages - 1; ++s)
+    for (int s = 0; s < L::kStages - 1; ++s)
         if (s < steps) issue(s, int64_t(s));
 }
 // Step kb's stage, once it has landed; every thread is then done with step kb - 1's stage, into
-// which step kb + kWgStages - 1 is issued.
+// which step kb + kStages - 1 is issued.
 template <class L, class Issue>
 __device__ __forceinline__ const uint8_t* next_stage(uint8_t* smem, uint64_t* bars, int64_t kb,
                                                      int64_t steps, Issue issue) {
-    const int s = int(kb % kWgStages);
-    mbar_wait(bars + s, uint32_t(kb / kWgStages) & 1u);
+    constexpr int S = L::kStages;
+    const int s = int(kb % S);
+    mbar_wait(bars + s, uint32_t(kb / S) & 1u);
     __syncthreads();
-    if (kb + kWgStages - 1 < steps)
-        issue(int((kb + kWgStages - 1) % kWgStages), kb + kWgStages - 1);
+    if (kb + S - 1 < steps) issue(int((kb + S - 1) % S), kb + S - 1);
     return smem + s * L::kStage;
 }
 template <int N>
@@ -211,7 +213,7 @@ struct Wg45 {
     static constexpr bool kMins = true;
 };
 
-// Shared memory: kWgStages stages of [B: two boxes of 64 tokens x 128 bytes | the weights' box
+// Shared memory: kStages stages of [B: two boxes of 64 tokens x 128 bytes | the weights' box
 // | the token scales' box], 1024-aligned (the swizzle atoms), then the step's token scales as
 // doubles, (with mins) each token's sums of quants a sub-block (hi, lo) and a stage's mbarrier
 // each.
@@ -222,10 +224,11 @@ struct TmaLayout {
     static constexpr int kW = R * P::kStepBytes;
     static constexpr int kXd = kWgTokens * 16;  // the step's first two float2 a token
     static constexpr int kStage = (kX + kW + kXd + 1023) / 1024 * 1024;
-    static constexpr int kXdd = kWgStages * kStage;
+    static constexpr int kStages = kWgStages;
+    static constexpr int kXdd = kStages * kStage;
     static constexpr int kQmin = kXdd + kWgTokens * 8;
     static constexpr int kBars = kQmin + (P::kMins ? kWgTokens * kQminStride : 0);
-    static constexpr int kUsed = kBars + kWgStages * 8;
+    static constexpr int kUsed = kBars + kStages * 8;
     static constexpr int kBytes = kUsed + 1024;  // slack to align the base to 1024
     static constexpr uint32_t kTx = kX + kW + kXd;
     static_assert(kW % 128 == 0 && kQmin % 8 == 0 && kBars % 8 == 0);
@@ -250,7 +253,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
     const int tok0 = blockIdx.x * kWgTokens;
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-    init_bars(bars, tid);
+    init_bars<L>(bars, tid);
     // Step kb into stage s, by thread 0; the weights as a 2D box.
     auto issue = [&](int s, int64_t kb) {
         if (tid != 0) return;
@@ -258,7 +261,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
             tma_load_2d(dst, &tmw, int(kb * P::kStepBytes), int(row0), bars + s);
         });
     };
-    issue_first(steps, issue);
+    issue_first<L>(steps, issue);
 
     double acc[8][4];
     zero(acc);
@@ -420,7 +423,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
     const int tok0 = blockIdx.x * kWgTokens;
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-    init_bars(bars, tid);
+    init_bars<L>(bars, tid);
     // Step kb into stage s, by thread 0; the weights as a 2D box from the 16 bytes below the block.
     auto issue = [&](int s, int64_t kb) {
         if (tid != 0) return;
@@ -428,7 +431,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
             tma_load_2d(dst, &tmw, int(kb * P::kBlockBytes) & ~15, int(row0), bars + s);
         });
     };
-    issue_first(steps, issue);
+    issue_first<L>(steps, issue);
 
     double acc[8][4];
     zero(acc);
@@ -581,10 +584,10 @@ struct WgBlocks {
     }
 };
 
-// Shared memory: kWgStages stages of [B | the weights' box | the token scales' box: 8 float2 a
+// Shared memory: S stages of [B | the weights' box | the token scales' box: 8 float2 a
 // token], then the step's token scales as double2 (9 a token: the padding puts the 8 tokens a
 // warp reads at once in distinct banks) and a stage's mbarrier each.
-template <class P, int R>
+template <class P, int R, int S>
 struct BlocksLayout {
     static constexpr int kXBox = kWgTokens * 128;
     static constexpr int kX = 2 * kXBox;
@@ -592,17 +595,18 @@ struct BlocksLayout {
     static constexpr int kXd = kWgTokens * 64;
     static constexpr int kStage = (kX + kW + kXd + 1023) / 1024 * 1024;
     static constexpr int kXddStride = 9;  // double2 a token
-    static constexpr int kXdd = kWgStages * kStage;
+    static constexpr int kStages = S;
+    static constexpr int kXdd = S * kStage;
     static constexpr int kBars = kXdd + kWgTokens * kXddStride * 16;
-    static constexpr int kBytes = kBars + kWgStages * 8 + 1024;
+    static constexpr int kBytes = kBars + S * 8 + 1024;
     static constexpr uint32_t kTx = kX + kW + kXd;
 };
 
 // tmx as for Q4_K; tmw: W as [rows][row bytes / 16][16] (box 16 x a step's units x 128); tmd:
 // xd as [n][cols / 4] bytes (box 64 x 64). X: s d by exact_times (Q8_0, Q4_1, Q5_1)
 // while every row scale of the warp's block is finite, opt-in (NT_MMQ_EXACT_TIMES=1) until it
-// has run on a GPU.
-template <GgmlType T, int R, bool X>
+// has run on a GPU. S stages.
+template <GgmlType T, int R, bool X, int S>
 __global__ void __launch_bounds__(2 * R, 128 / R)
     gemm_wgmma_blocks(const __grid_constant__ CUtensorMap tmx,
                       const __grid_constant__ CUtensorMap tmw,
@@ -610,7 +614,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
                       float* __restrict__ y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = WgBlocks<T>;
-    using L = BlocksLayout<P, R>;
+    using L = BlocksLayout<P, R, S>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     uint8_t* smem = align_1024(smem_raw);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -618,7 +622,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
     const int tok0 = blockIdx.x * kWgTokens;
     const int64_t steps = cols / kStepElems;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-    init_bars(bars, tid);
+    init_bars<L>(bars, tid);
     // Step kb into stage s, by thread 0; the weights as a 3D box of 16-byte units.
     auto issue = [&](int s, int64_t kb) {
         if (tid != 0) return;
@@ -626,7 +630,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
             tma_load_3d(dst, &tmw, 0, int(kb * (P::kStepBytes / 16)), int(row0), bars + s);
         });
     };
-    issue_first(steps, issue);
+    issue_first<L>(steps, issue);
 
     double acc[8][4];
     zero(acc);
@@ -808,7 +812,7 @@ void launch_wgmma_q6k(const void* w, int64_t rows, int64_t cols, const int8_t* x
         P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
 }
 
-template <GgmlType T, int R, bool X = false>
+template <GgmlType T, int R, bool X = false, int S = kWgStages>
 void launch_wgmma_blocks(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                          const float2* xd, int n, float* y, cudaStream_t stream) {
     using P = WgBlocks<T>;
@@ -816,8 +820,21 @@ void launch_wgmma_blocks(const void* w, int64_t rows, int64_t cols, const int8_t
     const CUtensorMap tmw =
         byte_map(w, {16, rb / 16, uint64_t(rows)}, {16, rb},
                  {16, uint32_t(P::kStepBytes / 16), uint32_t(R)}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    launch_tiles<gemm_wgmma_blocks<T, R, X>, BlocksLayout<P, R>::kBytes, R>(
+    launch_tiles<gemm_wgmma_blocks<T, R, X, S>, BlocksLayout<P, R, S>::kBytes, R>(
         T, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 64), rows, cols, n, y, stream);
+}
+
+// Q8_0: 128-row CTAs of 3 stages, or (NT_MMQ_Q8_64=1, opt-in until run) 64-row CTAs of 2 stages,
+// two of which fit an SM's shared memory (84 KB each; with 3 stages 124 KB: one an SM, 14%
+// slower than 128 rows).
+template <bool X>
+void launch_wgmma_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
+                     int n, float* y, cudaStream_t stream) {
+    static const bool rows64 = env_int("NT_MMQ_Q8_64", 0) != 0;
+    if (rows64)
+        launch_wgmma_blocks<GgmlType::Q8_0, 64, X, 2>(w, rows, cols, xq, xd, n, y, stream);
+    else
+        launch_wgmma_blocks<GgmlType::Q8_0, 128, X>(w, rows, cols, xq, xd, n, y, stream);
 }
 
 }  // namespace
@@ -856,9 +873,9 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
             break;
         case GgmlType::Q8_0:
             if (exact_times)
-                launch_wgmma_blocks<GgmlType::Q8_0, 128, true>(w, rows, cols, xq, xd, n, y, stream);
+                launch_wgmma_q8<true>(w, rows, cols, xq, xd, n, y, stream);
             else
-                launch_wgmma_blocks<GgmlType::Q8_0, 128>(w, rows, cols, xq, xd, n, y, stream);
+                launch_wgmma_q8<false>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q4_0:
             launch_wgmma_blocks<GgmlType::Q4_0, 64>(w, rows, cols, xq, xd, n, y, stream);
