@@ -12,9 +12,8 @@
 //              --tflops; a K-quant kernel running two or three chains a block does that many
 //              times the counted operations). With the integer GEMM: "bits" = the checked
 //              outputs that equal the CPU backend's nt::vec_dot bit for bit (all of them, or
-//              FAIL); otherwise (x -> f16,
-//              dequantize in slices, cublasGemmEx) err = max |y - ref| / sum|w*x| against a
-//              double reference on FP16-rounded weights and x.
+//              FAIL); otherwise (x -> f16, dequantize in slices, cublasGemmEx) err = max |y -
+//              ref| / sum|w*x| against a double reference on FP16-rounded weights and x.
 //   mmq      : the integer GEMM alone on activations already quantized (quantize_q8), the
 //              kernel matmul() takes (on compute capability 9.0, wgmma for every type but Q2_K
 //              and Q3_K);

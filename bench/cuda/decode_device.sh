@@ -50,6 +50,12 @@ tg128() {
     shift
     env "$@" "${NT_BIN:-$nt}" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}'
 }
+# pp512 of the 8B model of type $1 with the settings after it: bench's table row.
+pp512() {
+    local t=$1
+    shift
+    env "$@" "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512"
+}
 
 # The tree of AB_BASE (a tarball of another commit) built beside this one in BASE_SRC, for
 # "base" in AB: prints its ntransformer binary (the build's log in $out/base_build.log).
@@ -156,19 +162,11 @@ stage() {
         NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types "${GEMM_TYPES:-q4_K,q5_K,q6_K,q8_0,q4_0}" \
             --shapes 8b --n 512 --iters 10 2>&1 | grep -E "matmul|mmq|FAIL"
         "$build/bench/bench_attention" --iters 20 2>&1 | sed -n '/== prefill/,$p'
-        wait_model q4_k_m || return 1
-        for e in 1 0; do
-            echo "exact: wgmma $e $(NT_MMQ_WGMMA=$e NT_EXACT_PROMPT=1 \
-                "$nt" bench -m "$(model q4_k_m)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
-        done
-        echo "default: $("$nt" bench -m "$(model q4_k_m)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
-        for t in q6_k q8_0; do
+        for t in q4_k_m q6_k q8_0; do
             wait_model $t || return 1
-            for e in 1 0; do
-                echo "exact $t: wgmma $e $(NT_MMQ_WGMMA=$e NT_EXACT_PROMPT=1 \
-                    "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
-            done
+            for e in 1 0; do echo "exact $t: wgmma $e $(pp512 $t NT_MMQ_WGMMA=$e NT_EXACT_PROMPT=1)"; done
         done
+        echo "default q4_k_m: $(pp512 q4_k_m)"
         # Opt-in until run: Q8_0, Q4_1 and Q5_1 with s d by exact_times (NT_MMQ_EXACT_TIMES=1),
         # Q8_0 in 64-row CTAs of 2 stages (NT_MMQ_Q8_64=1): the tests, the GEMMs and 8B Q8_0
         # pp512 with each and both.
@@ -180,8 +178,7 @@ stage() {
                 --shapes 8b --n 512 --iters 10 2>&1 | grep -E "mmq |FAIL" | sed "s/^/$v /"
         done
         for v in NT_MMQ_EXACT_TIMES=1 NT_MMQ_Q8_64=1 NT_MMQ_EXACT_TIMES=1,NT_MMQ_Q8_64=1; do
-            echo "exact q8_0: $v $(env ${v//,/ } NT_EXACT_PROMPT=1 \
-                "$nt" bench -m "$(model q8_0)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512")"
+            echo "exact q8_0: $v $(pp512 q8_0 ${v//,/ } NT_EXACT_PROMPT=1)"
         done
         ;;
     types)

@@ -614,8 +614,8 @@ TEST(MatmulParity, GemvEqualsCpuVecDot) {
 
 // The integer GEMM's kernels give the same bits for every quantized type, partial row and token
 // tiles and SmolLM2's 576 columns included: the default (on compute capability 9.0 the wgmma
-// kernels for Q4_K, Q5_K and the 32-element block types) and the mma.sync kernel every device
-// has. The default is held to the CPU's vec_dot above.
+// kernels for every type but Q2_K and Q3_K) and the mma.sync kernel every device has. The
+// default is held to the CPU's vec_dot above.
 TEST(MatmulParity, MmqKernelsAgree) {
     SKIP_WITHOUT_GPU();
     cudaStream_t stream;

@@ -49,32 +49,7 @@ NT_HD float h2f(uint32_t h) {
 #endif
 }
 
-// v from b = v + 2^31 (mod 2^32), exactly, for |v| < 2^31. On the GPU by one DADD on the FP64
-// pipe: b is the low word of the double 2^52 + 2^31 + v, so subtracting 2^52 + 2^31 leaves v. A
-// plain int -> double conversion goes through the conversion unit, a quarter of the FP64 pipe's
-// rate on sm_80 and sm_90, and the blocks' terms convert an integer sum or two each. Integer
-// sums that start at kI2dBias (an mma's accumulator seeded with it) come biased already.
-constexpr uint32_t kI2dBias = 0x80000000u;
-NT_HD double i2d_biased(uint32_t b) {
-#ifdef __CUDA_ARCH__
-    return __hiloint2double(0x43300000, int(b)) - 4503601774854144.0;
-#else
-    return double(int64_t(b) - int64_t(kI2dBias));
-#endif
-}
-// double(v), exactly: i2d_biased of v with its sign bit flipped.
-NT_HD double i2d(int v) {
-    return i2d_biased(uint32_t(v) ^ kI2dBias);
-}
-
-// A half scale d as m 2^k (m the signed significand with its implicit bit, 0 for zero), for
-// exact_times: hi is the high word of the double 2^(52 + k), c = (2^52 + 2^31) 2^k. False for
-// an infinite or NaN d.
-struct HalfScale {
-    int m;
-    uint32_t hi;
-    double c;
-};
+// The double with high word hi and low word lo.
 NT_HD double hilo_to_double(uint32_t hi, uint32_t lo) {
 #ifdef __CUDA_ARCH__
     return __hiloint2double(int(hi), int(lo));
@@ -85,21 +60,46 @@ NT_HD double hilo_to_double(uint32_t hi, uint32_t lo) {
     return d;
 #endif
 }
+
+// v from b = v + 2^31 (mod 2^32), exactly, for |v| < 2^31. On the GPU by one DADD on the FP64
+// pipe: b is the low word of the double 2^52 + 2^31 + v (high word kI2dHi), so subtracting
+// 2^52 + 2^31 leaves v. A plain int -> double conversion goes through the conversion unit, a
+// quarter of the FP64 pipe's rate on sm_80 and sm_90, and the blocks' terms convert an integer
+// sum or two each. Integer sums that start at kI2dBias (an mma's accumulator seeded with it)
+// come biased already.
+constexpr uint32_t kI2dBias = 0x80000000u, kI2dHi = 0x43300000u;
+NT_HD double i2d_biased(uint32_t b) {
+    return hilo_to_double(kI2dHi, b) - 4503601774854144.0;
+}
+// double(v), exactly: i2d_biased of v with its sign bit flipped.
+NT_HD double i2d(int v) {
+    return i2d_biased(uint32_t(v) ^ kI2dBias);
+}
+
+// A half scale d as m 2^k (m the signed significand with its implicit bit, 0 for zero), for
+// exact_times: hi is the high word of the double 2^(52 + k) (kI2dHi with the exponent moved by
+// k), c = (2^52 + 2^31) 2^k. False for an infinite or NaN d.
+struct HalfScale {
+    int m;
+    uint32_t hi;
+    double c;
+};
 NT_HD bool half_scale(uint32_t h, HalfScale& r) {
     const uint32_t e = (h >> 10) & 31, f = h & 1023;
     if (e == 31) return false;
     const int k = e ? int(e) - 25 : -24;
     const int m = int(e ? (f | 1024) : f);
     r.m = (h & 0x8000) ? -m : m;
-    r.hi = uint32_t(0x43300000 + k * (1 << 20));
-    r.c = hilo_to_double(r.hi, 0x80000000u);
+    r.hi = uint32_t(int(kI2dHi) + k * (1 << 20));
+    r.c = hilo_to_double(r.hi, kI2dBias);
     return true;
 }
-// s d exactly, for |s m| < 2^31: the double 2^(52 + k) + (s m + 2^31) 2^k less c. One IMAD and
-// one DADD, where i2d(s) * d is a DADD and a DMUL on the FP64 pipe (which bounds the exact
-// GEMM of the 32-element block types: a term for every block of every output).
+// s d exactly, for |s m| < 2^31: i2d_biased's construction scaled by 2^k, the double
+// 2^(52 + k) + (s m + 2^31) 2^k less c. One IMAD and one DADD, where i2d(s) * d is a DADD and a
+// DMUL on the FP64 pipe (which bounds the exact GEMM of the 32-element block types: a term for
+// every block of every output).
 NT_HD double exact_times(int s, const HalfScale& d) {
-    return hilo_to_double(d.hi, uint32_t(s) * uint32_t(d.m) + 0x80000000u) - d.c;
+    return hilo_to_double(d.hi, uint32_t(s) * uint32_t(d.m) + kI2dBias) - d.c;
 }
 
 NT_HD uint32_t ld_u16(const uint8_t* p) {  // p 2-byte aligned

@@ -132,19 +132,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
         "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
         : "memory");
 }
-// What both kernels' CTAs start and end with: shared memory aligned to 1024 (the swizzle
-// atoms), the stage mbarriers, the accumulators zeroed, and the outputs stored.
-__device__ __forceinline__ uint8_t* align_1024(uint8_t* p) {
-    return p + ((1024 - (smem_u32(p) & 1023)) & 1023);
-}
-template <class L>
-__device__ __forceinline__ void init_bars(uint64_t* bars, int tid) {
-    if (tid == 0) {
-        for (int s = 0; s < L::kStages; ++s) mbar_init(bars + s, 1);
-        mbar_fence_init();
-    }
-    __syncthreads();
-}
 __device__ __forceinline__ void zero(double (&acc)[8][4]) {
 #pragma unroll
     for (int t = 0; t < 8; ++t)
@@ -164,39 +151,70 @@ __device__ __forceinline__ void store(const double (&acc)[8][4], int64_t row0, i
             if (row < rows && tok < n) y[int64_t(tok) * rows + row] = float(acc[t][i]);
         }
 }
-// Step kb into stage st (its mbarrier bar), by one thread: the activations' two boxes, the
-// weights' box (load_w, at the stage's weights), the token scales' box, kTx bytes in all. Every
-// thread has finished with the stage (the barrier before each call), and the fence orders their
-// reads before the TMA's writes.
-template <class L, class LoadW>
-__device__ __forceinline__ void issue_step(uint8_t* st, uint64_t* bar, const CUtensorMap* tmx,
-                                           const CUtensorMap* tmd, int64_t kb, int tok0,
-                                           LoadW load_w) {
-    fence_proxy_async_smem();
-    mbar_expect_tx(bar, L::kTx);
-    tma_load_2d(st, tmx, int(kb * kStepElems), tok0, bar);
-    tma_load_2d(st + L::kXBox, tmx, int(kb * kStepElems + 128), tok0, bar);
-    load_w(st + L::kX);
-    tma_load_2d(st + L::kX + L::kW, tmd, int(kb * 64), tok0, bar);
-}
-// The steps before the first into stages 0..kStages - 2 (issue(stage, step), by thread 0).
-template <class L, class Issue>
-__device__ __forceinline__ void issue_first(int64_t steps, Issue issue) {
-    for (int s = 0; s < L::kStages - 1; ++s)
-        if (s < steps) issue(s, int64_t(s));
-}
-// Step kb's stage, once it has landed; every thread is then done with step kb - 1's stage, into
-// which step kb + kStages - 1 is issued.
-template <class L, class Issue>
-__device__ __forceinline__ const uint8_t* next_stage(uint8_t* smem, uint64_t* bars, int64_t kb,
-                                                     int64_t steps, Issue issue) {
-    constexpr int S = L::kStages;
-    const int s = int(kb % S);
-    mbar_wait(bars + s, uint32_t(kb / S) & 1u);
-    __syncthreads();
-    if (kb + S - 1 < steps) issue(int((kb + S - 1) % S), kb + S - 1);
-    return smem + s * L::kStage;
-}
+
+extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
+
+// What every wgmma kernel's CTA (layout L, R rows) starts from: this thread's place (warp w's
+// rows 16w + g and + 8, tokens 2t4 and + 1 of every 8), the tile's first row and token, the
+// steps, and shared memory aligned to 1024 (the swizzle atoms) with a stage mbarrier each,
+// initialized; then the steps' pipeline, L::kStages steps in flight.
+template <class L, int R>
+struct WgCta {
+    int tid, warp, g, t4, tok0;
+    int64_t row0, steps;
+    uint8_t* smem;
+    uint64_t* bars;
+    __device__ explicit WgCta(int64_t cols)
+        : tid(int(threadIdx.x)),
+          warp(tid >> 5),
+          g((tid & 31) >> 2),
+          t4(tid & 3),
+          tok0(int(blockIdx.x) * kWgTokens),
+          row0(int64_t(blockIdx.y) * R),
+          steps(cols / kStepElems),
+          smem(wg_smem_raw + ((1024 - (smem_u32(wg_smem_raw) & 1023)) & 1023)),
+          bars(reinterpret_cast<uint64_t*>(smem + L::kBars)) {
+        if (tid == 0) {
+            for (int s = 0; s < L::kStages; ++s) mbar_init(bars + s, 1);
+            mbar_fence_init();
+        }
+        __syncthreads();
+    }
+    // Step kb into stage s, by thread 0: the activations' two boxes, the weights' box
+    // (load_w(dst, bar)), the token scales' box, kTx bytes in all. Every thread has finished
+    // with the stage (the barrier before each call), and the fence orders their reads before
+    // the TMA's writes.
+    template <class LoadW>
+    __device__ void issue(int s, int64_t kb, const CUtensorMap* tmx, const CUtensorMap* tmd,
+                          LoadW load_w) const {
+        if (tid != 0) return;
+        uint8_t* st = smem + s * L::kStage;
+        uint64_t* bar = bars + s;
+        fence_proxy_async_smem();
+        mbar_expect_tx(bar, L::kTx);
+        tma_load_2d(st, tmx, int(kb * kStepElems), tok0, bar);
+        tma_load_2d(st + L::kXBox, tmx, int(kb * kStepElems + 128), tok0, bar);
+        load_w(st + L::kX, bar);
+        tma_load_2d(st + L::kX + L::kW, tmd, int(kb * 64), tok0, bar);
+    }
+    // The steps before the first into stages 0..kStages - 2 (issue(stage, step)).
+    template <class Issue>
+    __device__ void issue_first(Issue issue) const {
+        for (int s = 0; s < L::kStages - 1; ++s)
+            if (s < steps) issue(s, int64_t(s));
+    }
+    // Step kb's stage, once it has landed; every thread is then done with step kb - 1's stage,
+    // into which step kb + kStages - 1 is issued.
+    template <class Issue>
+    __device__ const uint8_t* next_stage(int64_t kb, Issue issue) const {
+        constexpr int S = L::kStages;
+        const int s = int(kb % S);
+        mbar_wait(bars + s, uint32_t(kb / S) & 1u);
+        __syncthreads();
+        if (kb + S - 1 < steps) issue(int((kb + S - 1) % S), kb + S - 1);
+        return smem + s * L::kStage;
+    }
+};
 template <int N>
 __device__ __forceinline__ void zero(int (&a)[N][32]) {
 #pragma unroll
@@ -246,33 +264,26 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = Wg45<Q5>;
     using L = TmaLayout<P, R>;
-    extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t* smem = align_1024(smem_raw);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int64_t row0 = int64_t(blockIdx.y) * R;
-    const int tok0 = blockIdx.x * kWgTokens;
-    const int64_t steps = cols / kStepElems;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-    init_bars<L>(bars, tid);
-    // Step kb into stage s, by thread 0; the weights as a 2D box.
+    const WgCta<L, R> cta(cols);
+    const int tid = cta.tid, warp = cta.warp, g = cta.g, t4 = cta.t4;
+    // Step kb into stage s; the weights as a 2D box.
     auto issue = [&](int s, int64_t kb) {
-        if (tid != 0) return;
-        issue_step<L>(smem + s * L::kStage, bars + s, &tmx, &tmd, kb, tok0, [&](uint8_t* dst) {
-            tma_load_2d(dst, &tmw, int(kb * P::kStepBytes), int(row0), bars + s);
+        cta.issue(s, kb, &tmx, &tmd, [&](uint8_t* dst, uint64_t* bar) {
+            tma_load_2d(dst, &tmw, int(kb * P::kStepBytes), int(cta.row0), bar);
         });
     };
-    issue_first<L>(steps, issue);
+    cta.issue_first(issue);
 
     double acc[8][4];
     zero(acc);
     int h[32], l[32];
 #pragma unroll
     for (int i = 0; i < 32; ++i) h[i] = l[i] = 0;
-    double* xdd = reinterpret_cast<double*>(smem + L::kXdd);
-    uint8_t* qmin = smem + L::kQmin;
+    double* xdd = reinterpret_cast<double*>(cta.smem + L::kXdd);
+    uint8_t* qmin = cta.smem + L::kQmin;
 
-    for (int64_t kb = 0; kb < steps; ++kb) {
-        const uint8_t* st = next_stage<L>(smem, bars, kb, steps, issue);
+    for (int64_t kb = 0; kb < cta.steps; ++kb) {
+        const uint8_t* st = cta.next_stage(kb, issue);
 
         // This lane's rows g and g + 8 of the warp's 16 (warps 0-3 the first warpgroup's 64
         // rows, 4-7 the second's): scales, mins, and the mins as mma.m16n8k16's A (lane
@@ -370,7 +381,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
             k_block_term(d, dmin, is, ms, tl, acc[t]);
         }
     }
-    store(acc, row0, tok0, warp, g, t4, rows, n, y);
+    store(acc, cta.row0, cta.tok0, warp, g, t4, rows, n, y);
 #else
     __trap();  // launched only on compute capability 9.0, for which this file is built
 #endif
@@ -391,9 +402,9 @@ struct Wg6 {
     static constexpr GgmlType kType = GgmlType::Q6_K;
     // A step's 210 bytes start 2-byte aligned in a row, and a box must start 16-byte aligned:
     // the box starts at the 16 bytes below (off = 210 kb mod 16 bytes further is the block) and
-    // takes 240 bytes, off + 210 and the funnel shifts' last word included (rows 60 words
-    // apart put a quarter warp's 8 rows in distinct banks).
-    static constexpr int kBlockBytes = 210, kStepBytes = 240, kBoxBytes = 240;
+    // takes kStepBytes = 240 bytes a row, off + 210 and the funnel shifts' last word included
+    // (rows 60 words apart put a quarter warp's 8 rows in distinct banks).
+    static constexpr int kBlockBytes = 210, kStepBytes = 240;
     static constexpr bool kMins = false;
 };
 
@@ -416,31 +427,24 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = Wg6;
     using L = TmaLayout<P, R>;
-    extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t* smem = align_1024(smem_raw);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int64_t row0 = int64_t(blockIdx.y) * R;
-    const int tok0 = blockIdx.x * kWgTokens;
-    const int64_t steps = cols / kStepElems;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-    init_bars<L>(bars, tid);
-    // Step kb into stage s, by thread 0; the weights as a 2D box from the 16 bytes below the block.
+    const WgCta<L, R> cta(cols);
+    const int tid = cta.tid, warp = cta.warp, g = cta.g, t4 = cta.t4;
+    // Step kb into stage s; the weights as a 2D box from the 16 bytes below the block.
     auto issue = [&](int s, int64_t kb) {
-        if (tid != 0) return;
-        issue_step<L>(smem + s * L::kStage, bars + s, &tmx, &tmd, kb, tok0, [&](uint8_t* dst) {
-            tma_load_2d(dst, &tmw, int(kb * P::kBlockBytes) & ~15, int(row0), bars + s);
+        cta.issue(s, kb, &tmx, &tmd, [&](uint8_t* dst, uint64_t* bar) {
+            tma_load_2d(dst, &tmw, int(kb * P::kBlockBytes) & ~15, int(cta.row0), bar);
         });
     };
-    issue_first<L>(steps, issue);
+    cta.issue_first(issue);
 
     double acc[8][4];
     zero(acc);
     int dm[3][32];
     zero(dm);
-    double* xdd = reinterpret_cast<double*>(smem + L::kXdd);
+    double* xdd = reinterpret_cast<double*>(cta.smem + L::kXdd);
 
-    for (int64_t kb = 0; kb < steps; ++kb) {
-        const uint8_t* st = next_stage<L>(smem, bars, kb, steps, issue);
+    for (int64_t kb = 0; kb < cta.steps; ++kb) {
+        const uint8_t* st = cta.next_stage(kb, issue);
         if (tid < kWgTokens)
             xdd[tid] = double(reinterpret_cast<const float2*>(st + L::kX + L::kW)[2 * tid].x);
         // This lane's rows g and g + 8 of the warp's 16, from the 4-byte aligned word at or below
@@ -474,8 +478,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
                 const int x = 16 * (k >> 1) + 4 * t4;
                 const uint32_t ql = ld_shifted(rw[k & 1], x + 64 * h + 32 * (j & 1), sh);
                 const uint32_t qh = ld_shifted(rw[k & 1], x + 128 + 32 * h, sh);
-                const uint32_t hi = j == 0 ? qh << 4 : j == 1 ? qh << 2 : j == 2 ? qh : qh >> 2;
-                const uint32_t u = ((ql >> (4 * (j >> 1))) & 0x0F0F0F0Fu) | (hi & 0x30303030u);
+                const uint32_t u = q6k_quants4_u(ql, qh, j);
                 const int byte = 2 * (c & 1) + (k >> 1);
 #pragma unroll
                 for (int m = 0; m < 3; ++m)
@@ -510,7 +513,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
                     fma(i2d_biased(is) * d[i >> 1], xdd[8 * t + 2 * t4 + (i & 1)], acc[t][i]);
             }
     }
-    store(acc, row0, tok0, warp, g, t4, rows, n, y);
+    store(acc, cta.row0, cta.tok0, warp, g, t4, rows, n, y);
 #else
     __trap();  // launched only on compute capability 9.0, for which this file is built
 #endif
@@ -615,31 +618,24 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using P = WgBlocks<T>;
     using L = BlocksLayout<P, R, S>;
-    extern __shared__ __align__(1024) uint8_t smem_raw[];
-    uint8_t* smem = align_1024(smem_raw);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int64_t row0 = int64_t(blockIdx.y) * R;
-    const int tok0 = blockIdx.x * kWgTokens;
-    const int64_t steps = cols / kStepElems;
-    uint64_t* bars = reinterpret_cast<uint64_t*>(smem + L::kBars);
-    init_bars<L>(bars, tid);
-    // Step kb into stage s, by thread 0; the weights as a 3D box of 16-byte units.
+    const WgCta<L, R> cta(cols);
+    const int tid = cta.tid, warp = cta.warp, g = cta.g, t4 = cta.t4;
+    // Step kb into stage s; the weights as a 3D box of 16-byte units.
     auto issue = [&](int s, int64_t kb) {
-        if (tid != 0) return;
-        issue_step<L>(smem + s * L::kStage, bars + s, &tmx, &tmd, kb, tok0, [&](uint8_t* dst) {
-            tma_load_3d(dst, &tmw, 0, int(kb * (P::kStepBytes / 16)), int(row0), bars + s);
+        cta.issue(s, kb, &tmx, &tmd, [&](uint8_t* dst, uint64_t* bar) {
+            tma_load_3d(dst, &tmw, 0, int(kb * (P::kStepBytes / 16)), int(cta.row0), bar);
         });
     };
-    issue_first<L>(steps, issue);
+    cta.issue_first(issue);
 
     double acc[8][4];
     zero(acc);
     int dot[2][32];
     zero(dot);
-    double2* xdd = reinterpret_cast<double2*>(smem + L::kXdd);
+    double2* xdd = reinterpret_cast<double2*>(cta.smem + L::kXdd);
 
-    for (int64_t kb = 0; kb < steps; ++kb) {
-        const uint8_t* st = next_stage<L>(smem, bars, kb, steps, issue);
+    for (int64_t kb = 0; kb < cta.steps; ++kb) {
+        const uint8_t* st = cta.next_stage(kb, issue);
         const uint8_t* const rw[2] = {st + L::kX + (16 * warp + g) * P::kStepBytes,
                                       st + L::kX + (16 * warp + g + 8) * P::kStepBytes};
         const uint32_t xbase = smem_u32(st);
@@ -705,7 +701,7 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
             if (c + 2 < 8) issue_chunk(c + 2);
         }
     }
-    store(acc, row0, tok0, warp, g, t4, rows, n, y);
+    store(acc, cta.row0, cta.tok0, warp, g, t4, rows, n, y);
 #else
     __trap();  // launched only on compute capability 9.0, for which this file is built
 #endif
@@ -806,35 +802,43 @@ void launch_wgmma_q6k(const void* w, int64_t rows, int64_t cols, const int8_t* x
     using P = Wg6;
     const uint64_t rb = row_bytes(P::kType, cols);
     const CUtensorMap tmw =
-        byte_map(w, {rb, uint64_t(rows)}, {rb}, {uint32_t(P::kBoxBytes), uint32_t(R)},
+        byte_map(w, {rb, uint64_t(rows)}, {rb}, {uint32_t(P::kStepBytes), uint32_t(R)},
                  CU_TENSOR_MAP_SWIZZLE_NONE);
     launch_tiles<gemm_wgmma_q6k<R>, TmaLayout<P, R>::kBytes, R>(
         P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
 }
 
-template <GgmlType T, int R, bool X = false, int S = kWgStages>
+template <GgmlType T, int R, int S = kWgStages>
 void launch_wgmma_blocks(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                          const float2* xd, int n, float* y, cudaStream_t stream) {
     using P = WgBlocks<T>;
+    using L = BlocksLayout<P, R, S>;
     const uint64_t rb = row_bytes(T, cols);  // a multiple of 16: whole steps
+    const CUtensorMap tmx = x_map(xq, cols, n), tmd = xd_map(xd, cols, n, 64);
     const CUtensorMap tmw =
         byte_map(w, {16, rb / 16, uint64_t(rows)}, {16, rb},
                  {16, uint32_t(P::kStepBytes / 16), uint32_t(R)}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    launch_tiles<gemm_wgmma_blocks<T, R, X, S>, BlocksLayout<P, R, S>::kBytes, R>(
-        T, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 64), rows, cols, n, y, stream);
+    // NT_MMQ_EXACT_TIMES=1: Q8_0, Q4_1 and Q5_1 with s d by exact_times (opt-in until run).
+    if constexpr (P::kQ8 || P::kMin) {
+        static const bool exact_times = env_int("NT_MMQ_EXACT_TIMES", 0) != 0;
+        if (exact_times)
+            return launch_tiles<gemm_wgmma_blocks<T, R, true, S>, L::kBytes, R>(
+                T, tmx, tmw, tmd, rows, cols, n, y, stream);
+    }
+    launch_tiles<gemm_wgmma_blocks<T, R, false, S>, L::kBytes, R>(T, tmx, tmw, tmd, rows, cols, n,
+                                                                  y, stream);
 }
 
 // Q8_0: 128-row CTAs of 3 stages, or (NT_MMQ_Q8_64=1, opt-in until run) 64-row CTAs of 2 stages,
 // two of which fit an SM's shared memory (84 KB each; with 3 stages 124 KB: one an SM, 14%
 // slower than 128 rows).
-template <bool X>
 void launch_wgmma_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
                      int n, float* y, cudaStream_t stream) {
     static const bool rows64 = env_int("NT_MMQ_Q8_64", 0) != 0;
     if (rows64)
-        launch_wgmma_blocks<GgmlType::Q8_0, 64, X, 2>(w, rows, cols, xq, xd, n, y, stream);
+        launch_wgmma_blocks<GgmlType::Q8_0, 64, 2>(w, rows, cols, xq, xd, n, y, stream);
     else
-        launch_wgmma_blocks<GgmlType::Q8_0, 128, X>(w, rows, cols, xq, xd, n, y, stream);
+        launch_wgmma_blocks<GgmlType::Q8_0, 128>(w, rows, cols, xq, xd, n, y, stream);
 }
 
 }  // namespace
@@ -859,8 +863,6 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
         !aligned(xd) || !encode_tiled())
         return false;
     if (n <= 0 || rows <= 0) return true;
-    // NT_MMQ_EXACT_TIMES=1: Q8_0, Q4_1 and Q5_1 with s d by exact_times (opt-in until run).
-    static const bool exact_times = env_int("NT_MMQ_EXACT_TIMES", 0) != 0;
     switch (t) {  // 64-row CTAs, two an SM, but for Q8_0 (the header says why)
         case GgmlType::Q4_K:
             launch_wgmma_q45k<false, 64>(w, rows, cols, xq, xd, n, y, stream);
@@ -872,28 +874,19 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
             launch_wgmma_q6k<64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q8_0:
-            if (exact_times)
-                launch_wgmma_q8<true>(w, rows, cols, xq, xd, n, y, stream);
-            else
-                launch_wgmma_q8<false>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_q8(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q4_0:
             launch_wgmma_blocks<GgmlType::Q4_0, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q4_1:
-            if (exact_times)
-                launch_wgmma_blocks<GgmlType::Q4_1, 64, true>(w, rows, cols, xq, xd, n, y, stream);
-            else
-                launch_wgmma_blocks<GgmlType::Q4_1, 64>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_blocks<GgmlType::Q4_1, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q5_0:
             launch_wgmma_blocks<GgmlType::Q5_0, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         default:
-            if (exact_times)
-                launch_wgmma_blocks<GgmlType::Q5_1, 64, true>(w, rows, cols, xq, xd, n, y, stream);
-            else
-                launch_wgmma_blocks<GgmlType::Q5_1, 64>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_blocks<GgmlType::Q5_1, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
     }
     return true;
