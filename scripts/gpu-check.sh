@@ -18,10 +18,6 @@ NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
   --gtest_filter='*Matmul*:CudaBackend*:CudaKernels*'; result[exact-prompt]=$?
 NT_MMQ_WGMMA=0 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
   --gtest_filter='MatmulParity.*'; result[exact-gemm-sync]=$?
-# Opt-in until they have passed on a GPU: Q8_0, Q4_1 and Q5_1's wgmma terms with s d by
-# exact_times (NT_MMQ_EXACT_TIMES=1), Q8_0 in 64-row CTAs of 2 stages (NT_MMQ_Q8_64=1).
-NT_MMQ_EXACT_TIMES=1 NT_MMQ_Q8_64=1 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-  --gtest_filter='MatmulParity.*'; result[exact-gemm-opt-in]=$?
 "$build/tests/nt_unit_tests" --gtest_brief=1; result[unit]=$?
 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model]=$?
 NT_EXACT_PROMPT=1 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model-exact]=$?

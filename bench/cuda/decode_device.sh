@@ -167,19 +167,6 @@ stage() {
             for e in 1 0; do echo "exact $t: wgmma $e $(pp512 $t NT_MMQ_WGMMA=$e NT_EXACT_PROMPT=1)"; done
         done
         echo "default q4_k_m: $(pp512 q4_k_m)"
-        # Opt-in until run: Q8_0, Q4_1 and Q5_1 with s d by exact_times (NT_MMQ_EXACT_TIMES=1),
-        # Q8_0 in 64-row CTAs of 2 stages (NT_MMQ_Q8_64=1): the tests, the GEMMs and 8B Q8_0
-        # pp512 with each and both.
-        for v in NT_MMQ_EXACT_TIMES=1 NT_MMQ_Q8_64=1; do
-            echo "+ $v"
-            env $v NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-                --gtest_filter='MatmulParity.*:MatmulTypes*' 2>&1 | tail -n 3
-            env $v NT_EXACT_PROMPT=1 "$build/bench/bench_gemm" --types q8_0,q4_1,q5_1 \
-                --shapes 8b --n 512 --iters 10 2>&1 | grep -E "mmq |FAIL" | sed "s/^/$v /"
-        done
-        for v in NT_MMQ_EXACT_TIMES=1 NT_MMQ_Q8_64=1 NT_MMQ_EXACT_TIMES=1,NT_MMQ_Q8_64=1; do
-            echo "exact q8_0: $v $(pp512 q8_0 ${v//,/ } NT_EXACT_PROMPT=1)"
-        done
         ;;
     types)
         for t in ${TYPES:-q4_k_m q8_0 q6_k}; do

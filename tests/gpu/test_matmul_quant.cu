@@ -205,34 +205,6 @@ TEST(MatmulQuantHost, Q6_K) {
     check_type<GgmlType::Q6_K>();
 }
 
-// exact_times(s, half_scale(d)) is double(s) * double(d) bit for bit, for every finite half d
-// and sums s up to Q8_0's largest (32 * 127 * 128), but for a zero product's sign (+0 where the
-// product may be -0: the kernels' sums start at +0, and adding either zero to a sum that
-// started there gives the same bits); half_scale refuses infinities and NaNs.
-TEST(MatmulQuantHost, ExactTimesEqualsProduct) {
-    Rng rng(7);
-    std::vector<int> sums = {0, 1, -1, 2, -3, 127, -128, 4064, -4064, 520192, -520192, 519935};
-    for (int i = 0; i < 64; ++i) sums.push_back(int(rng.next() % 1040385) - 520192);
-    int finite = 0;
-    for (uint32_t h = 0; h < 65536; ++h) {
-        HalfScale hs;
-        const float d = nt::f16_to_f32(uint16_t(h));
-        if (!half_scale(h, hs)) {
-            ASSERT_FALSE(std::isfinite(d)) << "half " << h;
-            continue;
-        }
-        ASSERT_TRUE(std::isfinite(d)) << "half " << h;
-        ++finite;
-        for (int s : sums) {
-            const double want = double(s) * double(d), got = exact_times(s, hs);
-            ASSERT_TRUE(want == 0 ? got == 0 && !std::signbit(got)
-                                  : std::memcmp(&want, &got, sizeof want) == 0)
-                << "s " << s << " half " << h << ": " << got << " against " << want;
-        }
-    }
-    EXPECT_EQ(finite, 63488);
-}
-
 // Q6_K's wgmma A (q6k_scale_digits, q6k_digit_times), exhaustively: every int8 scale in every
 // byte lane, beside other scales, splits into digits in [-3, 4] with 64 c2 + 8 c1 + c0 = sc;
 // every digit times every quant gives the int8 c (q - 32) in its lane, beside other quants.

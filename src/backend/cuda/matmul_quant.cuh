@@ -76,32 +76,6 @@ NT_HD double i2d(int v) {
     return i2d_biased(uint32_t(v) ^ kI2dBias);
 }
 
-// A half scale d as m 2^k (m the signed significand with its implicit bit, 0 for zero), for
-// exact_times: hi is the high word of the double 2^(52 + k) (kI2dHi with the exponent moved by
-// k), c = (2^52 + 2^31) 2^k. False for an infinite or NaN d.
-struct HalfScale {
-    int m;
-    uint32_t hi;
-    double c;
-};
-NT_HD bool half_scale(uint32_t h, HalfScale& r) {
-    const uint32_t e = (h >> 10) & 31, f = h & 1023;
-    if (e == 31) return false;
-    const int k = e ? int(e) - 25 : -24;
-    const int m = int(e ? (f | 1024) : f);
-    r.m = (h & 0x8000) ? -m : m;
-    r.hi = uint32_t(int(kI2dHi) + k * (1 << 20));
-    r.c = hilo_to_double(r.hi, kI2dBias);
-    return true;
-}
-// s d exactly, for |s m| < 2^31: i2d_biased's construction scaled by 2^k, the double
-// 2^(52 + k) + (s m + 2^31) 2^k less c. One IMAD and one DADD, where i2d(s) * d is a DADD and a
-// DMUL on the FP64 pipe (which bounds the exact GEMM of the 32-element block types: a term for
-// every block of every output).
-NT_HD double exact_times(int s, const HalfScale& d) {
-    return hilo_to_double(d.hi, uint32_t(s) * uint32_t(d.m) + kI2dBias) - d.c;
-}
-
 NT_HD uint32_t ld_u16(const uint8_t* p) {  // p 2-byte aligned
 #ifdef __CUDA_ARCH__
     return *reinterpret_cast<const uint16_t*>(p);

@@ -16,8 +16,8 @@
 // rows 16w..16w+15; each warpgroup's 64 rows are one wgmma's M) by 64 tokens. One warpgroup
 // lets two CTAs share an SM, so that one's epilogue runs beside the other's wgmmas (no
 // barrier ties them): Q6_K pp512 +5.8% and Q4_K_M +1.2% on an H100 against two warpgroups a
-// CTA. Q8_0 keeps two: two of its 64-row CTAs do not fit in an SM's shared memory, and one
-// alone is 14% slower. A step is one 256-element block, 3 steps in flight. Per step:
+// CTA. Q8_0's steps are larger, so its CTAs keep 2 steps in flight instead of 3, which lets two
+// share an SM too. A step is one 256-element block, 3 steps in flight. Per step:
 //   - thread 0 asks the TMA for the step's boxes, counted on the stage's mbarrier: B (the
 //     activations) as two boxes of 64 tokens x 128 bytes, which the TMA writes in wgmma's
 //     128-byte swizzled K-major layout; the weights as one box of R rows x the step's bytes;
@@ -46,7 +46,6 @@
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_mmq.cuh"
 #include "backend/cuda/matmul_quant.cuh"
-#include "core/env.h"
 #include "core/error.h"
 
 namespace nt::cuda::detail {
@@ -576,15 +575,6 @@ struct WgBlocks {
         else  // dx s and off xs exact
             return fma(d, fma(xi.x, i2d(s), xi.y), acc);
     }
-    // The same for Q8_0, Q4_1 and Q5_1 with s d formed by exact_times (one DADD fewer on the
-    // FP64 pipe; the same bits, matmul_quant.cuh says why).
-    __device__ static double term(double acc, int s, const HalfScale& d, double m, double2 xi) {
-        static_assert(kQ8 || kMin);
-        if constexpr (kQ8)
-            return fma(exact_times(s, d), xi.x, acc);
-        else
-            return fma(exact_times(s, d), xi.x, fma(m, xi.y, acc));
-    }
 };
 
 // Shared memory: S stages of [B | the weights' box | the token scales' box: 8 float2 a
@@ -606,10 +596,8 @@ struct BlocksLayout {
 };
 
 // tmx as for Q4_K; tmw: W as [rows][row bytes / 16][16] (box 16 x a step's units x 128); tmd:
-// xd as [n][cols / 4] bytes (box 64 x 64). X: s d by exact_times (Q8_0, Q4_1, Q5_1)
-// while every row scale of the warp's block is finite, opt-in (NT_MMQ_EXACT_TIMES=1) until it
-// has run on a GPU. S stages.
-template <GgmlType T, int R, bool X, int S>
+// xd as [n][cols / 4] bytes (box 64 x 64). S stages.
+template <GgmlType T, int R, int S>
 __global__ void __launch_bounds__(2 * R, 128 / R)
     gemm_wgmma_blocks(const __grid_constant__ CUtensorMap tmx,
                       const __grid_constant__ CUtensorMap tmw,
@@ -668,36 +656,21 @@ __global__ void __launch_bounds__(2 * R, 128 / R)
 #pragma unroll
             for (int i = 0; i < 32; ++i) fence_operand(dc[i]);
             double d[2], m[2];
-            HalfScale hs[2];
-            bool exact_times_ok = X;
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const uint8_t* b = rw[i] + P::kBlockBytes * c;
-                const uint32_t dh = ld_u16(b);
-                d[i] = double(h2f(dh));
+                d[i] = double(h2f(ld_u16(b)));
                 m[i] = P::kMin ? double(h2f(ld_u16(b + 2))) : 0.0;
-                if constexpr (X) exact_times_ok = half_scale(dh, hs[i]) && exact_times_ok;
             }
-            // The block's terms for the tile's outputs, by term(acc, s, row r of 2, xi).
-            auto scale = [&](auto term) {
+            // The block's terms for the tile's outputs.
 #pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                    const double2* xt = xdd + (8 * t + 2 * t4) * L::kXddStride + c;
-                    const double2 xi[2] = {xt[0], xt[L::kXddStride]};
+            for (int t = 0; t < 8; ++t) {
+                const double2* xt = xdd + (8 * t + 2 * t4) * L::kXddStride + c;
+                const double2 xi[2] = {xt[0], xt[L::kXddStride]};
 #pragma unroll
-                    for (int i = 0; i < 4; ++i)
-                        acc[t][i] = term(acc[t][i], dc[4 * t + i], i >> 1, xi[i & 1]);
-                }
-            };
-            if (X && __all_sync(0xFFFFFFFFu, exact_times_ok))
-                scale([&](double a, int sum, int r, double2 xi) {
-                    if constexpr (X) return P::term(a, sum, hs[r], m[r], xi);
-                    return a;
-                });
-            else
-                scale([&](double a, int sum, int r, double2 xi) {
-                    return P::term(a, sum, d[r], m[r], xi);
-                });
+                for (int i = 0; i < 4; ++i)
+                    acc[t][i] = P::term(acc[t][i], dc[4 * t + i], d[i >> 1], m[i >> 1], xi[i & 1]);
+            }
             if (c + 2 < 8) issue_chunk(c + 2);
         }
     }
@@ -818,27 +791,8 @@ void launch_wgmma_blocks(const void* w, int64_t rows, int64_t cols, const int8_t
     const CUtensorMap tmw =
         byte_map(w, {16, rb / 16, uint64_t(rows)}, {16, rb},
                  {16, uint32_t(P::kStepBytes / 16), uint32_t(R)}, CU_TENSOR_MAP_SWIZZLE_NONE);
-    // NT_MMQ_EXACT_TIMES=1: Q8_0, Q4_1 and Q5_1 with s d by exact_times (opt-in until run).
-    if constexpr (P::kQ8 || P::kMin) {
-        static const bool exact_times = env_int("NT_MMQ_EXACT_TIMES", 0) != 0;
-        if (exact_times)
-            return launch_tiles<gemm_wgmma_blocks<T, R, true, S>, L::kBytes, R>(
-                T, tmx, tmw, tmd, rows, cols, n, y, stream);
-    }
-    launch_tiles<gemm_wgmma_blocks<T, R, false, S>, L::kBytes, R>(T, tmx, tmw, tmd, rows, cols, n,
-                                                                  y, stream);
-}
-
-// Q8_0: 128-row CTAs of 3 stages, or (NT_MMQ_Q8_64=1, opt-in until run) 64-row CTAs of 2 stages,
-// two of which fit an SM's shared memory (84 KB each; with 3 stages 124 KB: one an SM, 14%
-// slower than 128 rows).
-void launch_wgmma_q8(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
-                     int n, float* y, cudaStream_t stream) {
-    static const bool rows64 = env_int("NT_MMQ_Q8_64", 0) != 0;
-    if (rows64)
-        launch_wgmma_blocks<GgmlType::Q8_0, 64, 2>(w, rows, cols, xq, xd, n, y, stream);
-    else
-        launch_wgmma_blocks<GgmlType::Q8_0, 128>(w, rows, cols, xq, xd, n, y, stream);
+    launch_tiles<gemm_wgmma_blocks<T, R, S>, L::kBytes, R>(T, tmx, tmw, tmd, rows, cols, n, y,
+                                                           stream);
 }
 
 }  // namespace
@@ -863,7 +817,7 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
         !aligned(xd) || !encode_tiled())
         return false;
     if (n <= 0 || rows <= 0) return true;
-    switch (t) {  // 64-row CTAs, two an SM, but for Q8_0 (the header says why)
+    switch (t) {  // 64-row CTAs, two an SM (the header says why)
         case GgmlType::Q4_K:
             launch_wgmma_q45k<false, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
@@ -873,8 +827,10 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
         case GgmlType::Q6_K:
             launch_wgmma_q6k<64>(w, rows, cols, xq, xd, n, y, stream);
             break;
-        case GgmlType::Q8_0:
-            launch_wgmma_q8(w, rows, cols, xq, xd, n, y, stream);
+        case GgmlType::Q8_0:  // 2 stages, so that two CTAs fit an SM's shared memory (84 KB
+            // each; 3 stages take 124 KB: one CTA an SM, 14% slower than 128-row CTAs, which
+            // were 3% slower than these: ffn_up 392 against 379 us, H100, thirty-fourth session)
+            launch_wgmma_blocks<GgmlType::Q8_0, 64, 2>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q4_0:
             launch_wgmma_blocks<GgmlType::Q4_0, 64>(w, rows, cols, xq, xd, n, y, stream);
