@@ -77,6 +77,10 @@ typedef struct nt_model_options {
      * instead of being silently exceeded; the tiered weight store will place layers within them. */
     uint64_t vram_budget;
     uint64_t ram_budget;
+    /* Nonzero: a CUDA backend runs prompts with the CPU backend's arithmetic too (its decode
+     * steps always do), so that every output is the CPU's bits; prompts run slower. 0 (default):
+     * prompts on FP16 tensor cores, within FP16 rounding of the CPU. */
+    int32_t exact;
 } nt_model_options;
 
 typedef struct nt_sampling_params {

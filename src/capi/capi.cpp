@@ -316,7 +316,7 @@ nt_status nt_model_load(const char* path, const nt_model_options* options, nt_mo
         auto m = std::make_unique<nt_model>();
         m->model = nt::Model::load(path);
         std::unique_ptr<nt::Backend> backend =
-            nt::make_backend(o.device ? o.device : "auto", o.n_threads);
+            nt::make_backend(o.device ? o.device : "auto", o.n_threads, o.exact != 0);
         m->backend = backend->name();
         // Resident weights either fit the budget of their tier or the load fails (see the header).
         uint64_t weight_bytes = 0;

@@ -32,7 +32,8 @@ Loaded load_model(const Args& a, int n_seq, int n_ctx) {
 #ifdef NT_HAVE_CUDA
     opt.stream_device = make_cuda_stream_device;
 #endif
-    l.engine = std::make_unique<Engine>(*l.model, make_backend(a.str("--device", "auto"), threads), opt);
+    l.engine = std::make_unique<Engine>(
+        *l.model, make_backend(a.str("--device", "auto"), threads, a.has("--exact")), opt);
     const MemoryReport& m = l.engine->memory();
     const bool asked = a.has("--vram-budget") || a.has("--ram-budget") || a.has("--stream");
     if (m.planned && (m.plan.streams() || asked)) std::fprintf(stderr, "%s", m.text.c_str());

@@ -1269,6 +1269,49 @@ TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
     }
 }
 
+// A backend set to the CPU's arithmetic on prompts (the CLI's --exact) gives the CPU backend's
+// logits bit for bit on a prompt step of 60 rows (the integer GEMM: wgmma for Q8_0 and Q4_K on
+// compute capability 9.0, mma.sync for Q6_K's short rows; the exact prefill attention) and on the
+// decode steps after it; the same backend set back to FP16 prompts does not (FP16 rounding).
+TEST(CudaBackend, ExactPromptGivesTheCpuBits) {
+    NT_REQUIRE_GPU();
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+        SCOPED_TRACE(type_name(t));
+        const TestModel m = make_model(128, 4, 2, 2, t);
+        const int max_batch = 128, n_seq = 2, n_ctx = 256;
+        CpuBackend cpu;
+        cpu.init(m.hp.shape, max_batch, n_seq, n_ctx);
+        CudaBackend gpu;
+        gpu.set_exact_prompt(true);
+        gpu.init(m.hp.shape, max_batch, n_seq, n_ctx);
+        ASSERT_TRUE(gpu.exact_prompt());
+        const ModelWeights gw = upload_model(gpu, m.cpu_w);
+        Batch b;
+        std::mt19937 rng(11);
+        auto tok = [&] { return int32_t(rng() % uint32_t(m.hp.shape.n_vocab)); };
+        for (int i = 0; i < 40; i++) b.add(tok(), i, 0, i >= 30);
+        for (int i = 0; i < 20; i++) b.add(tok(), i, 1, i == 19);
+        expect_equal(forward_logits(gpu, m, gw, b), forward_logits(cpu, m, m.cpu_w, b), "prompt");
+        int pos[2] = {40, 20};
+        for (int step = 0; step < 3; step++) {
+            b.clear();
+            for (int sq = 0; sq < 2; sq++) b.add(tok(), pos[sq]++, sq, true);
+            expect_equal(forward_logits(gpu, m, gw, b), forward_logits(cpu, m, m.cpu_w, b),
+                         "decode step " + std::to_string(step));
+        }
+        // The FP16 prompt path on the same backend: a new sequence's prompt, close but not equal.
+        gpu.set_exact_prompt(false);
+        cpu.kv_truncate(0, 0);
+        gpu.kv_truncate(0, 0);
+        b.clear();
+        for (int i = 0; i < 40; i++) b.add(tok(), i, 0, true);
+        const std::vector<float> want = forward_logits(cpu, m, m.cpu_w, b);
+        const std::vector<float> got = forward_logits(gpu, m, gw, b);
+        EXPECT_LT(rel_l2(got, want), 5e-2);
+        EXPECT_NE(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+    }
+}
+
 // Two backends on one small model: `fed` chooses tokens on the device, `host` runs the round
 // trip the fed one is checked against.
 struct FedAndHost {

@@ -24,7 +24,7 @@ NT_FINISH_STOP, NT_FINISH_LENGTH, NT_FINISH_CALLBACK, NT_FINISH_CANCELLED = 1, 2
 class ModelOptions(C.Structure):
     _fields_ = [("size", C.c_uint32), ("device", C.c_char_p), ("n_ctx", C.c_int32), ("n_seq", C.c_int32),
                 ("n_threads", C.c_int32), ("max_batch", C.c_int32), ("vram_budget", C.c_uint64),
-                ("ram_budget", C.c_uint64)]
+                ("ram_budget", C.c_uint64), ("exact", C.c_int32)]
 
 
 class SamplingParams(C.Structure):

@@ -74,6 +74,14 @@ def test_generate_streams_continuation_and_reports_speed(cli, smollm2):
     assert "prompt:" in r.stderr and "tok/s" in r.stderr
 
 
+def test_exact_is_accepted_and_changes_nothing_on_the_cpu(cli, smollm2):
+    # --exact asks a GPU for the CPU's arithmetic on prompts; the CPU backend is that already.
+    args = ["generate", *M_ARGS(smollm2), "-p", "The capital of France is", "-n", "8", "--temp", "0"]
+    a, b = run(cli, *args), run(cli, *args, "--exact")
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert a.stdout == b.stdout
+
+
 def test_generate_seed_is_reproducible(cli, smollm2):
     args = ["generate", *M_ARGS(smollm2), "-p", "Once upon a time", "-n", "16", "--temp", "1.0", "--seed", "42"]
     a, b = run(cli, *args), run(cli, *args)

@@ -68,6 +68,7 @@ CudaBackend::CudaBackend(int device) {
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     graphs_on_ = env_switch("NT_CUDA_GRAPHS");
     rope_fusion_ = env_switch("NT_ROPE_FUSION");
+    exact_prompt_ = cuda::prompt_exact();
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
 }
 
@@ -295,6 +296,7 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
     cuda::matmul_init(*mm_, mm_buf, mm_bytes, stream_);
     pdl_supported_ = mm_->pdl;
     mm_->pdl = pdl_supported_ && pdl_allowed_;
+    mm_->exact = exact_prompt_;
     cuda::attn_init();
     cuda::logit_select_init();
     // Every kernel prefers the largest shared-memory carveout (NT_CACHE_SHARED=0 leaves the
@@ -409,10 +411,9 @@ void CudaBackend::begin_step(const Batch& batch) {
     // tiles; every other row is a decode row.
     n_dec_ = n_tiles_ = 0;
     cuda::AttnShape as{shape_.n_head, shape_.n_head_kv, shape_.head_dim, n_ctx_};
-    // With the CPU's arithmetic (cuda::prompt_exact()) the tiles go to the prefill kernel that
+    // With the CPU's arithmetic (exact_prompt_) the tiles go to the prefill kernel that
     // sums each row's context in the CPU's chunks (the flash kernel's FP16 tiles would not).
-    const bool all_decode =
-        n <= kGraphMaxBatch || !cuda::attn_has_prefill(as, cuda::prompt_exact());
+    const bool all_decode = n <= kGraphMaxBatch || !cuda::attn_has_prefill(as, exact_prompt_);
     for (int i = 0; i < n;) {
         int j = i + 1;
         if (!all_decode)
@@ -605,6 +606,12 @@ void CudaBackend::set_rope_fusion(bool on) {
     drop_graphs();  // recorded steps hold the other choice
 }
 
+void CudaBackend::set_exact_prompt(bool on) {
+    flush();
+    exact_prompt_ = on;
+    mm_->exact = on;
+}
+
 void CudaBackend::set_pdl(bool on) {
     flush();
     pdl_allowed_ = on;
@@ -711,8 +718,7 @@ void CudaBackend::run(const Op& op) {
                 cuda::matmul_adopt_activations(*mm_, f(3), n_rows_, as.q_dim(), slot);
                 after_matmul_ = true;
             }
-            cuda::attn_prefill(as, f(0), kc, vc, d_tiles, n_tiles_, f(3), stream_,
-                               cuda::prompt_exact());
+            cuda::attn_prefill(as, f(0), kc, vc, d_tiles, n_tiles_, f(3), stream_, exact_prompt_);
             return;
         }
         case OpKind::Swiglu:

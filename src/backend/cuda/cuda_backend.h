@@ -99,6 +99,12 @@ class CudaBackend : public Backend {
     // kernel rather than in a rope kernel before it (on unless NT_ROPE_FUSION=0; the same bits
     // either way). q and k are then left as the projections wrote them.
     void set_rope_fusion(bool on);
+    // Prompt steps (more than kGraphMaxBatch rows) with the CPU backend's arithmetic: the
+    // integer GEMM and the exact prefill attention, so that a prompt's outputs are the CPU's bits
+    // as a decode step's always are (cuda::prompt_exact(): off unless NT_EXACT_PROMPT=1). About
+    // 40% slower prompts on 8B Q4_K_M, and more at long contexts.
+    void set_exact_prompt(bool on);
+    bool exact_prompt() const { return exact_prompt_; }
     struct GraphStats {
         int captures = 0;   // graphs recorded
         int replays = 0;    // steps served by a recorded graph
@@ -244,6 +250,7 @@ class CudaBackend : public Backend {
     bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
     bool rope_fusion_ = true;
+    bool exact_prompt_ = false;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;
     GraphKey key_{0, 0, 0};

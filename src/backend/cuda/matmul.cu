@@ -146,6 +146,7 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     NT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
                   "cudaDeviceGetAttribute");
     ws.pdl = major >= 9 && env_switch("NT_PDL");
+    ws.exact = prompt_exact();
     NT_CUDA_CHECK(cublasCreate(&ws.cublas), "cublasCreate");
     NT_CUDA_CHECK(cublasSetStream(ws.cublas, stream), "cublasSetStream");
     detail::prepare_gemv_all();
@@ -217,8 +218,6 @@ int gemv_chunked_max_batch() {
 }  // namespace
 
 bool prompt_exact() {
-    // Opt-in: bit-identical to the CPU on an H100, but 8B pp512 runs at 8.9k tok/s against the
-    // FP16 paths' 21.5k; the default once it reaches the 12000 target.
     static const bool on = env_int("NT_EXACT_PROMPT", 0) != 0;
     return on;
 }
@@ -394,7 +393,7 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
             forget_if_overwritten(ws, x, n, cols, y, rows);
         return;
     }
-    if (prompt_exact() && detail::mmq_supported(w.type)) {
+    if (ws.exact && detail::mmq_supported(w.type)) {
         const ActivationSlot a = gemv_activations(w.type, x, n, cols, ws, stream, x_unchanged);
         detail::gemm_mmq(w.type, w.data, rows, cols, a.xq, a.xd, n, y, stream);
         forget_if_overwritten(ws, x, n, cols, y, rows);

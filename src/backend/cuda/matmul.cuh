@@ -7,7 +7,8 @@
 //    (d, d*sum(q)); F32/F16/BF16 weights meet the float activations. Every
 //    weight byte is read once for all n rows. Asynchronous, no allocation, no host sync: safe
 //    to capture in a CUDA graph.
-//  - n > kGemvMaxBatch (prompt), quantized weights, with prompt_exact() (NT_EXACT_PROMPT=1):
+//  - n > kGemvMaxBatch (prompt), quantized weights, in a workspace set to the CPU's arithmetic
+//    (MatmulWorkspace::exact: the CLI's --exact, or NT_EXACT_PROMPT=1):
 //    the integer tensor-core GEMM (matmul_mmq.cu), the same activations and exact integer sums
 //    as the GEMV, so a prompt's outputs are the CPU's bits too.
 //  - n > kGemvMaxBatch otherwise (float weights, and by default): the weight is dequantized to
@@ -31,12 +32,14 @@ namespace nt::cuda {
 
 constexpr int kGemvMaxBatch = 8;
 
-// Whether a prompt (a batch above kGemvMaxBatch) runs with the CPU's arithmetic: the integer
-// GEMM for the types that have it, and the prompt's attention by the prefill kernel that sums
-// in the CPU's chunks (attn_prefill's exact form) instead of the FP16 flash-attention kernel.
-// NT_EXACT_PROMPT=1 turns it on; the default is the FP16 paths (within FP16 rounding of the
-// CPU), which run 8B prompts 1.7x (Q4_K_M, whose Q4_K GEMMs have the wgmma kernel on compute
-// capability 9.0) to 4x (Q8_0) faster for now (docs/BENCHMARKS.md).
+// Whether a prompt (a batch above kGemvMaxBatch) runs with the CPU's arithmetic by default: the
+// integer GEMM for the types that have it, and the prompt's attention by the prefill kernel that
+// sums in the CPU's chunks (attn_prefill's exact form) instead of the FP16 flash-attention
+// kernel. NT_EXACT_PROMPT=1 turns it on for every workspace and backend (CudaBackend::
+// set_exact_prompt for one). Off by default: the FP16 paths (within FP16 rounding of the CPU)
+// run 8B pp512 1.6x faster for Q4_K_M on an H100 and more for the 32-element block types, and the
+// exact attention's float chains on CUDA cores grow with the context far faster than the flash
+// kernel's tensor-core tiles (docs/BENCHMARKS.md).
 bool prompt_exact();
 
 // Whether matmul() multiplies a batch of n rows of type t on the GEMV path (int8 activations,
@@ -68,6 +71,9 @@ struct MatmulWorkspace {
     // kernel before): set by matmul_init on compute capability 9.0+ unless NT_PDL=0; callers
     // whose weights are written by earlier work in the stream (streamed layers) turn it off.
     bool pdl = false;
+    // Prompts (batches above kGemvMaxBatch) of quantized weights on the integer GEMM, the CPU's
+    // bits: set by matmul_init from prompt_exact(), by CudaBackend from its own setting.
+    bool exact = false;
 };
 
 // Bytes of workspace that let matmul() run on any weight with at most max_cols columns and

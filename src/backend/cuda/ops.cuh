@@ -149,8 +149,9 @@ constexpr int kPrefillTileRows = 64;
 // Whether the fast kernels (tiled split-K decode, tensor-core prefill) handle this shape; the
 // generic decode kernel handles any head_dim <= 256 (even) and any group size.
 bool attn_has_fast_decode(const AttnShape& s);
-// exact: the prefill kernel with the CPU's arithmetic (decode's), for the prompt path with
-// prompt_exact(); it takes any group up to 64 query heads a KV head.
+// exact: the prefill kernel with the CPU's arithmetic (decode's), for the prompt path of a
+// backend set to it (CudaBackend::set_exact_prompt); it takes any group up to 64 query heads a KV
+// head.
 bool attn_has_prefill(const AttnShape& s, bool exact = false);
 
 // Called once per process and device before the first launch (raises shared-memory limits).

@@ -17,13 +17,16 @@ bool cuda_available() {
 #endif
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device, int n_threads) {
+std::unique_ptr<Backend> make_backend(const std::string& device, int n_threads, bool exact_prompt) {
     if (device == "cpu") return std::make_unique<CpuBackend>(n_threads);
     if (device == "cuda" || device == "auto") {
 #ifdef NT_HAVE_CUDA
         if (device == "auto" && !cuda_available()) return std::make_unique<CpuBackend>(n_threads);
-        return std::make_unique<CudaBackend>();  // throws a clear sentence when no usable GPU
+        auto gpu = std::make_unique<CudaBackend>();  // throws a clear sentence when no usable GPU
+        if (exact_prompt) gpu->set_exact_prompt(true);
+        return gpu;
 #else
+        (void)exact_prompt;
         if (device == "auto") return std::make_unique<CpuBackend>(n_threads);
         fail("this build of ntransformer has no CUDA backend; rebuild with -DNT_CUDA=ON or use --device cpu.");
 #endif
