@@ -36,6 +36,10 @@ void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& 
     // every row wants them (decode), the gather would copy x as it is: the last add folds into
     // the norm instead.
     const int n_out = batch.n_logits();
+    if (n_out == 0) {  // a prompt chunk before the last: its work is the KV cache it filled
+        be.end_step();
+        return;
+    }
     if (n_out == B) {
         be.add_rmsnorm(a.x, residual, w.output_norm, B, s.n_embd, a.gate, w.output.type);
     } else {

@@ -1269,6 +1269,32 @@ TEST(CudaBackend, LayersAgainstCpuAndGraphsAgainstEager) {
     }
 }
 
+// A prompt longer than a step (the engine's chunks of max_batch rows): the chunks before the
+// last want no logits, and skip the output projection (a matmul of no rows was refused, so every
+// prompt longer than -b failed on the GPU). Then the last chunk's logits are the CPU's.
+TEST(CudaBackend, PromptChunksWithoutLogits) {
+    NT_REQUIRE_GPU();
+    const TestModel m = make_model(64, 4, 1, 2, GgmlType::Q8_0);
+    CpuBackend cpu;
+    CudaBackend gpu;
+    cpu.init(m.hp.shape, 32, 1, 128);
+    gpu.init(m.hp.shape, 32, 1, 128);
+    const ModelWeights gw = upload_model(gpu, m.cpu_w);
+    std::mt19937 rng(5);
+    Batch b;
+    std::vector<float> want, got;
+    for (int chunk = 0; chunk < 3; chunk++) {
+        b.clear();
+        for (int i = 0; i < 32; i++)
+            b.add(int32_t(rng() % uint32_t(m.hp.shape.n_vocab)), 32 * chunk + i, 0,
+                  chunk == 2 && i == 31);
+        want = forward_logits(cpu, m, m.cpu_w, b);
+        got = forward_logits(gpu, m, gw, b);
+    }
+    ASSERT_EQ(got.size(), size_t(m.hp.shape.n_vocab));
+    EXPECT_LT(rel_l2(got, want), 5e-2);
+}
+
 // A backend set to the CPU's arithmetic on prompts (the CLI's --exact) gives the CPU backend's
 // logits bit for bit on a prompt step of 60 rows (the integer GEMM: wgmma for Q8_0 and Q4_K on
 // compute capability 9.0, mma.sync for Q6_K's short rows; the exact prefill attention) and on the

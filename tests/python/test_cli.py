@@ -82,6 +82,14 @@ def test_exact_is_accepted_and_changes_nothing_on_the_cpu(cli, smollm2):
     assert a.stdout == b.stdout
 
 
+def test_prompt_longer_than_a_step_gives_the_same_text(cli, smollm2):
+    # -b 3: the prompt goes in chunks of 3 tokens, the first ones wanting no logits.
+    args = ["generate", *M_ARGS(smollm2), "-p", "The capital of France is", "-n", "8", "--temp", "0"]
+    a, b = run(cli, *args), run(cli, *args, "-b", "3")
+    assert a.returncode == 0 and b.returncode == 0, b.stderr
+    assert a.stdout == b.stdout
+
+
 def test_generate_seed_is_reproducible(cli, smollm2):
     args = ["generate", *M_ARGS(smollm2), "-p", "Once upon a time", "-n", "16", "--temp", "1.0", "--seed", "42"]
     a, b = run(cli, *args), run(cli, *args)
