@@ -241,6 +241,11 @@ class Backend {
     // Measured streaming-read bandwidth of the memory the weights live in, GB/s (the decode
     // roofline's denominator); 0 when the backend cannot measure it.
     virtual double measure_read_bandwidth() { return 0; }
+
+    // Whether every step, prompts included, computes the CPU backend's arithmetic (the CPU
+    // backend is its definition; a GPU backend's decode steps always do, its prompts when set
+    // to: --exact). Reported with benchmarks, whose prompt speed depends on it.
+    virtual bool exact() const { return true; }
 };
 
 }  // namespace nt

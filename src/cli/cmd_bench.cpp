@@ -163,15 +163,19 @@ int cmd_bench(int argc, char** argv) {
     const LlamaHParams& hp = l.model->hp;
     const size_t bytes = decode_bytes(l.model->weights);
     const double size_gib = double(l.model->file->file_size()) / double(1 << 30);
-    const std::string backend = eng.backend().name();
+    // The backend, and whether its prompts compute the CPU's arithmetic where that is a choice
+    // (--exact or NT_EXACT_PROMPT=1 on a GPU): the prompt path it names runs at another speed.
+    const bool exact = eng.backend().exact();
+    const std::string backend =
+        eng.backend().name() + (exact && eng.backend().name() != "cpu" ? " exact" : "");
     Stat sp = pp.empty() ? Stat{} : stats(pp), st = tg.empty() ? Stat{} : stats(tg);
     const double gbs = st.mean * double(bytes) / 1e9;
     if (a.has("--json")) {
         std::printf(
             "{\"model\": \"%s\", \"size_gib\": %.3f, \"params\": %lld, \"backend\": \"%s\", "
-            "\"threads\": %d,\n",
-            hp.name.c_str(), size_gib, (long long)count_params(*l.model->file), backend.c_str(),
-            a.integer("--threads", 0));
+            "\"exact\": %s, \"threads\": %d,\n",
+            hp.name.c_str(), size_gib, (long long)count_params(*l.model->file),
+            eng.backend().name().c_str(), exact ? "true" : "false", a.integer("--threads", 0));
         std::printf(" \"pp\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f},\n", n_prompt, sp.mean,
                     sp.sd);
         std::printf(" \"tg\": {\"n\": %d, \"tok_s\": %.3f, \"sd\": %.3f, \"readback\": \"%s\"},\n",

@@ -133,6 +133,7 @@ def test_bench_json(cli, smollm2):
     j = json.loads(r.stdout)
     assert j["pp"]["tok_s"] > 0 and j["tg"]["tok_s"] > 0
     assert j["decode_bytes_per_token"] > 90 * 2**20
+    assert j["backend"] == "cpu" and j["exact"] is True  # the CPU's arithmetic is the CPU backend's
 
 
 def test_bench_readback_modes(cli, smollm2):

@@ -105,6 +105,7 @@ class CudaBackend : public Backend {
     // 40% slower prompts on 8B Q4_K_M, and more at long contexts.
     void set_exact_prompt(bool on);
     bool exact_prompt() const { return exact_prompt_; }
+    bool exact() const override { return exact_prompt_; }
     struct GraphStats {
         int captures = 0;   // graphs recorded
         int replays = 0;    // steps served by a recorded graph
