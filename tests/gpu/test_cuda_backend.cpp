@@ -1310,7 +1310,7 @@ TEST(CudaBackend, ExactPromptGivesTheCpuBits) {
         CudaBackend gpu;
         gpu.set_exact_prompt(true);
         gpu.init(m.hp.shape, max_batch, n_seq, n_ctx);
-        ASSERT_TRUE(gpu.exact_prompt());
+        ASSERT_TRUE(gpu.exact());
         const ModelWeights gw = upload_model(gpu, m.cpu_w);
         Batch b;
         std::mt19937 rng(11);

@@ -104,7 +104,6 @@ class CudaBackend : public Backend {
     // as a decode step's always are (cuda::prompt_exact(): off unless NT_EXACT_PROMPT=1). About
     // 40% slower prompts on 8B Q4_K_M, and more at long contexts.
     void set_exact_prompt(bool on);
-    bool exact_prompt() const { return exact_prompt_; }
     bool exact() const override { return exact_prompt_; }
     struct GraphStats {
         int captures = 0;   // graphs recorded

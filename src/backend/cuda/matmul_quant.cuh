@@ -49,27 +49,18 @@ NT_HD float h2f(uint32_t h) {
 #endif
 }
 
-// The double with high word hi and low word lo.
-NT_HD double hilo_to_double(uint32_t hi, uint32_t lo) {
-#ifdef __CUDA_ARCH__
-    return __hiloint2double(int(hi), int(lo));
-#else
-    const uint64_t b = uint64_t(hi) << 32 | lo;
-    double d;
-    std::memcpy(&d, &b, sizeof d);
-    return d;
-#endif
-}
-
 // v from b = v + 2^31 (mod 2^32), exactly, for |v| < 2^31. On the GPU by one DADD on the FP64
-// pipe: b is the low word of the double 2^52 + 2^31 + v (high word kI2dHi), so subtracting
-// 2^52 + 2^31 leaves v. A plain int -> double conversion goes through the conversion unit, a
-// quarter of the FP64 pipe's rate on sm_80 and sm_90, and the blocks' terms convert an integer
-// sum or two each. Integer sums that start at kI2dBias (an mma's accumulator seeded with it)
-// come biased already.
-constexpr uint32_t kI2dBias = 0x80000000u, kI2dHi = 0x43300000u;
+// pipe: b is the low word of the double 2^52 + 2^31 + v, so subtracting 2^52 + 2^31 leaves v. A
+// plain int -> double conversion goes through the conversion unit, a quarter of the FP64 pipe's
+// rate on sm_80 and sm_90, and the blocks' terms convert an integer sum or two each. Integer sums
+// that start at kI2dBias (an mma's accumulator seeded with it) come biased already.
+constexpr uint32_t kI2dBias = 0x80000000u;
 NT_HD double i2d_biased(uint32_t b) {
-    return hilo_to_double(kI2dHi, b) - 4503601774854144.0;
+#ifdef __CUDA_ARCH__
+    return __hiloint2double(0x43300000, int(b)) - 4503601774854144.0;
+#else
+    return double(int64_t(b) - int64_t(kI2dBias));
+#endif
 }
 // double(v), exactly: i2d_biased of v with its sign bit flipped.
 NT_HD double i2d(int v) {

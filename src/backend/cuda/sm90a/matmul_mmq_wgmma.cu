@@ -226,7 +226,7 @@ __device__ __forceinline__ void zero(int (&a)[N][32]) {
 template <bool Q5>
 struct Wg45 {
     static constexpr GgmlType kType = Q5 ? GgmlType::Q5_K : GgmlType::Q4_K;
-    static constexpr int kStepBytes = Q5 ? 176 : 144, kQs = Q5 ? 48 : 16;
+    static constexpr int kStepBytes = Quant<kType>::kBlockBytes, kQs = Q5 ? 48 : 16;
     static constexpr bool kMins = true;
 };
 
@@ -403,7 +403,7 @@ struct Wg6 {
     // the box starts at the 16 bytes below (off = 210 kb mod 16 bytes further is the block) and
     // takes kStepBytes = 240 bytes a row, off + 210 and the funnel shifts' last word included
     // (rows 60 words apart put a quarter warp's 8 rows in distinct banks).
-    static constexpr int kBlockBytes = 210, kStepBytes = 240;
+    static constexpr int kBlockBytes = Quant<kType>::kBlockBytes, kStepBytes = 240;
     static constexpr bool kMins = false;
 };
 
@@ -531,11 +531,7 @@ struct WgBlocks {
     static constexpr bool kQ8 = T == GgmlType::Q8_0;
     static constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
     static constexpr bool kQ5 = T == GgmlType::Q5_0 || T == GgmlType::Q5_1;
-    static constexpr int kBlockBytes = kQ8                   ? 34
-                                       : T == GgmlType::Q4_0 ? 18
-                                       : T == GgmlType::Q4_1 ? 20
-                                       : T == GgmlType::Q5_0 ? 22
-                                                             : 24;
+    static constexpr int kBlockBytes = Quant<T>::kBlockBytes;
     static constexpr int kStepBytes = 8 * kBlockBytes;
     static constexpr int kQs = kQ8 ? 2 : 2 + (kMin ? 2 : 0) + (kQ5 ? 4 : 0);
     static_assert(kStepBytes % 16 == 0);
