@@ -22,8 +22,8 @@
 //   Q8_K -> o GEMV, x += | RMSNorm -> Q8_K -> gate/up GEMV, silu(g) * u | Q8_K -> down, x +=
 // with the GEMVs in the engine's arithmetic (Quant<T>: the CPU's vec_dot in double).
 //
-//   bench_layer_persistent [--type q4_K|q6_K] [--layers 32] [--ctx 256] [--warps 7]
-//                          [--stages 3] [--rows 4] [--iters 20] [--check]
+//   bench_layer_persistent [--type q4_K|q6_K] [--layers 32] [--ctx 256] [--warps 16]
+//                          [--stages N (default: as many as fit)] [--iters 20] [--check]
 //
 // Prints, per mode: us a layer, GB/s of weights, and the share of the stream-only mode's rate.
 // Modes: `full` (the layer as above), `no-barrier` (the same work without the grid barriers:
@@ -59,7 +59,14 @@ namespace {
 constexpr int kD = 4096, kHeads = 32, kKvHeads = 8, kHd = 128, kFf = 14336;
 constexpr int kKvDim = kKvHeads * kHd, kQkv = kD + 2 * kKvDim;
 constexpr float kEps = 1e-5f, kRopeBase = 500000.f;
-constexpr int kMaxWarps = 16, kMaxStages = 4, kMaxRows = 8, kMaxCtx = 1024;
+constexpr int kMaxWarps = 16, kMaxStages = 4, kMaxCtx = 1024;
+// The attention splits each head's positions in kChunks, a CTA a (head, chunk); the merge is
+// part of the o projection's activation preparation. Each chunk leaves (max, sum, acc[kHd]).
+constexpr int kChunks = 4, kPartFloats = 2 + kHd;
+// A stage: two rows of the 4096-column matrices, one gate/up pair, or one of the two column parts
+// of a down row (4 and 3 units of 8 blocks: both parts start 16-byte aligned for Q4_K and Q6_K).
+constexpr int kStageRows = 2, kUnitBlocks = 8, kDownUnits = kFf / 256 / kUnitBlocks,
+              kDownPart0 = 4;
 
 enum Mode { kFull = 0, kNoBarrier = 1, kStream = 2 };
 // The GEMVs of a layer, in stream order.
@@ -73,22 +80,23 @@ struct LayerW {
 struct Params {
     const LayerW* layers;
     int n_layers;
-    float *x, *q, *knew, *vnew, *att, *h;
+    float *x, *q, *knew, *vnew, *h;
+    float* part;      // [kHeads][kChunks][kPartFloats]
     __half *kc, *vc;  // [layer][kMaxCtx][kKvDim]
     int pos;          // the step's position; the cache holds 0 .. pos - 1
     unsigned* bar;    // the grid barrier's counter, zero at launch
-    int mode, stages, rows;
-    int slot_bytes;
+    int mode, stages, slot_bytes;
 };
 
 template <GgmlType T>
 struct Shape {
     static constexpr int kBB = Quant<T>::kBlockBytes;
     static constexpr int kRowD = kD / 256 * kBB, kRowF = kFf / 256 * kBB;
+    static constexpr int kPart0Bytes = kDownPart0 * kUnitBlocks * kBB;
+    static constexpr int kSlot = kStageRows * kRowD > kPart0Bytes ? kStageRows * kRowD : kPart0Bytes;
 };
 
-// The rows (or gate/up pairs) of phase ph that warp `gw` of `warps` takes: a balanced range of
-// its CTA's balanced range.
+// A balanced range of the CTA's balanced range of n items (rows, or gate/up pairs).
 __device__ __forceinline__ void warp_range(int n, int warps_per_cta, int warp, int& b, int& e) {
     const int c0 = int(int64_t(n) * blockIdx.x / gridDim.x);
     const int c1 = int(int64_t(n) * (blockIdx.x + 1) / gridDim.x);
@@ -98,24 +106,25 @@ __device__ __forceinline__ void warp_range(int n, int warps_per_cta, int warp, i
 __device__ __forceinline__ int phase_items(int ph) {
     return ph == kPhQkv ? kQkv : ph == kPhGateUp ? kFf : kD;
 }
-// Items (rows, or pairs for gate/up) a stage holds in phase ph.
-__device__ __forceinline__ int stage_items(int ph, int rows) {
-    return ph == kPhDown ? 1 : ph == kPhGateUp ? rows / 2 : rows;
+// Stages of the items [b, e) in phase ph.
+__device__ __forceinline__ int phase_stages(int ph, int b, int e) {
+    const int n = e - b;
+    return ph == kPhDown ? 2 * n : ph == kPhGateUp ? n : (n + kStageRows - 1) / kStageRows;
 }
 
-// Where a warp's stream stands: layer, phase, and the next item of the warp's range.
+// Where a warp's stream stands: layer, phase, the warp's first item there, and the next stage.
 struct Cursor {
-    int layer = 0, ph = 0, item = 0, end = 0;
+    int layer = 0, ph = -1, b = 0, e = 0, s = 0, ns = 0;
 };
-// Moves c to its first non-empty phase at or after (layer, ph); false past the last layer.
+// Moves c to its next stage, across phases and layers; false past the last layer.
 __device__ __forceinline__ bool settle(Cursor& c, int n_layers, int W, int warp) {
-    while (c.layer < n_layers) {
-        if (c.item < c.end) return true;
+    while (c.s >= c.ns) {
         if (++c.ph == kPhases) c.ph = 0, ++c.layer;
-        if (c.layer >= n_layers) break;
-        warp_range(phase_items(c.ph), W, warp, c.item, c.end);
+        if (c.layer >= n_layers) return false;
+        warp_range(phase_items(c.ph), W, warp, c.b, c.e);
+        c.s = 0, c.ns = phase_stages(c.ph, c.b, c.e);
     }
-    return false;
+    return true;
 }
 
 __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned target) {
@@ -131,36 +140,79 @@ __device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned target) {
     __syncthreads();
 }
 
-// n floats of src (n a multiple of 256), times rsqrt(mean square) * w when w is given, as Q8_K
-// into xq / xd (one float2 a 32 elements: d, d * sum q), by the whole CTA.
-__device__ void prep_activations(const float* src, int n, const float* w, int8_t* xq, float2* xd,
-                                 float* red) {
+__device__ __forceinline__ void ldcg8(const float* p, float (&v)[8]) {
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(p));
+    const float4 c = __ldcg(reinterpret_cast<const float4*>(p + 4));
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
+}
+
+// n activations (n a multiple of 256) as Q8_K into xq / xd (one float2 a 32 elements: d,
+// d * sum q), by the whole CTA. load(e, v) gives elements e .. e+7; scale multiplies them (the
+// norm's).
+template <class Load>
+__device__ void quantize_all(int n, Load&& load, int8_t* xq, float2* xd) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
-    float scale = 1.f;
-    if (w) {
-        float ss = 0.f;
-        for (int i = threadIdx.x * 4; i < n; i += blockDim.x * 4) {
-            const float4 v = __ldcg(reinterpret_cast<const float4*>(src + i));
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        ss = block_reduce(ss, red, 0.f, WarpSum{});
-        scale = rsqrtf(ss / float(n) + kEps);
-    }
-    for (int b = warp; b < n / 256; b += W) {
-        const int e = b * 256 + lane * 8;
-        float v[8];
-        const float4 a = __ldcg(reinterpret_cast<const float4*>(src + e));
-        const float4 c = __ldcg(reinterpret_cast<const float4*>(src + e + 4));
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = c.x, v[5] = c.y, v[6] = c.z,
-        v[7] = c.w;
-        if (w)
-            for (int i = 0; i < 8; ++i) v[i] = v[i] * scale * __ldg(w + e + i);
+    for (int b = warp; b < n / 256; b += 2 * W) {
+        // Two blocks' loads in flight before either is quantized.
+        const int b2 = b + W;
+        float v[8], v2[8];
+        load(b * 256 + lane * 8, v);
+        if (b2 < n / 256) load(b2 * 256 + lane * 8, v2);
         int q[8];
-        const float2 d = q8k_block(v, lane, q);
-        store_q8(xq + e, q);
+        float2 d = q8k_block(v, lane, q);
+        store_q8(xq + b * 256 + lane * 8, q);
         if ((lane & 3) == 0) xd[b * 8 + lane / 4] = d;
+        if (b2 < n / 256) {
+            d = q8k_block(v2, lane, q);
+            store_q8(xq + b2 * 256 + lane * 8, q);
+            if ((lane & 3) == 0) xd[b2 * 8 + lane / 4] = d;
+        }
     }
     __syncthreads();
+}
+// x's RMSNorm times w, quantized.
+__device__ void prep_norm(const float* x, const float* w, int8_t* xq, float2* xd, float* red) {
+    float ss = 0.f;
+    for (int i = threadIdx.x * 4; i < kD; i += blockDim.x * 4) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(x + i));
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_reduce(ss, red, 0.f, WarpSum{});
+    const float scale = rsqrtf(ss / float(kD) + kEps);
+    quantize_all(
+        kD,
+        [&](int e, float(&v)[8]) {
+            ldcg8(x + e, v);
+            for (int i = 0; i < 8; ++i) v[i] = v[i] * scale * __ldg(w + e + i);
+        },
+        xq, xd);
+}
+// The attention's output from its chunks (flash-decoding's merge), quantized.
+__device__ void prep_attention(const float* part, int8_t* xq, float2* xd) {
+    quantize_all(
+        kD,
+        [&](int e, float(&v)[8]) {
+            const int head = e / kHd, d = e % kHd;
+            const float* ph = part + head * kChunks * kPartFloats;
+            float m = -INFINITY;
+            for (int k = 0; k < kChunks; ++k) m = fmaxf(m, __ldcg(ph + k * kPartFloats));
+            float s = 0.f;
+            for (int i = 0; i < 8; ++i) v[i] = 0.f;
+            for (int k = 0; k < kChunks; ++k) {
+                const float mk = __ldcg(ph + k * kPartFloats);
+                const float wk = mk == -INFINITY ? 0.f : __expf(mk - m);
+                s += wk * __ldcg(ph + k * kPartFloats + 1);
+                float a[8];
+                ldcg8(ph + k * kPartFloats + 2 + d, a);
+                for (int i = 0; i < 8; ++i) v[i] += wk * a[i];
+            }
+            for (int i = 0; i < 8; ++i) v[i] /= s;
+        },
+        xq, xd);
+}
+// h as it is, quantized.
+__device__ void prep_plain(const float* h, int n, int8_t* xq, float2* xd) {
+    quantize_all(n, [&](int e, float(&v)[8]) { ldcg8(h + e, v); }, xq, xd);
 }
 
 // RoPE (adjacent pairs, GGUF's Llama layout) of the 4 dims lane*4 .. lane*4+3 of one head.
@@ -178,26 +230,27 @@ __device__ __forceinline__ float4 rope4(float4 v, int lane, int pos) {
     return make_float4(r[0], r[1], r[2], r[3]);
 }
 
-// One head's attention at position pos over the cache and the new k/v (CTA blockIdx.x = head).
-__device__ void attention_head(const Params& p, int layer, float* sc, float* red) {
-    const int head = blockIdx.x, g = head / (kHeads / kKvHeads);
+// One chunk of one head's attention at position pos (CTA blockIdx.x = head * kChunks + chunk):
+// the chunk's max score, sum of exps and exp-weighted sum of values into p.part.
+__device__ void attention_chunk(const Params& p, int layer, float* sc, float* red) {
+    const int head = blockIdx.x / kChunks, chunk = blockIdx.x % kChunks;
+    const int g = head / (kHeads / kKvHeads);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+    const int ctx = p.pos + 1, t0 = ctx * chunk / kChunks, t1 = ctx * (chunk + 1) / kChunks;
     const size_t lc = size_t(layer) * kMaxCtx * kKvDim;
     const float4 q =
         rope4(__ldcg(reinterpret_cast<const float4*>(p.q + head * kHd + lane * 4)), lane, p.pos);
     const float4 kn =
         rope4(__ldcg(reinterpret_cast<const float4*>(p.knew + g * kHd + lane * 4)), lane, p.pos);
-    if (head % (kHeads / kKvHeads) == 0 && warp == 0) {
+    if (head % (kHeads / kKvHeads) == 0 && chunk == 0 && warp == 0) {
         const float4 vn = __ldcg(reinterpret_cast<const float4*>(p.vnew + g * kHd + lane * 4));
-        __half* kd = p.kc + lc + size_t(p.pos) * kKvDim + g * kHd + lane * 4;
-        __half* vd = p.vc + lc + size_t(p.pos) * kKvDim + g * kHd + lane * 4;
-        kd[0] = __float2half(kn.x), kd[1] = __float2half(kn.y), kd[2] = __float2half(kn.z),
-        kd[3] = __float2half(kn.w);
-        vd[0] = __float2half(vn.x), vd[1] = __float2half(vn.y), vd[2] = __float2half(vn.z),
-        vd[3] = __float2half(vn.w);
+        __half2* kd = reinterpret_cast<__half2*>(p.kc + lc + size_t(p.pos) * kKvDim + g * kHd + lane * 4);
+        __half2* vd = reinterpret_cast<__half2*>(p.vc + lc + size_t(p.pos) * kKvDim + g * kHd + lane * 4);
+        kd[0] = __floats2half2_rn(kn.x, kn.y), kd[1] = __floats2half2_rn(kn.z, kn.w);
+        vd[0] = __floats2half2_rn(vn.x, vn.y), vd[1] = __floats2half2_rn(vn.z, vn.w);
     }
     const float scale = rsqrtf(float(kHd));
-    for (int t = warp; t <= p.pos; t += W) {
+    for (int t = t0 + warp; t < t1; t += W) {
         float4 k = kn;
         if (t < p.pos) {
             const __half2* kp = reinterpret_cast<const __half2*>(p.kc + lc + size_t(t) * kKvDim +
@@ -206,48 +259,48 @@ __device__ void attention_head(const Params& p, int layer, float* sc, float* red
             k = make_float4(a.x, a.y, b.x, b.y);
         }
         const float s = warp_sum(q.x * k.x + q.y * k.y + q.z * k.z + q.w * k.w) * scale;
-        if (lane == 0) sc[t] = s;
+        if (lane == 0) sc[t - t0] = s;
     }
     __syncthreads();
     float m = -INFINITY;
-    for (int t = threadIdx.x; t <= p.pos; t += blockDim.x) m = fmaxf(m, sc[t]);
+    for (int t = threadIdx.x; t < t1 - t0; t += blockDim.x) m = fmaxf(m, sc[t]);
     m = block_reduce(m, red, -INFINITY, WarpMax{});
     __syncthreads();
     float sum = 0.f;
-    for (int t = threadIdx.x; t <= p.pos; t += blockDim.x) {
+    for (int t = threadIdx.x; t < t1 - t0; t += blockDim.x) {
         const float e = __expf(sc[t] - m);
         sc[t] = e;
         sum += e;
     }
     sum = block_reduce(sum, red + 32, 0.f, WarpSum{});
-    // Dims over the threads, positions split in `parts` interleaved sets; parts added in order.
-    const int parts = blockDim.x / kHd, d = threadIdx.x % kHd, part = threadIdx.x / kHd;
+    // Dims over the threads, positions in `parts` interleaved sets, the parts added in order.
+    const int parts = blockDim.x / kHd, d = threadIdx.x % kHd, pt = threadIdx.x / kHd;
     float acc = 0.f;
-    if (part < parts)
-        for (int t = part; t <= p.pos; t += parts) {
+    if (pt < parts)
+        for (int t = t0 + pt; t < t1; t += parts) {
             const float v = t < p.pos ? __half2float(p.vc[lc + size_t(t) * kKvDim + g * kHd + d])
                                       : __ldcg(p.vnew + g * kHd + d);
-            acc += sc[t] * v;
+            acc += sc[t - t0] * v;
         }
+    float* pacc = sc + kMaxCtx / kChunks;
+    if (pt < parts) pacc[pt * kHd + d] = acc;
     __syncthreads();
-    float* part_acc = sc;  // the scores are spent
-    if (part < parts) part_acc[part * kHd + d] = acc;
-    __syncthreads();
+    float* out = p.part + blockIdx.x * kPartFloats;
     if (threadIdx.x < kHd) {
         float o = 0.f;
-        for (int k = 0; k < parts; ++k) o += part_acc[k * kHd + threadIdx.x];
-        p.att[head * kHd + threadIdx.x] = o / sum;
+        for (int k = 0; k < parts; ++k) o += pacc[k * kHd + threadIdx.x];
+        out[2 + threadIdx.x] = o;
     }
+    if (threadIdx.x == 0) out[0] = t1 > t0 ? m : -INFINITY, out[1] = sum;
 }
 
 template <GgmlType T>
 __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p) {
     using Q = Quant<T>;
     using S = Shape<T>;
-    constexpr int kLPB = Q::kLanesPerBlock, kBPU = 32 / kLPB, kBB = Q::kBlockBytes;
-    constexpr int kXU = kD / 256 / kBPU;  // units a lane holds for a 4096-column row
-    constexpr int kXUF = kFf / 256 / kBPU;
-    static_assert(kLPB == 4, "the 256-element K-quants");
+    constexpr int kLPB = Q::kLanesPerBlock, kBB = Q::kBlockBytes;
+    constexpr int kXU = kD / 256 / kUnitBlocks;  // units a lane holds for a 4096-column row
+    static_assert(kLPB == 4 && 32 / kLPB == kUnitBlocks, "the 256-element K-quants");
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) uint8_t smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
@@ -268,31 +321,35 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
     }
     __syncwarp();
     const uint64_t policy = l2_evict_first_policy();
-    // The stream: lane 0 issues stage j (the next of the warp's stages across phases and
-    // layers) into slot j % NS.
+    // The stream: lane 0 issues the warp's next stage, across phases and layers, into slot
+    // issued % NS.
     Cursor ic;
-    warp_range(phase_items(0), W, warp, ic.item, ic.end);
     long long issued = 0;
     auto issue_next = [&]() {
         if (!settle(ic, p.n_layers, W, warp)) return;
         const LayerW& L = p.layers[ic.layer];
-        const int n = min(stage_items(ic.ph, p.rows), ic.end - ic.item);
         uint8_t* dst = ring + (issued % NS) * p.slot_bytes;
         uint64_t* bar = bars + issued % NS;
-        const int rb = ic.ph == kPhDown ? S::kRowF : S::kRowD;
-        const int per = ic.ph == kPhGateUp ? 2 : 1;
-        mbar_expect_tx(bar, uint32_t(n * per * rb));
-        for (int i = 0; i < n; ++i) {
-            const int r = ic.item + i;
-            if (ic.ph == kPhGateUp) {
-                bulk_copy_g2s(dst + (2 * i) * rb, L.gate + size_t(r) * rb, rb, bar, policy);
-                bulk_copy_g2s(dst + (2 * i + 1) * rb, L.up + size_t(r) * rb, rb, bar, policy);
-            } else {
-                const uint8_t* m = ic.ph == kPhQkv ? L.qkv : ic.ph == kPhO ? L.o : L.down;
-                bulk_copy_g2s(dst + i * rb, m + size_t(r) * rb, rb, bar, policy);
-            }
+        const int s = ic.s;
+        if (ic.ph == kPhDown) {
+            const int r = ic.b + s / 2, off = (s & 1) ? S::kPart0Bytes : 0;
+            const int bytes = (s & 1) ? S::kRowF - S::kPart0Bytes : S::kPart0Bytes;
+            mbar_expect_tx(bar, uint32_t(bytes));
+            bulk_copy_g2s(dst, L.down + size_t(r) * S::kRowF + off, bytes, bar, policy);
+        } else if (ic.ph == kPhGateUp) {
+            const int r = ic.b + s;
+            mbar_expect_tx(bar, uint32_t(2 * S::kRowD));
+            bulk_copy_g2s(dst, L.gate + size_t(r) * S::kRowD, S::kRowD, bar, policy);
+            bulk_copy_g2s(dst + S::kRowD, L.up + size_t(r) * S::kRowD, S::kRowD, bar, policy);
+        } else {
+            const uint8_t* m = ic.ph == kPhQkv ? L.qkv : L.o;
+            const int r0 = ic.b + s * kStageRows, n = min(kStageRows, ic.e - r0);
+            mbar_expect_tx(bar, uint32_t(n * S::kRowD));
+            for (int i = 0; i < n; ++i)
+                bulk_copy_g2s(dst + i * S::kRowD, m + size_t(r0 + i) * S::kRowD, S::kRowD, bar,
+                              policy);
         }
-        ic.item += n;
+        ++ic.s;
         ++issued;
     };
     if (lane == 0)
@@ -304,84 +361,104 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
         ++epoch;
         if (p.mode == kFull) grid_barrier(p.bar, epoch * gridDim.x);
     };
-    // The warp's stages of phase ph in this layer: fn(slot, first item, items) for each.
+    // The warp's stages of phase ph: fn(stage, its index, first item, items end) for each.
     auto consume = [&](int ph, auto&& fn) {
         int b, e;
         warp_range(phase_items(ph), W, warp, b, e);
-        const int per_stage = stage_items(ph, p.rows);
-        for (int it = b; it < e; it += per_stage) {
-            const int n = min(per_stage, e - it);
+        const int ns = phase_stages(ph, b, e);
+        for (int s = 0; s < ns; ++s) {
             const int slot = int(used % NS);
             mbar_wait(bars + slot, uint32_t((used / NS) & 1));
-            if (p.mode != kStream) fn(ring + size_t(slot) * p.slot_bytes, it, n);
+            if (p.mode != kStream) fn(ring + size_t(slot) * p.slot_bytes, s, b, e);
             __syncwarp();
             ++used;
             if (lane == 0) issue_next();
         }
     };
-    // One row of `nb` blocks at `row` against x held in registers (xr) or read from shared memory.
-    auto dot_row = [&](const uint8_t* row, const typename Q::X* xr, int units) {
-        double acc = 0.0;
-        for (int u = 0; u < units; ++u) {
-            const int kb = u * kBPU + sub;
-            typename Q::Raw r;
-            Q::load_raw(row + kb * kBB, part, r);
-            typename Q::W wr;
-            Q::decode(r, part, wr);
-            if (xr) {
-                acc += Q::dot(wr, xr[u]);
-            } else {
-                typename Q::X x;
-                Q::template load_x<true>(xq + kb * 256, xd + kb * 8, part, x);
-                acc += Q::dot(wr, x);
-            }
-        }
-        return warp_sum(acc);
-    };
     typename Q::X xr[kXU];
     auto hold_x = [&]() {
 #pragma unroll
         for (int u = 0; u < kXU; ++u) {
-            const int kb = u * kBPU + sub;
+            const int kb = u * kUnitBlocks + sub;
             Q::template load_x<true>(xq + kb * 256, xd + kb * 8, part, xr[u]);
         }
     };
+    // Two 4096-column rows at st (the second only if two2) against the held x.
+    auto dot2 = [&](const uint8_t* st, bool two, double (&acc)[2]) {
+        acc[0] = acc[1] = 0.0;
+#pragma unroll
+        for (int u = 0; u < kXU; ++u) {
+            const int kb = u * kUnitBlocks + sub;
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                if (hh == 1 && !two) continue;
+                typename Q::Raw r;
+                Q::load_raw(st + hh * S::kRowD + kb * kBB, part, r);
+                typename Q::W wr;
+                Q::decode(r, part, wr);
+                acc[hh] += Q::dot(wr, xr[u]);
+            }
+        }
+        acc[0] = warp_sum(acc[0]);
+        if (two) acc[1] = warp_sum(acc[1]);
+    };
+    // Units [U0, U1) of a down row (the part starts at unit U0), x from shared memory.
+    auto dot_part = [&]<int U0, int U1>(const uint8_t* st, double acc) {
+#pragma unroll
+        for (int u = U0; u < U1; ++u) {
+            const int kb = u * kUnitBlocks + sub;
+            typename Q::Raw r;
+            Q::load_raw(st + (kb - U0 * kUnitBlocks) * kBB, part, r);
+            typename Q::X x;
+            Q::template load_x<true>(xq + kb * 256, xd + kb * 8, part, x);
+            typename Q::W wr;
+            Q::decode(r, part, wr);
+            acc += Q::dot(wr, x);
+        }
+        return acc;
+    };
 
+    double down_acc = 0.0;
     for (int l = 0; l < p.n_layers; ++l) {
         const LayerW& L = p.layers[l];
-        // q/k/v
-        if (p.mode != kStream) prep_activations(p.x, kD, L.attn_norm, xq, xd, red), hold_x();
-        consume(kPhQkv, [&](const uint8_t* st, int r0, int n) {
-            for (int i = 0; i < n; ++i) {
-                const float v = float(dot_row(st + i * S::kRowD, xr, kXU));
-                const int r = r0 + i;
-                if (lane == 0) (r < kD ? p.q[r] : r < kD + kKvDim ? p.knew[r - kD] : p.vnew[r - kD - kKvDim]) = v;
+        if (p.mode != kStream) prep_norm(p.x, L.attn_norm, xq, xd, red), hold_x();
+        consume(kPhQkv, [&](const uint8_t* st, int s, int b, int e) {
+            const int r0 = b + s * kStageRows;
+            double v[2];
+            dot2(st, r0 + 1 < e, v);
+            if (lane < 2 && r0 + lane < e) {
+                const int r = r0 + lane;
+                const float y = float(lane ? v[1] : v[0]);
+                (r < kD ? p.q[r] : r < kD + kKvDim ? p.knew[r - kD] : p.vnew[r - kD - kKvDim]) = y;
             }
         });
         barrier();
-        if (p.mode != kStream && blockIdx.x < kHeads) attention_head(p, l, sc, red);
+        if (p.mode != kStream && blockIdx.x < kHeads * kChunks) attention_chunk(p, l, sc, red);
         barrier();
-        if (p.mode != kStream) prep_activations(p.att, kD, nullptr, xq, xd, red), hold_x();
-        consume(kPhO, [&](const uint8_t* st, int r0, int n) {
-            for (int i = 0; i < n; ++i) {
-                const float v = float(dot_row(st + i * S::kRowD, xr, kXU));
-                if (lane == 0) p.x[r0 + i] += v;
-            }
+        if (p.mode != kStream) prep_attention(p.part, xq, xd), hold_x();
+        consume(kPhO, [&](const uint8_t* st, int s, int b, int e) {
+            const int r0 = b + s * kStageRows;
+            double v[2];
+            dot2(st, r0 + 1 < e, v);
+            if (lane < 2 && r0 + lane < e) p.x[r0 + lane] += float(lane ? v[1] : v[0]);
         });
         barrier();
-        if (p.mode != kStream) prep_activations(p.x, kD, L.ffn_norm, xq, xd, red), hold_x();
-        consume(kPhGateUp, [&](const uint8_t* st, int r0, int n) {
-            for (int i = 0; i < n; ++i) {
-                const float g = float(dot_row(st + (2 * i) * S::kRowD, xr, kXU));
-                const float u = float(dot_row(st + (2 * i + 1) * S::kRowD, xr, kXU));
-                if (lane == 0) p.h[r0 + i] = silu_mul(g, u);
-            }
+        if (p.mode != kStream) prep_norm(p.x, L.ffn_norm, xq, xd, red), hold_x();
+        consume(kPhGateUp, [&](const uint8_t* st, int s, int b, int) {
+            double v[2];
+            dot2(st, true, v);
+            if (lane == 0) p.h[b + s] = silu_mul(float(v[0]), float(v[1]));
         });
         barrier();
-        if (p.mode != kStream) prep_activations(p.h, kFf, nullptr, xq, xd, red);
-        consume(kPhDown, [&](const uint8_t* st, int r0, int n) {
-            const float v = float(dot_row(st, nullptr, kXUF));
-            if (lane == 0) p.x[r0] += v;
+        if (p.mode != kStream) prep_plain(p.h, kFf, xq, xd);
+        consume(kPhDown, [&](const uint8_t* st, int s, int b, int) {
+            if ((s & 1) == 0) {
+                down_acc = dot_part.template operator()<0, kDownPart0>(st, 0.0);
+            } else {
+                const float y =
+                    float(warp_sum(dot_part.template operator()<kDownPart0, kDownUnits>(st, down_acc)));
+                if (lane == 0) p.x[b + s / 2] += y;
+            }
         });
         barrier();
     }
@@ -392,17 +469,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
 
 struct Opts {
     GgmlType type = GgmlType::Q4_K;
-    int layers = 32, ctx = 256, warps = 7, stages = 3, rows = 4, iters = 20;
+    int layers = 32, ctx = 256, warps = 16, stages = 0, iters = 20;  // stages 0: as many as fit
     bool check = false;
 };
 
-template <GgmlType T>
-int slot_bytes(int rows) {
-    return std::max(rows * Shape<T>::kRowD, Shape<T>::kRowF);
-}
+// Shared memory beside the rings: mbarriers, the reductions' 64 floats, xd, and xq (which the
+// attention's scores and partial sums reuse).
 size_t extra_smem() {
-    return size_t(kMaxWarps) * kMaxStages * 8 + 64 * 4 + size_t(kFf / 32) * 8 +
-           std::max<size_t>(kFf, size_t(kMaxCtx) * 4);
+    static_assert(kFf >= (kMaxCtx / kChunks + kMaxWarps * 32) * 4, "the attention fits xq's place");
+    return size_t(kMaxWarps) * kMaxStages * 8 + 64 * 4 + size_t(kFf / 32) * 8 + kFf;
 }
 
 // The CPU's layer: RMSNorm in float, Q8_K activations and nt::vec_dot, RoPE and attention in
@@ -491,15 +566,20 @@ int run(const Opts& o) {
     NT_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev), "props");
     const int layers = o.check ? 2 : o.layers;
     const int pos = o.ctx - 1;
-    const int slot = slot_bytes<T>(o.rows);
-    const size_t smem = size_t(o.warps) * o.stages * slot + extra_smem();
-    if (o.warps < 4 || o.warps > kMaxWarps || o.stages < 1 || o.stages > kMaxStages ||
-        o.rows < 2 || o.rows > kMaxRows || o.rows % 2 || o.ctx < 1 || o.ctx > kMaxCtx)
-        nt::fail("--warps 4..%d, --stages 1..%d, --rows even 2..%d, --ctx 1..%d.", kMaxWarps,
-                 kMaxStages, kMaxRows, kMaxCtx);
-    if (smem > size_t(optin))
-        nt::fail("%zu bytes of shared memory a CTA needed, the GPU allows %d: fewer --warps, "
-                 "--stages or --rows.", smem, optin);
+    const int slot = Shape<T>::kSlot;
+    if (o.warps < 4 || o.warps > kMaxWarps || o.stages < 0 || o.stages > kMaxStages ||
+        o.ctx < 1 || o.ctx > kMaxCtx)
+        nt::fail("--warps 4..%d, --stages 0..%d, --ctx 1..%d.", kMaxWarps, kMaxStages, kMaxCtx);
+    const int stages =
+        o.stages ? o.stages
+                 : std::min<int>(kMaxStages, (size_t(optin) - extra_smem()) / (size_t(o.warps) * slot));
+    const size_t smem = size_t(o.warps) * stages * slot + extra_smem();
+    if (stages < 1 || smem > size_t(optin))
+        nt::fail("%zu bytes of shared memory a CTA needed, the GPU allows %d: fewer --warps or "
+                 "--stages.", smem, optin);
+    if (sms < kHeads * kChunks)
+        nt::fail("the attention wants %d CTAs, one a multiprocessor; this GPU has %d.",
+                 kHeads * kChunks, sms);
     auto kern = layers_persistent<T>;
     NT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                   "smem attribute");
@@ -556,12 +636,13 @@ int run(const Opts& o) {
     }
     DeviceBuffer<LayerW> dl(layers);
     dl.upload(lw.data(), layers);
-    DeviceBuffer<float> x(kD), q(kD), kn(kKvDim), vn(kKvDim), att(kD), h(kFf);
+    DeviceBuffer<float> x(kD), q(kD), kn(kKvDim), vn(kKvDim), h(kFf),
+        part(size_t(kHeads) * kChunks * kPartFloats);
     DeviceBuffer<unsigned> bar(1);
     const std::vector<float> x0 = bench::random_activations(1, kD, 5);
 
-    Params p{dl.p, layers, x.p, q.p, kn.p, vn.p, att.p, h.p, kc.p, vc.p, pos, bar.p, kFull,
-             o.stages, o.rows, slot};
+    Params p{dl.p, layers, x.p, q.p, kn.p, vn.p, h.p, part.p, kc.p, vc.p, pos, bar.p, kFull,
+             stages, slot};
     cudaStream_t st;
     NT_CUDA_CHECK(cudaStreamCreate(&st), "stream");
     auto launch = [&](int mode) {
@@ -574,7 +655,7 @@ int run(const Opts& o) {
     };
     std::printf("%s, %d layers of 8B shapes (%.1f MB each), ctx %d, %d SMs x %d warps, %d stages of "
                 "%d B (%zu B shared), %s\n",
-                nt::traits(T).name, layers, per_layer / 1e6, o.ctx, sms, o.warps, o.stages, slot,
+                nt::traits(T).name, layers, per_layer / 1e6, o.ctx, sms, o.warps, stages, slot,
                 smem, prop.name);
     if (o.check) {
         x.upload(x0.data(), kD);
@@ -639,12 +720,11 @@ int main(int argc, char** argv) {
         else if (a == "--ctx") o.ctx = next();
         else if (a == "--warps") o.warps = next();
         else if (a == "--stages") o.stages = next();
-        else if (a == "--rows") o.rows = next();
         else if (a == "--iters") o.iters = next();
         else if (a == "--check") o.check = true;
         else {
             std::fprintf(stderr, "usage: bench_layer_persistent [--type q4_K|q6_K] [--layers N] "
-                                 "[--ctx N] [--warps N] [--stages N] [--rows N] [--iters N] [--check]\n");
+                                 "[--ctx N] [--warps N] [--stages N] [--iters N] [--check]\n");
             return 2;
         }
     }
