@@ -62,7 +62,7 @@ constexpr float kEps = 1e-5f, kRopeBase = 500000.f;
 constexpr int kMaxWarps = 16, kMaxStages = 4, kMaxCtx = 1024;
 // The attention splits each head's positions in kChunks, a CTA a (head, chunk); the merge is
 // part of the o projection's activation preparation. Each chunk leaves (max, sum, acc[kHd]).
-constexpr int kChunks = 4, kPartFloats = 2 + kHd;
+constexpr int kChunks = 4, kPartFloats = 4 + kHd;  // acc 16-byte aligned
 // A stage: two rows of the 4096-column matrices, one gate/up pair, or one of the two column parts
 // of a down row (4 and 3 units of 8 blocks: both parts start 16-byte aligned for Q4_K and Q6_K).
 constexpr int kStageRows = 2, kUnitBlocks = 8, kDownUnits = kFf / 256 / kUnitBlocks,
@@ -203,7 +203,7 @@ __device__ void prep_attention(const float* part, int8_t* xq, float2* xd) {
                 const float wk = mk == -INFINITY ? 0.f : __expf(mk - m);
                 s += wk * __ldcg(ph + k * kPartFloats + 1);
                 float a[8];
-                ldcg8(ph + k * kPartFloats + 2 + d, a);
+                ldcg8(ph + k * kPartFloats + 4 + d, a);
                 for (int i = 0; i < 8; ++i) v[i] += wk * a[i];
             }
             for (int i = 0; i < 8; ++i) v[i] /= s;
@@ -289,7 +289,7 @@ __device__ void attention_chunk(const Params& p, int layer, float* sc, float* re
     if (threadIdx.x < kHd) {
         float o = 0.f;
         for (int k = 0; k < parts; ++k) o += pacc[k * kHd + threadIdx.x];
-        out[2 + threadIdx.x] = o;
+        out[4 + threadIdx.x] = o;
     }
     if (threadIdx.x == 0) out[0] = t1 > t0 ? m : -INFINITY, out[1] = sum;
 }
