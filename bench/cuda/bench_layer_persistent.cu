@@ -26,9 +26,10 @@
 //                          [--stages N (default: as many as fit)] [--iters 20] [--check]
 //
 // Prints, per mode: us a layer, GB/s of weights, and the share of the stream-only mode's rate.
-// Modes: `full` (the layer as above), `no-barrier` (the same work without the grid barriers:
-// wrong results, shows what the barriers cost) and `stream` (the rings alone: each warp waits
-// for its stages and frees them; the ceiling for this access pattern). --check runs two layers
+// The modes add the layer's parts one at a time: `stream` (the rings alone: each warp waits for
+// its stages and frees them; the ceiling for this access pattern), `+gemv` (the GEMVs'
+// arithmetic), `+prep` (norms and quantization), `+attention`, and `+barriers` (the whole layer;
+// only it computes the right values). --check runs two layers
 // and compares x with the CPU (nt::vec_dot on nt::quantize_row's Q8_K, float norm, RoPE and
 // attention).
 #include <cuda_fp16.h>
@@ -68,7 +69,15 @@ constexpr int kChunks = 4, kPartFloats = 4 + kHd;  // acc 16-byte aligned
 constexpr int kStageRows = 2, kUnitBlocks = 8, kDownUnits = kFf / 256 / kUnitBlocks,
               kDownPart0 = 4;
 
-enum Mode { kFull = 0, kNoBarrier = 1, kStream = 2 };
+// What a run does besides streaming the weights (bits of Params::mode), for the ablation.
+enum Mode : int {
+    kStream = 0,        // the rings alone
+    kCompute = 1,       // the GEMVs' arithmetic (on whatever activations are there)
+    kPrep = 2,          // the activations' norms, merge and quantization
+    kAttend = 4,        // the attention
+    kBarrier = 8,       // the grid barriers
+    kFull = 15,
+};
 // The GEMVs of a layer, in stream order.
 enum Phase { kPhQkv = 0, kPhO = 1, kPhGateUp = 2, kPhDown = 3, kPhases = 4 };
 
@@ -359,7 +368,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
     unsigned epoch = 0;
     auto barrier = [&]() {
         ++epoch;
-        if (p.mode == kFull) grid_barrier(p.bar, epoch * gridDim.x);
+        if (p.mode & kBarrier) grid_barrier(p.bar, epoch * gridDim.x);
     };
     // The warp's stages of phase ph: fn(stage, its index, first item, items end) for each.
     auto consume = [&](int ph, auto&& fn) {
@@ -369,7 +378,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
         for (int s = 0; s < ns; ++s) {
             const int slot = int(used % NS);
             mbar_wait(bars + slot, uint32_t((used / NS) & 1));
-            if (p.mode != kStream) fn(ring + size_t(slot) * p.slot_bytes, s, b, e);
+            if (p.mode & kCompute) fn(ring + size_t(slot) * p.slot_bytes, s, b, e);
             __syncwarp();
             ++used;
             if (lane == 0) issue_next();
@@ -421,7 +430,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
     double down_acc = 0.0;
     for (int l = 0; l < p.n_layers; ++l) {
         const LayerW& L = p.layers[l];
-        if (p.mode != kStream) prep_norm(p.x, L.attn_norm, xq, xd, red), hold_x();
+        if (p.mode & kPrep) prep_norm(p.x, L.attn_norm, xq, xd, red), hold_x();
         consume(kPhQkv, [&](const uint8_t* st, int s, int b, int e) {
             const int r0 = b + s * kStageRows;
             double v[2];
@@ -433,9 +442,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
             }
         });
         barrier();
-        if (p.mode != kStream && blockIdx.x < kHeads * kChunks) attention_chunk(p, l, sc, red);
+        if ((p.mode & kAttend) && blockIdx.x < kHeads * kChunks) attention_chunk(p, l, sc, red);
         barrier();
-        if (p.mode != kStream) prep_attention(p.part, xq, xd), hold_x();
+        if (p.mode & kPrep) prep_attention(p.part, xq, xd), hold_x();
         consume(kPhO, [&](const uint8_t* st, int s, int b, int e) {
             const int r0 = b + s * kStageRows;
             double v[2];
@@ -443,14 +452,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
             if (lane < 2 && r0 + lane < e) p.x[r0 + lane] += float(lane ? v[1] : v[0]);
         });
         barrier();
-        if (p.mode != kStream) prep_norm(p.x, L.ffn_norm, xq, xd, red), hold_x();
+        if (p.mode & kPrep) prep_norm(p.x, L.ffn_norm, xq, xd, red), hold_x();
         consume(kPhGateUp, [&](const uint8_t* st, int s, int b, int) {
             double v[2];
             dot2(st, true, v);
             if (lane == 0) p.h[b + s] = silu_mul(float(v[0]), float(v[1]));
         });
         barrier();
-        if (p.mode != kStream) prep_plain(p.h, kFf, xq, xd);
+        if (p.mode & kPrep) prep_plain(p.h, kFf, xq, xd);
         consume(kPhDown, [&](const uint8_t* st, int s, int b, int) {
             if ((s & 1) == 0) {
                 down_acc = dot_part.template operator()<0, kDownPart0>(st, 0.0);
@@ -675,9 +684,14 @@ int run(const Opts& o) {
                     worst / rms, rms, ok ? "PASS" : "FAIL");
         return ok ? 0 : 1;
     }
-    const char* names[] = {"full", "no-barrier", "stream"};
-    double us[3];
-    for (int m : {kStream, kFull, kNoBarrier}) {
+    // Each mode adds one part to the one before it; the last is the whole layer.
+    const std::pair<const char*, int> modes[] = {{"stream", kStream},
+                                                 {"+gemv", kCompute},
+                                                 {"+prep", kCompute | kPrep},
+                                                 {"+attention", kCompute | kPrep | kAttend},
+                                                 {"+barriers", kFull}};
+    double stream_us = 0;
+    for (const auto& [name, m] : modes) {
         x.upload(x0.data(), kD);
         launch(m);
         cudaEvent_t a, b;
@@ -689,13 +703,13 @@ int run(const Opts& o) {
         NT_CUDA_CHECK(cudaEventSynchronize(b), "sync");
         float ms = 0;
         NT_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b), "elapsed");
-        us[m] = double(ms) * 1e3 / o.iters / layers;
+        const double us = double(ms) * 1e3 / o.iters / layers;
+        if (m == kStream) stream_us = us;
+        std::printf("%-11s %7.2f us a layer, %7.1f GB/s, %5.1f%% of stream\n", name, us,
+                    per_layer / us / 1e3, 100.0 * stream_us / us);
         cudaEventDestroy(a);
         cudaEventDestroy(b);
     }
-    for (int m : {kFull, kNoBarrier, kStream})
-        std::printf("%-11s %7.2f us a layer, %7.1f GB/s, %5.1f%% of stream\n", names[m], us[m],
-                    per_layer / us[m] / 1e3, 100.0 * us[kStream] / us[m]);
     cudaStreamDestroy(st);
     return 0;
 }
