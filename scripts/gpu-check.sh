@@ -19,8 +19,8 @@ NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
 NT_MMQ_WGMMA=0 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
   --gtest_filter='MatmulParity.*'; result[exact-gemm-sync]=$?
 "$build/tests/nt_unit_tests" --gtest_brief=1; result[unit]=$?
+# Default and exact prompt paths and the decode path, against one CPU run a model.
 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model]=$?
-NT_EXACT_PROMPT=1 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model-exact]=$?
 tests/gpu/cli_scenarios.sh "$build" "$model"; result[cli]=$?
 "$build/ntransformer" bench -m "$model" --device cuda; result[bench]=$?
 echo "== summary"

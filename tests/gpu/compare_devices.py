@@ -6,6 +6,8 @@
 For SmolLM2 (real text) and small synthetic models in every weight type: the logits of 512
 positions from both backends, top-1 agreement >= 99%; and `ntransformer perplexity` over the
 whole of tests/data/sample.txt (29 chunks of 512) on both devices within 0.1% of each other.
+The GPU runs the prompt path twice against the one CPU run: as it is by default and with the
+CPU's arithmetic (--exact, NT_EXACT_PROMPT=1); and the decode path (one token a step).
 Prints one line per check and exits non-zero on failure.
 
 Each line also gives the CPU against itself with one norm weight vector moved by one ulp (see
@@ -26,13 +28,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 
-def logits(build, model, ids, device, batch=512):
+def prompt_env(exact):
+    """The environment of a run on the default prompt path (FP16 GEMM, flash attention) or, with
+    exact, on the one with the CPU's arithmetic (--exact)."""
+    env = dict(os.environ)
+    env.pop("NT_EXACT_PROMPT", None)
+    if exact:
+        env["NT_EXACT_PROMPT"] = "1"
+    return env
+
+
+def logits(build, model, ids, device, batch=512, exact=False):
     with tempfile.TemporaryDirectory() as d:
         f_ids, f_out = os.path.join(d, "ids"), os.path.join(d, "out")
         with open(f_ids, "w") as f:
             f.write(" ".join(map(str, ids)) + "\n")
         subprocess.run([os.path.join(build, "tests", "tools", "nt_logits"), model, f_ids, f_out, "--device", device,
-                        "--batch", str(batch)], check=True)
+                        "--batch", str(batch)], check=True, env=prompt_env(exact))
         return np.fromfile(f_out, dtype=np.float32).reshape(len(ids), -1)
 
 
@@ -60,9 +72,10 @@ def nudged(model, out, name=PPL_NUDGES[0][0], direction=PPL_NUDGES[0][1]):
     return out
 
 
-def perplexity(build, model, text_file, device):
+def perplexity(build, model, text_file, device, exact=False):
     r = subprocess.run([os.path.join(build, "ntransformer"), "perplexity", "-m", model, "-f", text_file, "-c", "512",
-                        "--device", device, "--chunks", "-1"], capture_output=True, text=True, check=True)
+                        "--device", device, "--chunks", "-1"], capture_output=True, text=True, check=True,
+                       env=prompt_env(exact))
     m = re.search(r"PPL = ([0-9.]+)", r.stdout)
     return float(m.group(1))
 
@@ -72,7 +85,9 @@ def main():
     ap.add_argument("build")
     ap.add_argument("smollm2")
     ap.add_argument("--synthetic-types", default="f32,f16,bf16,q4_0,q4_1,q5_0,q5_1,q8_0,q2_K,q3_K,q4_K,q5_K,q6_K")
+    ap.add_argument("--gpu-device", default="cuda", help="the device compared with the CPU (cpu: a dry run)")
     a = ap.parse_args()
+    dev = a.gpu_device
     text = os.path.join(HERE, "..", "data", "sample.txt")
     failures = 0
 
@@ -108,30 +123,35 @@ def main():
             f_agree = float((cpu.argmax(1) == floor.argmax(1)).mean())
             f_rel = float(np.abs(cpu - floor).max() / cpu.std())
             floor_note = f"(CPU against itself with one norm vector 1 ulp up: {f_agree * 100:.2f}%, {f_rel:.4f} x std)"
-        gpu = logits(a.build, path, toks, "cuda")
-        gpu1 = logits(a.build, path, toks, "cuda", batch=1)  # decode path (GEMV, split-K attention)
-        agree = float((cpu.argmax(1) == gpu.argmax(1)).mean())
+        # Both prompt paths against the one CPU run: the default and --exact (the CPU's
+        # arithmetic, whose rows should be the CPU's bit for bit).
+        for label, exact in (("", False), (" --exact", True)):
+            gpu = logits(a.build, path, toks, dev, exact=exact)
+            agree = float((cpu.argmax(1) == gpu.argmax(1)).mean())
+            rel = float(np.abs(cpu - gpu).max() / cpu.std())
+            same = int((cpu == gpu).all(1).sum())
+            check(f"{name} top-1 prompt path{label}", agree >= 0.99,
+                  f"{agree * 100:.2f}% of {len(toks)} positions, {same} rows bit-identical to the CPU's, "
+                  f"max|diff| {rel:.4f} x std {floor_note}")
+        gpu1 = logits(a.build, path, toks, dev, batch=1)  # decode path (GEMV, split-K attention)
         agree1 = float((cpu.argmax(1) == gpu1.argmax(1)).mean())
-        rel = float(np.abs(cpu - gpu).max() / cpu.std())
-        same = int((cpu == gpu).all(1).sum())
-        check(f"{name} top-1 prompt path", agree >= 0.99,
-              f"{agree * 100:.2f}% of {len(toks)} positions, {same} rows bit-identical to the CPU's, "
-              f"max|diff| {rel:.4f} x std {floor_note}")
         # The decode path computes the CPU's arithmetic (each block's term and every sum across
         # lanes, chunks and slices in double): its rows should be the CPU's, bit for bit.
         same1 = int((cpu == gpu1).all(1).sum())
         check(f"{name} top-1 decode path", agree1 >= 0.99,
               f"{agree1 * 100:.2f}% of {len(toks)} positions, {same1} rows bit-identical to the CPU's")
     p_cpu = perplexity(a.build, a.smollm2, text, "cpu")
-    p_gpu = perplexity(a.build, a.smollm2, text, "cuda")
-    detail = f"cpu {p_cpu:.4f} gpu {p_gpu:.4f} ({abs(p_gpu - p_cpu) / p_cpu * 100:.3f}% apart)"
+    floor = ""
     if have_gguf:
         apart = [abs(perplexity(a.build, nudged(a.smollm2, os.path.join(tmp, "nudged.gguf"), n, d), text, "cpu") - p_cpu)
                  / p_cpu * 100 for n, d in PPL_NUDGES]
-        detail += (f"; CPU against itself with one norm vector 1 ulp off ({len(apart)} nudges): "
-                   f"{min(apart):.3f}-{max(apart):.3f}% apart")
-    check("SmolLM2 perplexity", abs(p_gpu - p_cpu) / p_cpu <= 0.001, detail)
-    print(f"{len(models) * 2 + 1 - failures} passed, {failures} failed")
+        floor = (f"; CPU against itself with one norm vector 1 ulp off ({len(apart)} nudges): "
+                 f"{min(apart):.3f}-{max(apart):.3f}% apart")
+    for label, exact in (("", False), (" --exact", True)):
+        p_gpu = perplexity(a.build, a.smollm2, text, dev, exact=exact)
+        detail = f"cpu {p_cpu:.4f} gpu {p_gpu:.4f} ({abs(p_gpu - p_cpu) / p_cpu * 100:.3f}% apart)" + floor
+        check(f"SmolLM2 perplexity{label}", abs(p_gpu - p_cpu) / p_cpu <= 0.001, detail)
+    print(f"{len(models) * 3 + 2 - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 
