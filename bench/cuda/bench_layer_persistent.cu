@@ -15,7 +15,15 @@
 // wait for each other. The barriers (five a layer: after q/k/v, the attention, o, gate/up and
 // down) are one release-add and an acquire spin of one thread a CTA. Activations are prepared
 // redundantly in every CTA (norm and 8-bit quantization into shared memory), so the norms cost
-// no handoff of their own.
+// no handoff of their own; the attention is split-K over 128 CTAs, merged in o's preparation.
+//
+// What it found (H100, 8B Q4_K, 16 warps; BENCHMARKS.md, thirty-fifth session): the rings alone
+// stream at 3175 GB/s (38.6 us a layer), but the whole layer takes 77.9 us, slower than the
+// engine's launches (~69 us a layer for Q4_K_M's slightly larger layers). Added one at a time:
+// the GEMVs' arithmetic +8.5 us (it alone reaches only 82% of the stream), the preparations
+// +9.1, the attention +4.2, the barriers +17.5 (3.5 us each while HBM streams). A ring can only
+// hide a stall if the warps consume faster than HBM delivers, and these consume slower, so every
+// stall adds. Kept as the measurement of that design and the starting point for a faster one.
 //
 // A layer, Llama-3 8B shapes, all one weight type (Q4_K or Q6_K), in this order:
 //   x -> RMSNorm -> Q8_K -> q/k/v GEMV | RoPE, attention over the KV cache (a CTA a head) |
