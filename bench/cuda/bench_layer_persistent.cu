@@ -74,16 +74,15 @@ constexpr int kMaxWarps = 16, kMaxStages = 4, kMaxCtx = 1024;
 constexpr int kChunks = 4, kPartFloats = 4 + kHd;  // acc 16-byte aligned
 // A stage: two rows of the 4096-column matrices, one gate/up pair, or one of the two column parts
 // of a down row (4 and 3 units of 8 blocks: both parts start 16-byte aligned for Q4_K and Q6_K).
-constexpr int kStageRows = 2, kUnitBlocks = 8, kDownUnits = kFf / 256 / kUnitBlocks,
-              kDownPart0 = 4;
+constexpr int kStageRows = 2, kUnitBlocks = 8, kDownUnits = kFf / 256 / kUnitBlocks, kDownPart0 = 4;
 
 // What a run does besides streaming the weights (bits of Params::mode), for the ablation.
 enum Mode : int {
-    kStream = 0,        // the rings alone
-    kCompute = 1,       // the GEMVs' arithmetic (on whatever activations are there)
-    kPrep = 2,          // the activations' norms, merge and quantization
-    kAttend = 4,        // the attention
-    kBarrier = 8,       // the grid barriers
+    kStream = 0,   // the rings alone
+    kCompute = 1,  // the GEMVs' arithmetic (on whatever activations are there)
+    kPrep = 2,     // the activations' norms, merge and quantization
+    kAttend = 4,   // the attention
+    kBarrier = 8,  // the grid barriers
     kFull = 15,
 };
 // The GEMVs of a layer, in stream order.
@@ -110,7 +109,7 @@ struct Shape {
     static constexpr int kBB = Quant<T>::kBlockBytes;
     static constexpr int kRowD = kD / 256 * kBB, kRowF = kFf / 256 * kBB;
     static constexpr int kPart0Bytes = kDownPart0 * kUnitBlocks * kBB;
-    static constexpr int kSlot = kStageRows * kRowD > kPart0Bytes ? kStageRows * kRowD : kPart0Bytes;
+    static constexpr int kSlot = kStageRows * kRowD > kPart0Bytes ? kStageRows* kRowD : kPart0Bytes;
 };
 
 // A balanced range of the CTA's balanced range of n items (rows, or gate/up pairs).
@@ -229,7 +228,8 @@ __device__ void prep_attention(const float* part, int8_t* xq, float2* xd) {
 }
 // h as it is, quantized.
 __device__ void prep_plain(const float* h, int n, int8_t* xq, float2* xd) {
-    quantize_all(n, [&](int e, float(&v)[8]) { ldcg8(h + e, v); }, xq, xd);
+    quantize_all(
+        n, [&](int e, float(&v)[8]) { ldcg8(h + e, v); }, xq, xd);
 }
 
 // RoPE (adjacent pairs, GGUF's Llama layout) of the 4 dims lane*4 .. lane*4+3 of one head.
@@ -261,8 +261,10 @@ __device__ void attention_chunk(const Params& p, int layer, float* sc, float* re
         rope4(__ldcg(reinterpret_cast<const float4*>(p.knew + g * kHd + lane * 4)), lane, p.pos);
     if (head % (kHeads / kKvHeads) == 0 && chunk == 0 && warp == 0) {
         const float4 vn = __ldcg(reinterpret_cast<const float4*>(p.vnew + g * kHd + lane * 4));
-        __half2* kd = reinterpret_cast<__half2*>(p.kc + lc + size_t(p.pos) * kKvDim + g * kHd + lane * 4);
-        __half2* vd = reinterpret_cast<__half2*>(p.vc + lc + size_t(p.pos) * kKvDim + g * kHd + lane * 4);
+        __half2* kd =
+            reinterpret_cast<__half2*>(p.kc + lc + size_t(p.pos) * kKvDim + g * kHd + lane * 4);
+        __half2* vd =
+            reinterpret_cast<__half2*>(p.vc + lc + size_t(p.pos) * kKvDim + g * kHd + lane * 4);
         kd[0] = __floats2half2_rn(kn.x, kn.y), kd[1] = __floats2half2_rn(kn.z, kn.w);
         vd[0] = __floats2half2_rn(vn.x, vn.y), vd[1] = __floats2half2_rn(vn.z, vn.w);
     }
@@ -327,7 +329,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
     uint8_t* rest = smem + size_t(W) * NS * p.slot_bytes;
     uint64_t* bars = reinterpret_cast<uint64_t*>(rest) + warp * kMaxStages;
     float* red = reinterpret_cast<float*>(rest + kMaxWarps * kMaxStages * 8);  // 64 floats
-    float2* xd = reinterpret_cast<float2*>(red + 64);                           // kFf / 32
+    float2* xd = reinterpret_cast<float2*>(red + 64);                          // kFf / 32
     // The activations' quants and, in the attention, the scores (never both at once).
     int8_t* xq = reinterpret_cast<int8_t*>(xd + kFf / 32);
     float* sc = reinterpret_cast<float*>(xq);
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
         }
     };
     // Two 4096-column rows at st (the second only if two2) against the held x.
-    auto dot2 = [&](const uint8_t* st, bool two, double (&acc)[2]) {
+    auto dot2 = [&](const uint8_t* st, bool two, double(&acc)[2]) {
         acc[0] = acc[1] = 0.0;
 #pragma unroll
         for (int u = 0; u < kXU; ++u) {
@@ -472,8 +474,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
             if ((s & 1) == 0) {
                 down_acc = dot_part.template operator()<0, kDownPart0>(st, 0.0);
             } else {
-                const float y =
-                    float(warp_sum(dot_part.template operator()<kDownPart0, kDownUnits>(st, down_acc)));
+                const float y = float(
+                    warp_sum(dot_part.template operator()<kDownPart0, kDownUnits>(st, down_acc)));
                 if (lane == 0) p.x[b + s / 2] += y;
             }
         });
@@ -544,8 +546,9 @@ void cpu_layer(CpuModel& m, int l, std::vector<float>& x, int pos) {
         for (int tp = 0; tp <= pos; ++tp) {
             double d = 0;
             for (int i = 0; i < kHd; ++i) {
-                const float k = tp < pos ? nt::f16_to_f32(m.kc[l][size_t(tp) * kKvDim + g * kHd + i])
-                                         : qkv[kD + g * kHd + i];
+                const float k = tp < pos
+                                    ? nt::f16_to_f32(m.kc[l][size_t(tp) * kKvDim + g * kHd + i])
+                                    : qkv[kD + g * kHd + i];
                 d += double(qkv[hd * kHd + i]) * k;
             }
             s[tp] = d / std::sqrt(double(kHd));
@@ -564,7 +567,8 @@ void cpu_layer(CpuModel& m, int l, std::vector<float>& x, int pos) {
     std::vector<float> o = cpu_gemv(t, m.o[l], kD, kD, att);
     for (int i = 0; i < kD; ++i) x[i] += o[i];
     const std::vector<float> xn = cpu_norm(x, m.fn[l]);
-    const std::vector<float> g = cpu_gemv(t, m.gate[l], kFf, kD, xn), u = cpu_gemv(t, m.up[l], kFf, kD, xn);
+    const std::vector<float> g = cpu_gemv(t, m.gate[l], kFf, kD, xn),
+                             u = cpu_gemv(t, m.up[l], kFf, kD, xn);
     std::vector<float> h(kFf);
     for (int i = 0; i < kFf; ++i) h[i] = g[i] / (1.f + std::exp(-g[i])) * u[i];
     const std::vector<float> dn = cpu_gemv(t, m.down[l], kD, kFf, h);
@@ -584,22 +588,26 @@ int run(const Opts& o) {
     const int layers = o.check ? 2 : o.layers;
     const int pos = o.ctx - 1;
     const int slot = Shape<T>::kSlot;
-    if (o.warps < 4 || o.warps > kMaxWarps || o.stages < 0 || o.stages > kMaxStages ||
-        o.ctx < 1 || o.ctx > kMaxCtx)
+    if (o.warps < 4 || o.warps > kMaxWarps || o.stages < 0 || o.stages > kMaxStages || o.ctx < 1 ||
+        o.ctx > kMaxCtx)
         nt::fail("--warps 4..%d, --stages 0..%d, --ctx 1..%d.", kMaxWarps, kMaxStages, kMaxCtx);
     const int stages =
-        o.stages ? o.stages
-                 : std::min<int>(kMaxStages, (size_t(optin) - extra_smem()) / (size_t(o.warps) * slot));
+        o.stages
+            ? o.stages
+            : std::min<int>(kMaxStages, (size_t(optin) - extra_smem()) / (size_t(o.warps) * slot));
     const size_t smem = size_t(o.warps) * stages * slot + extra_smem();
     if (stages < 1 || smem > size_t(optin))
-        nt::fail("%zu bytes of shared memory a CTA needed, the GPU allows %d: fewer --warps or "
-                 "--stages.", smem, optin);
+        nt::fail(
+            "%zu bytes of shared memory a CTA needed, the GPU allows %d: fewer --warps or "
+            "--stages.",
+            smem, optin);
     if (sms < kHeads * kChunks)
         nt::fail("the attention wants %d CTAs, one a multiprocessor; this GPU has %d.",
                  kHeads * kChunks, sms);
     auto kern = layers_persistent<T>;
-    NT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                  "smem attribute");
+    NT_CUDA_CHECK(
+        cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        "smem attribute");
     int per_sm = 0;
     NT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, o.warps * 32, smem),
                   "occupancy");
@@ -613,7 +621,8 @@ int run(const Opts& o) {
     DeviceBuffer<uint8_t> wbuf(per_layer * layers);
     DeviceBuffer<float> norms(size_t(2) * kD * layers);
     std::vector<LayerW> lw(layers);
-    DeviceBuffer<__half> kc(size_t(layers) * kMaxCtx * kKvDim), vc(size_t(layers) * kMaxCtx * kKvDim);
+    DeviceBuffer<__half> kc(size_t(layers) * kMaxCtx * kKvDim),
+        vc(size_t(layers) * kMaxCtx * kKvDim);
     {
         // One random layer uploaded to every layer's place unless checking (fast to build).
         const int distinct = o.check ? layers : 1;
@@ -627,20 +636,36 @@ int run(const Opts& o) {
             uint8_t* base = wbuf.p + per_layer * l;
             NT_CUDA_CHECK(cudaMemcpy(base, qkv.data(), b_qkv, cudaMemcpyHostToDevice), "up");
             NT_CUDA_CHECK(cudaMemcpy(base + b_qkv, wo.data(), b_o, cudaMemcpyHostToDevice), "up");
-            NT_CUDA_CHECK(cudaMemcpy(base + b_qkv + b_o, wg.data(), b_ff, cudaMemcpyHostToDevice), "up");
-            NT_CUDA_CHECK(cudaMemcpy(base + b_qkv + b_o + b_ff, wu.data(), b_ff, cudaMemcpyHostToDevice), "up");
-            NT_CUDA_CHECK(cudaMemcpy(base + b_qkv + b_o + 2 * b_ff, wd.data(), b_down, cudaMemcpyHostToDevice), "up");
-            lw[l] = {base, base + b_qkv, base + b_qkv + b_o, base + b_qkv + b_o + b_ff,
-                     base + b_qkv + b_o + 2 * b_ff, norms.p + size_t(2) * kD * l,
+            NT_CUDA_CHECK(cudaMemcpy(base + b_qkv + b_o, wg.data(), b_ff, cudaMemcpyHostToDevice),
+                          "up");
+            NT_CUDA_CHECK(
+                cudaMemcpy(base + b_qkv + b_o + b_ff, wu.data(), b_ff, cudaMemcpyHostToDevice),
+                "up");
+            NT_CUDA_CHECK(cudaMemcpy(base + b_qkv + b_o + 2 * b_ff, wd.data(), b_down,
+                                     cudaMemcpyHostToDevice),
+                          "up");
+            lw[l] = {base,
+                     base + b_qkv,
+                     base + b_qkv + b_o,
+                     base + b_qkv + b_o + b_ff,
+                     base + b_qkv + b_o + 2 * b_ff,
+                     norms.p + size_t(2) * kD * l,
                      norms.p + size_t(2) * kD * l + kD};
             auto nw = bench::random_activations(2, kD, 21 + l);
             for (auto& v : nw) v = 1.f + 0.1f * v;
-            NT_CUDA_CHECK(cudaMemcpy(norms.p + size_t(2) * kD * l, nw.data(), nw.size() * 4, cudaMemcpyHostToDevice), "up");
+            NT_CUDA_CHECK(cudaMemcpy(norms.p + size_t(2) * kD * l, nw.data(), nw.size() * 4,
+                                     cudaMemcpyHostToDevice),
+                          "up");
             auto kv = bench::random_activations(2, size_t(kMaxCtx) * kKvDim / 1, 31 + l);
             std::vector<uint16_t> kh(size_t(kMaxCtx) * kKvDim), vh(kh.size());
-            for (size_t i = 0; i < kh.size(); ++i) kh[i] = nt::f32_to_f16(kv[i]), vh[i] = nt::f32_to_f16(kv[kh.size() + i]);
-            NT_CUDA_CHECK(cudaMemcpy(kc.p + size_t(l) * kMaxCtx * kKvDim, kh.data(), kh.size() * 2, cudaMemcpyHostToDevice), "up");
-            NT_CUDA_CHECK(cudaMemcpy(vc.p + size_t(l) * kMaxCtx * kKvDim, vh.data(), vh.size() * 2, cudaMemcpyHostToDevice), "up");
+            for (size_t i = 0; i < kh.size(); ++i)
+                kh[i] = nt::f32_to_f16(kv[i]), vh[i] = nt::f32_to_f16(kv[kh.size() + i]);
+            NT_CUDA_CHECK(cudaMemcpy(kc.p + size_t(l) * kMaxCtx * kKvDim, kh.data(), kh.size() * 2,
+                                     cudaMemcpyHostToDevice),
+                          "up");
+            NT_CUDA_CHECK(cudaMemcpy(vc.p + size_t(l) * kMaxCtx * kKvDim, vh.data(), vh.size() * 2,
+                                     cudaMemcpyHostToDevice),
+                          "up");
             if (o.check) {
                 cm.qkv.push_back(std::move(qkv)), cm.o.push_back(std::move(wo));
                 cm.gate.push_back(std::move(wg)), cm.up.push_back(std::move(wu));
@@ -658,8 +683,8 @@ int run(const Opts& o) {
     DeviceBuffer<unsigned> bar(1);
     const std::vector<float> x0 = bench::random_activations(1, kD, 5);
 
-    Params p{dl.p, layers, x.p, q.p, kn.p, vn.p, h.p, part.p, kc.p, vc.p, pos, bar.p, kFull,
-             stages, slot};
+    Params p{dl.p, layers, x.p, q.p,   kn.p,  vn.p,   h.p, part.p,
+             kc.p, vc.p,   pos, bar.p, kFull, stages, slot};
     cudaStream_t st;
     NT_CUDA_CHECK(cudaStreamCreate(&st), "stream");
     auto launch = [&](int mode) {
@@ -670,10 +695,11 @@ int run(const Opts& o) {
                                                   dim3(o.warps * 32), args, smem, st),
                       "persistent layers");
     };
-    std::printf("%s, %d layers of 8B shapes (%.1f MB each), ctx %d, %d SMs x %d warps, %d stages of "
-                "%d B (%zu B shared), %s\n",
-                nt::traits(T).name, layers, per_layer / 1e6, o.ctx, sms, o.warps, stages, slot,
-                smem, prop.name);
+    std::printf(
+        "%s, %d layers of 8B shapes (%.1f MB each), ctx %d, %d SMs x %d warps, %d stages of "
+        "%d B (%zu B shared), %s\n",
+        nt::traits(T).name, layers, per_layer / 1e6, o.ctx, sms, o.warps, stages, slot, smem,
+        prop.name);
     if (o.check) {
         x.upload(x0.data(), kD);
         launch(kFull);
@@ -735,18 +761,28 @@ int main(int argc, char** argv) {
         if (a == "--type") {
             if (i + 1 >= argc) nt::fail("--type needs a value.");
             const std::string t = argv[++i];
-            if (t == "q4_K") o.type = GgmlType::Q4_K;
-            else if (t == "q6_K") o.type = GgmlType::Q6_K;
-            else nt::fail("--type is q4_K or q6_K.");
-        } else if (a == "--layers") o.layers = next();
-        else if (a == "--ctx") o.ctx = next();
-        else if (a == "--warps") o.warps = next();
-        else if (a == "--stages") o.stages = next();
-        else if (a == "--iters") o.iters = next();
-        else if (a == "--check") o.check = true;
+            if (t == "q4_K")
+                o.type = GgmlType::Q4_K;
+            else if (t == "q6_K")
+                o.type = GgmlType::Q6_K;
+            else
+                nt::fail("--type is q4_K or q6_K.");
+        } else if (a == "--layers")
+            o.layers = next();
+        else if (a == "--ctx")
+            o.ctx = next();
+        else if (a == "--warps")
+            o.warps = next();
+        else if (a == "--stages")
+            o.stages = next();
+        else if (a == "--iters")
+            o.iters = next();
+        else if (a == "--check")
+            o.check = true;
         else {
-            std::fprintf(stderr, "usage: bench_layer_persistent [--type q4_K|q6_K] [--layers N] "
-                                 "[--ctx N] [--warps N] [--stages N] [--iters N] [--check]\n");
+            std::fprintf(stderr,
+                         "usage: bench_layer_persistent [--type q4_K|q6_K] [--layers N] "
+                         "[--ctx N] [--warps N] [--stages N] [--iters N] [--check]\n");
             return 2;
         }
     }
