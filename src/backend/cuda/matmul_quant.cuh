@@ -106,10 +106,16 @@ NT_HD uint32_t ld_u32_a2(const uint8_t* p) {  // p only 2-byte aligned
 // load/store unit is what the unaligned types' blocks, Q8_0's 34 bytes and Q6_K's 210, spend
 // most of their instructions on). The fifth load takes only the two bytes still inside the 16
 // (none when p is 4-byte aligned): a whole word would read past a matrix's last block.
+// p rounded down to 4 bytes by pointer arithmetic, not through an integer: the compiler then
+// still knows the memory space (shared memory loads stay LDS with 32-bit addresses, where a
+// round trip through uintptr_t made them generic 64-bit loads).
+NT_HD const uint8_t* down4(const uint8_t* p) {
+    return p - (reinterpret_cast<uintptr_t>(p) & 3);
+}
 NT_HD void ld_u32x4_a2(const uint8_t* p, uint32_t v[4]) {
 #ifdef __CUDA_ARCH__
     const uint32_t* w =
-        reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+        reinterpret_cast<const uint32_t*>(down4(p));
     const uint32_t sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
     const uint32_t w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
     const uint32_t w4 = sh ? ld_u16(reinterpret_cast<const uint8_t*>(w + 4)) : 0u;
@@ -130,7 +136,7 @@ struct A2x4 {
 NT_HD void ld_a2x4_raw(const uint8_t* p, A2x4& r) {
 #ifdef __CUDA_ARCH__
     const uint32_t* w =
-        reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+        reinterpret_cast<const uint32_t*>(down4(p));
     r.sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
     for (int i = 0; i < 4; ++i) r.w[i] = w[i];
     r.w[4] = r.sh ? ld_u16(reinterpret_cast<const uint8_t*>(w + 4)) : 0u;  // as in ld_u32x4_a2
@@ -847,8 +853,7 @@ struct Quant<GgmlType::Q6_K> {
 #ifdef __CUDA_ARCH__
         // The third word only where the 8 scale bytes are not 4-byte aligned, and only its
         // half inside the block (a whole word would read past a matrix's last block).
-        const uint32_t* sw = reinterpret_cast<const uint32_t*>(
-            reinterpret_cast<uintptr_t>(b + 192 + 8 * n) & ~uintptr_t(3));
+        const uint32_t* sw = reinterpret_cast<const uint32_t*>(down4(b + 192 + 8 * n));
         r.s[0] = sw[0], r.s[1] = sw[1];
         r.s[2] = r.la.sh ? ld_u16(reinterpret_cast<const uint8_t*>(sw + 2)) : 0u;
 #else
