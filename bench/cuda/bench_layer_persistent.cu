@@ -19,14 +19,15 @@
 //
 // What it found (H100, 8B Q4_K, 16 warps; BENCHMARKS.md, thirty-fifth session): the rings alone
 // stream at 3175 GB/s (38.6 us a layer), but the whole layer takes 77.9 us, slower than the
-// engine's launches (~69 us a layer for Q4_K_M's slightly larger layers). Added one at a time:
+// engine's launches (about 68 us a layer for Q4_K_M's slightly larger layers). Added one at a time:
 // the GEMVs' arithmetic +8.5 us (it alone reaches only 82% of the stream), the preparations
 // +9.1, the attention +4.2, the barriers +17.5 (3.5 us each while HBM streams). A ring can only
 // hide a stall if the warps consume faster than HBM delivers, and these consume slower, so every
 // stall adds. Kept as the measurement of that design and the starting point for a faster one.
 //
 // A layer, Llama-3 8B shapes, all one weight type (Q4_K or Q6_K), in this order:
-//   x -> RMSNorm -> Q8_K -> q/k/v GEMV | RoPE, attention over the KV cache (a CTA a head) |
+//   x -> RMSNorm -> Q8_K -> q/k/v GEMV | RoPE, attention over the KV cache (a CTA a head and
+//   quarter of the positions) |
 //   Q8_K -> o GEMV, x += | RMSNorm -> Q8_K -> gate/up GEMV, silu(g) * u | Q8_K -> down, x +=
 // with the GEMVs in the engine's arithmetic (Quant<T>: the CPU's vec_dot in double).
 //
@@ -37,9 +38,8 @@
 // The modes add the layer's parts one at a time: `stream` (the rings alone: each warp waits for
 // its stages and frees them; the ceiling for this access pattern), `+gemv` (the GEMVs'
 // arithmetic), `+prep` (norms and quantization), `+attention`, and `+barriers` (the whole layer;
-// only it computes the right values). --check runs two layers
-// and compares x with the CPU (nt::vec_dot on nt::quantize_row's Q8_K, float norm, RoPE and
-// attention).
+// only it computes the right values). --check runs two layers and compares x with the CPU
+// (nt::vec_dot on nt::quantize_row's Q8_K, float norm, RoPE and attention).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
