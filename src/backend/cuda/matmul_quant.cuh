@@ -213,6 +213,18 @@ NT_HD uint32_t spread4_to_bit4(uint32_t b) {
     return ((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25);
 }
 
+// Four Q6_K quants q (0..63, a byte each): the nibble t >> 1 of each byte of a word of ql with
+// bits 2t of the matching word of qh above it, for the quants' index t = 0..3 within their group.
+NT_HD uint32_t q6k_quants4_u(uint32_t ql, uint32_t qh, int t) {
+    const uint32_t lo = (ql >> (4 * (t >> 1))) & 0x0F0F0F0Fu;
+    const uint32_t hi = (t == 0 ? qh << 4 : t == 1 ? qh << 2 : t == 2 ? qh : qh >> 2) & 0x30303030u;
+    return lo | hi;
+}
+// The same as int8 (q - 32).
+NT_HD uint32_t q6k_quants4(uint32_t ql, uint32_t qh, int t) {
+    return sub_bytes(q6k_quants4_u(ql, qh, t), 0x20202020u);
+}
+
 // Q6_K on int8 tensor cores (sm90a/matmul_mmq_wgmma.cu): a scale sc (int8) times a quant
 // q' = q - 32 (in [-32, 31]) needs 13 bits, so sc is split into three balanced base-8 digits,
 // sc = 64 c2 + 8 c1 + c0 with every c in [-3, 4], and every c q' is an int8 (in [-128, 124]).
@@ -839,16 +851,8 @@ struct Quant<GgmlType::Q6_K> {
         int isum = 0;
         for (int t = 0; t < 4; ++t) {
             int sq = 0;
-            for (int i = 0; i < 4; ++i) {
-                const uint32_t lo = ((t & 1 ? w.lb[i] : w.la[i]) >> (4 * (t >> 1))) & 0x0F0F0F0Fu;
-                const uint32_t h = w.h[i];
-                const uint32_t hi = (t == 0   ? h << 4
-                                     : t == 1 ? h << 2
-                                     : t == 2 ? h
-                                              : h >> 2) &
-                                    0x30303030u;
-                sq = dp4a(lo | hi, x.q[t][i], sq);
-            }
+            for (int i = 0; i < 4; ++i)
+                sq = dp4a(q6k_quants4_u(t & 1 ? w.lb[i] : w.la[i], w.h[i], t), x.q[t][i], sq);
             isum += (sq - 32 * x.s[t]) * w.sc[t];
         }
         return i2d(isum) * (double(w.d) * double(x.d));

@@ -752,29 +752,17 @@ void launch_tiles(GgmlType t, const CUtensorMap& tmx, const CUtensorMap& tmw,
     NT_CUDA_CHECK(cudaGetLastError(), "gemm (wgmma)");
 }
 
-template <bool Q5, int R>
-void launch_wgmma_q45k(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
+// Kernel K of layout P over W as [rows][row bytes] (box a step's bytes x R rows): Q4_K, Q5_K,
+// and Q6_K (rows a multiple of 16 bytes, cols a multiple of 2048, for the map's row stride).
+template <class P, WgKernel K, int R>
+void launch_wgmma_rows(const void* w, int64_t rows, int64_t cols, const int8_t* xq,
                        const float2* xd, int n, float* y, cudaStream_t stream) {
-    using P = Wg45<Q5>;
     const uint64_t rb = row_bytes(P::kType, cols);
     const CUtensorMap tmw =
         byte_map(w, {rb, uint64_t(rows)}, {rb}, {uint32_t(P::kStepBytes), uint32_t(R)},
                  CU_TENSOR_MAP_SWIZZLE_NONE);
-    launch_tiles<gemm_wgmma_q45k<Q5, R>, TmaLayout<P, R>::kBytes, R>(
-        P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
-}
-
-// rows of Q6_K a multiple of 16 bytes (cols a multiple of 2048), for the map's row stride.
-template <int R>
-void launch_wgmma_q6k(const void* w, int64_t rows, int64_t cols, const int8_t* xq, const float2* xd,
-                      int n, float* y, cudaStream_t stream) {
-    using P = Wg6;
-    const uint64_t rb = row_bytes(P::kType, cols);
-    const CUtensorMap tmw =
-        byte_map(w, {rb, uint64_t(rows)}, {rb}, {uint32_t(P::kStepBytes), uint32_t(R)},
-                 CU_TENSOR_MAP_SWIZZLE_NONE);
-    launch_tiles<gemm_wgmma_q6k<R>, TmaLayout<P, R>::kBytes, R>(
-        P::kType, x_map(xq, cols, n), tmw, xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
+    launch_tiles<K, TmaLayout<P, R>::kBytes, R>(P::kType, x_map(xq, cols, n), tmw,
+                                                xd_map(xd, cols, n, 16), rows, cols, n, y, stream);
 }
 
 template <GgmlType T, int R, int S = kWgStages>
@@ -815,13 +803,15 @@ bool gemm_mmq_wgmma(GgmlType t, const void* w, int64_t rows, int64_t cols, const
     if (n <= 0 || rows <= 0) return true;
     switch (t) {  // 64-row CTAs, two an SM (the header says why)
         case GgmlType::Q4_K:
-            launch_wgmma_q45k<false, 64>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_rows<Wg45<false>, gemm_wgmma_q45k<false, 64>, 64>(w, rows, cols, xq, xd, n,
+                                                                           y, stream);
             break;
         case GgmlType::Q5_K:
-            launch_wgmma_q45k<true, 64>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_rows<Wg45<true>, gemm_wgmma_q45k<true, 64>, 64>(w, rows, cols, xq, xd, n,
+                                                                         y, stream);
             break;
         case GgmlType::Q6_K:
-            launch_wgmma_q6k<64>(w, rows, cols, xq, xd, n, y, stream);
+            launch_wgmma_rows<Wg6, gemm_wgmma_q6k<64>, 64>(w, rows, cols, xq, xd, n, y, stream);
             break;
         case GgmlType::Q8_0:  // 2 stages, so that two CTAs fit an SM's shared memory (84 KB
             // each; 3 stages take 124 KB: one CTA an SM, 14% slower than 128-row CTAs, which
