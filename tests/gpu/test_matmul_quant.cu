@@ -205,6 +205,37 @@ TEST(MatmulQuantHost, Q6_K) {
     check_type<GgmlType::Q6_K>();
 }
 
+// The GEMV's packed Q4_K/Q5_K scales and mins (scale_min_k4_packed, byte permutes and masks)
+// against the per-value definition (scale_min_k4_words) for every lane part, on words that put
+// every byte value in every position, and the unsigned-by-signed dp4a against its definition.
+TEST(MatmulQuantHost, PackedScalesAndUnsignedDp4a) {
+    for (uint32_t t = 0; t < 256 * 4; ++t) {
+        const uint32_t b = t & 255, r = t >> 8;
+        uint32_t v[3];
+        for (int k = 0; k < 3; ++k) {
+            v[k] = 0;
+            for (int y = 0; y < 4; ++y)
+                v[k] |= uint32_t(uint8_t(b + 37 * (4 * k + y) + 59 * r)) << (8 * ((y + r) & 3));
+        }
+        for (int c = 0; c < 4; ++c) {
+            int sc1, m1, sc2, m2;
+            scale_min_k4_words(2 * c, v[0], v[1], v[2], sc1, m1);
+            scale_min_k4_words(2 * c + 1, v[0], v[1], v[2], sc2, m2);
+            const uint32_t want =
+                uint32_t(sc1) | uint32_t(sc2) << 8 | uint32_t(m1) << 16 | uint32_t(m2) << 24;
+            ASSERT_EQ(want, scale_min_k4_packed(c, v[0], v[1], v[2])) << "part " << c << " t " << t;
+        }
+    }
+    for (int a = 0; a < 256; ++a)
+        for (int x = -128; x < 128; ++x) {
+            const uint32_t aw = uint32_t(a) | uint32_t(255 - a) << 8 | uint32_t(a ^ 0x5A) << 16 | 7u << 24;
+            const int xw = int(uint32_t(uint8_t(x)) | uint32_t(uint8_t(-x - 1)) << 8 |
+                               uint32_t(uint8_t(x / 2)) << 16 | uint32_t(uint8_t(3)) << 24);
+            const int want = 5 + a * x + (255 - a) * (-x - 1) + (a ^ 0x5A) * (x / 2) + 7 * 3;
+            ASSERT_EQ(want, dp4a_us(aw, xw, 5)) << a << " " << x;
+        }
+}
+
 // Q6_K's wgmma A (q6k_scale_digits, q6k_digit_times), exhaustively: every int8 scale in every
 // byte lane, beside other scales, splits into digits in [-3, 4] with 64 c2 + 8 c1 + c0 = sc;
 // every digit times every quant gives the int8 c (q - 32) in its lane, beside other quants.

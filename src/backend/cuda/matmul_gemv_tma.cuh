@@ -185,10 +185,10 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         return pr.weights(m) + size_t(r - pr.begin(m)) * stride + at;
     };
     const uint64_t policy = ring.evict_first ? l2_evict_first_policy() : 0;
-    // Stage j: group g0 + j into slot j % S (lane 0 only).
-    auto issue = [&](int64_t j) {
-        uint8_t* dst = buf + (j % S) * stage_bytes;
-        uint64_t* bar = bars + j % S;
+    // Stage j: group g0 + j into `slot`, which is j % S (lane 0 only).
+    auto issue = [&](int64_t j, int slot) {
+        uint8_t* dst = buf + slot * stage_bytes;
+        uint64_t* bar = bars + slot;
         mbar_expect_tx(bar, uint32_t(stage_bytes));
 #pragma unroll
         for (int h = 0; h < kV; ++h) {
@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     pdl_trigger();
     if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
-        for (int64_t j = 0; j < S && j < total; ++j) issue(j);
+        for (int j = 0; j < S && j < total; ++j) issue(j, j);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if constexpr (kSplit) {
         xq += int64_t(slice) * nb * Q::kBlockElems;
@@ -226,9 +226,12 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
                       part, xr[u]);
     }
+    float held[kV];  // a stage's outputs, until they are stored (below)
+    // The slot and its phase counted along, not j % S and j / S (a division a stage).
+    int slot = 0;
+    uint32_t parity = 0;
     for (int64_t j = 0; j < total; ++j) {
-        const int slot = int(j % S);
-        mbar_wait(bars + slot, uint32_t((j / S) & 1));
+        mbar_wait(bars + slot, parity);
         const uint8_t* st = buf + slot * stage_bytes;
         double acc[kV];  // in double: see Quant<T>::dot
 #pragma unroll
@@ -249,25 +252,39 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             }
         }
         __syncwarp();  // every lane has read the slot: it may be refilled
-        if (lane == 0 && j + S < total) issue(j + S);
+        if (lane == 0 && j + S < total) issue(j + S, slot);
         const int64_t g = g0 + j;
         double v[kV];
 #pragma unroll
         for (int h = 0; h < kV; ++h) v[h] = warp_sum(acc[h]);
-        if (lane == 0) {
-            if constexpr (kSplit) {
+        if constexpr (kSplit) {
+            if (lane == 0)
 #pragma unroll
                 for (int h = 0; h < kV; ++h)
                     cta_part[slice * sp.cta_rows + (g - c0) * kV + h] = v[h];
-            } else if constexpr (kPair) {
-                pr.y0[g] = silu_mul(float(v[0]), float(v[1]));
-            } else {
-                const int m = pr.matrix(g * kV);
-                const int64_t b = pr.begin(m);
+        } else {
+            // Stage j's outputs wait in lane j % 32 and are stored 32 stages at a time, every
+            // lane its own: the pair's SwiGLU (a double exp) and the stack's lookups then run
+            // once for 32 stages rather than once a stage for the whole warp.
+            const int k = int(j & 31);
+            if (lane == k)
 #pragma unroll
-                for (int h = 0; h < kV; ++h) pr.out(m)[g * kV + h - b] = float(v[h]);
+                for (int h = 0; h < kV; ++h) held[h] = float(v[h]);
+            if (k == 31 || j + 1 == total) {
+                const int64_t gl = g - k + lane;
+                if (lane <= k) {
+                    if constexpr (kPair) {
+                        pr.y0[gl] = silu_mul(held[0], held[1]);
+                    } else {
+                        const int m = pr.matrix(gl * kV);
+                        const int64_t b = pr.begin(m);
+#pragma unroll
+                        for (int h = 0; h < kV; ++h) pr.out(m)[gl * kV + h - b] = held[h];
+                    }
+                }
             }
         }
+        if (++slot == S) slot = 0, parity ^= 1;
     }
     if constexpr (kPair && !kSplit)
         if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);

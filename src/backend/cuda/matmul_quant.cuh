@@ -49,6 +49,19 @@ NT_HD float h2f(uint32_t h) {
 #endif
 }
 
+// A half (its bits in the low 16 of h) as a double, exactly: one conversion on the GPU, where
+// going through float takes two more instructions (the half-to-float and, under fast math, a
+// flush).
+NT_HD double h2d(uint32_t h) {
+#ifdef __CUDA_ARCH__
+    double r;
+    asm("cvt.f64.f16 %0, %1;" : "=d"(r) : "h"((unsigned short)h));
+    return r;
+#else
+    return double(nt::f16_to_f32(uint16_t(h)));
+#endif
+}
+
 // v from b = v + 2^31 (mod 2^32), exactly, for |v| < 2^31. On the GPU by one DADD on the FP64
 // pipe: b is the low word of the double 2^52 + 2^31 + v, so subtracting 2^52 + 2^31 leaves v. A
 // plain int -> double conversion goes through the conversion unit, a quarter of the FP64 pipe's
@@ -93,10 +106,16 @@ NT_HD uint32_t ld_u32_a2(const uint8_t* p) {  // p only 2-byte aligned
 // load/store unit is what the unaligned types' blocks, Q8_0's 34 bytes and Q6_K's 210, spend
 // most of their instructions on). The fifth load takes only the two bytes still inside the 16
 // (none when p is 4-byte aligned): a whole word would read past a matrix's last block.
+// p rounded down to 4 bytes by pointer arithmetic, not through an integer: the compiler then
+// still knows the memory space (shared memory loads stay LDS with 32-bit addresses, where a
+// round trip through uintptr_t made them generic 64-bit loads).
+NT_HD const uint8_t* down4(const uint8_t* p) {
+    return p - (reinterpret_cast<uintptr_t>(p) & 3);
+}
 NT_HD void ld_u32x4_a2(const uint8_t* p, uint32_t v[4]) {
 #ifdef __CUDA_ARCH__
     const uint32_t* w =
-        reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+        reinterpret_cast<const uint32_t*>(down4(p));
     const uint32_t sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
     const uint32_t w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
     const uint32_t w4 = sh ? ld_u16(reinterpret_cast<const uint8_t*>(w + 4)) : 0u;
@@ -117,7 +136,7 @@ struct A2x4 {
 NT_HD void ld_a2x4_raw(const uint8_t* p, A2x4& r) {
 #ifdef __CUDA_ARCH__
     const uint32_t* w =
-        reinterpret_cast<const uint32_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+        reinterpret_cast<const uint32_t*>(down4(p));
     r.sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
     for (int i = 0; i < 4; ++i) r.w[i] = w[i];
     r.w[4] = r.sh ? ld_u16(reinterpret_cast<const uint8_t*>(w + 4)) : 0u;  // as in ld_u32x4_a2
@@ -202,6 +221,19 @@ NT_HD int dp4a(uint32_t a, int b, int c) {
 #endif
 }
 
+// c + the dot product of a's four unsigned bytes with b's four signed ones.
+NT_HD int dp4a_us(uint32_t a, int b, int c) {
+#ifdef __CUDA_ARCH__
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+    for (int i = 0; i < 4; ++i)
+        c += int(uint8_t(a >> (8 * i))) * int(int8_t(uint8_t(uint32_t(b) >> (8 * i))));
+    return c;
+#endif
+}
+
 // Byte-wise a - b for bytes whose true difference lies in [-128, 127] and a < 128: setting the
 // top bit of each byte of a stops borrows crossing bytes; the xor puts the sign right.
 NT_HD uint32_t sub_bytes(uint32_t a, uint32_t b) {
@@ -263,15 +295,42 @@ NT_HD void scale_min_k4(int j, const uint8_t* s, int& sc, int& m) {
 // The same from the packed bytes held as three little-endian words (bytes 0-3, 4-7, 8-11),
 // without indexing an array by a run-time value (which would put it in local memory).
 NT_HD void scale_min_k4_words(int j, uint32_t v0, uint32_t v1, uint32_t v2, int& sc, int& m) {
+    // Both forms, then a select: j depends on the lane in the GEMV kernels, and a branch on it
+    // diverges inside every warp.
     const int k = (j & 3) * 8;
     const int b0 = (v0 >> k) & 0xFF, b1 = (v1 >> k) & 0xFF, b2 = (v2 >> k) & 0xFF;
-    if (j < 4) {
-        sc = b0 & 63;
-        m = b1 & 63;
-    } else {
-        sc = (b2 & 0xF) | ((b0 >> 6) << 4);
-        m = (b2 >> 4) | ((b1 >> 6) << 4);
-    }
+    const int sc_lo = b0 & 63, m_lo = b1 & 63;
+    const int sc_hi = (b2 & 0xF) | ((b0 >> 2) & 0x30), m_hi = (b2 >> 4) | ((b1 >> 2) & 0x30);
+    sc = j < 4 ? sc_lo : sc_hi;
+    m = j < 4 ? m_lo : m_hi;
+}
+
+// __byte_perm on the host too: byte i of the result is byte (s >> 4i) & 7 of the eight bytes
+// of b:a (a's the first four).
+NT_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(a, b, s);
+#else
+    const uint64_t v = uint64_t(b) << 32 | a;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; ++i) r |= uint32_t((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+    return r;
+#endif
+}
+
+// scale_min_k4_words of sub-blocks 2c and 2c + 1 at once, packed sc1 | sc2 << 8 | m1 << 16 |
+// m2 << 24 (as Quant<Q4_K>::W::sm): two byte permutes and a few masks, no branch on c (a lane's
+// part in the GEMV kernels, which differs inside a warp). With i = 2c mod 4, P holds bytes i,
+// i + 1 of v0 and v1; for c < 2 those are the values' low 6 bits, for c >= 2 their top 2 bits
+// (P's bits 6-7), whose low 4 bits are the nibbles of v2's bytes i, i + 1 (low for the scales,
+// high for the mins).
+NT_HD uint32_t scale_min_k4_packed(int c, uint32_t v0, uint32_t v1, uint32_t v2) {
+    const uint32_t i = uint32_t(2 * c) & 3;
+    const uint32_t p = byte_perm(v0, v1, i | (i + 1) << 4 | (i + 4) << 8 | (i + 5) << 12);
+    const uint32_t l = byte_perm(v2, v2, i | (i + 1) << 4 | i << 8 | (i + 1) << 12);
+    const uint32_t lo = p & 0x3F3F3F3Fu;
+    const uint32_t hi = ((p >> 2) & 0x30303030u) | (l & 0x00000F0Fu) | ((l >> 4) & 0x0F0F0000u);
+    return c < 2 ? lo : hi;
 }
 
 // Q3_K 6-bit signed scale s (0..15), minus 32, from the 12 packed bytes as three words.
@@ -642,16 +701,17 @@ NT_HD double k_quant_share(const W& w, const X& x, int sa, int sb) {
     const int isum = sa * int(w.sm & 63) + sb * int((w.sm >> 8) & 63);
     const int msum = x.sa * int((w.sm >> 16) & 63) + x.sb * int(w.sm >> 24);
     const double dx = double(x.da.x);
-    return i2d(isum) * (double(w.d) * dx) - i2d(msum) * (double(w.dmin) * dx);
+    return i2d(isum) * (h2d(w.dm & 0xFFFF) * dx) - i2d(msum) * (h2d(w.dm >> 16) * dx);
 }
 
 template <>
 struct Quant<GgmlType::Q4_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 144, kLanesPerBlock = 4, kUnits = 1;
     // sm: the lane's two sub-blocks' 6-bit scales and mins, bytes sc1, sc2, m1, m2.
+    // dm: d and dmin as the block stores them (two halves), converted where they are used.
     struct W {
         uint32_t q[8];
-        float d, dmin;
+        uint32_t dm;
         uint32_t sm;
     };
     // sa, sb: the sums of the two 32-element halves' quants (for the mins), formed once per
@@ -681,11 +741,8 @@ struct Quant<GgmlType::Q4_K> {
     }
     template <class WT>
     NT_HD static void scales_from_header(const uint32_t (&hdr)[4], int c, WT& w) {
-        int sc1, m1, sc2, m2;
-        scale_min_k4_words(2 * c, hdr[1], hdr[2], hdr[3], sc1, m1);
-        scale_min_k4_words(2 * c + 1, hdr[1], hdr[2], hdr[3], sc2, m2);
-        w.d = h2f(hdr[0] & 0xFFFF), w.dmin = h2f(hdr[0] >> 16);
-        w.sm = uint32_t(sc1) | uint32_t(sc2) << 8 | uint32_t(m1) << 16 | uint32_t(m2) << 24;
+        w.dm = hdr[0];
+        w.sm = scale_min_k4_packed(c, hdr[1], hdr[2], hdr[3]);
     }
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
         Raw r;
@@ -706,14 +763,16 @@ struct Quant<GgmlType::Q4_K> {
             x.sb = dp4a(0x01010101u, x.b[i], x.sb);
         }
     }
-    // The mins meet the exact sums of the activation quants (x.sa, x.sb).
+    // The mins meet the exact sums of the activation quants (x.sa, x.sb). The high nibbles
+    // are dotted in place (16 q, unsigned bytes) and the sum divided by 16 after, exactly: a
+    // shift fewer a word.
     NT_HD static double dot(const W& w, const X& x) {
-        int sa = 0, sb = 0;
+        int sa = 0, sb16 = 0;
         for (int i = 0; i < 8; ++i) {
             sa = dp4a(w.q[i] & 0x0F0F0F0Fu, x.a[i], sa);
-            sb = dp4a((w.q[i] >> 4) & 0x0F0F0F0Fu, x.b[i], sb);
+            sb16 = dp4a_us(w.q[i] & 0xF0F0F0F0u, x.b[i], sb16);
         }
-        return k_quant_share(w, x, sa, sb);
+        return k_quant_share(w, x, sa, sb16 >> 4);
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, sub = e0 >> 5, c = sub >> 1, l0 = e0 & 31;
@@ -734,7 +793,7 @@ struct Quant<GgmlType::Q5_K> {
     static constexpr int kBlockElems = 256, kBlockBytes = 176, kLanesPerBlock = 4, kUnits = 1;
     struct W {  // scales as Q4_K's
         uint32_t a[8], b[8];
-        float d, dmin;
+        uint32_t dm;
         uint32_t sm;
     };
     using X = Quant<GgmlType::Q4_K>::X;
@@ -806,8 +865,7 @@ struct Quant<GgmlType::Q6_K> {
 #ifdef __CUDA_ARCH__
         // The third word only where the 8 scale bytes are not 4-byte aligned, and only its
         // half inside the block (a whole word would read past a matrix's last block).
-        const uint32_t* sw = reinterpret_cast<const uint32_t*>(
-            reinterpret_cast<uintptr_t>(b + 192 + 8 * n) & ~uintptr_t(3));
+        const uint32_t* sw = reinterpret_cast<const uint32_t*>(down4(b + 192 + 8 * n));
         r.s[0] = sw[0], r.s[1] = sw[1];
         r.s[2] = r.la.sh ? ld_u16(reinterpret_cast<const uint8_t*>(sw + 2)) : 0u;
 #else
