@@ -184,21 +184,53 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         const int m = pr.matrix(r);
         return pr.weights(m) + size_t(r - pr.begin(m)) * stride + at;
     };
-    const uint64_t policy = ring.evict_first ? l2_evict_first_policy() : 0;
-    // Stage j: group g0 + j into `slot`, which is j % S (lane 0 only).
-    auto issue = [&](int64_t j, int slot) {
+    // One policy for every copy (evict-first, or normal for A/B runs), so that the copies are
+    // one form.
+    const uint64_t policy = ring.evict_first ? l2_evict_first_policy() : l2_evict_normal_policy();
+    // Lane 0's next group to issue, and the groups before `same_to`, whose rows lie in one
+    // matrix of the stack (row r at base + r * stride): for those a stage's copies cost an
+    // address computation, and the stack's lookup (row_of) runs only where a group starts in
+    // another matrix. A pair's rows are always found directly.
+    int64_t next = g0, same_to = g0;
+    uintptr_t base = 0;
+    auto locate = [&](int64_t g) {
+        const int m = pr.matrix(g * kV);
+        if (m == pr.matrix(g * kV + kV - 1)) {
+            base = reinterpret_cast<uintptr_t>(pr.weights(m)) + at - size_t(pr.begin(m)) * stride;
+            same_to = pr.end(m) / kV;
+        } else {
+            same_to = g;  // rows of two matrices: this group row by row
+        }
+    };
+    // The next group into `slot` (lane 0 only; groups in order from g0).
+    auto issue = [&](int slot) {
         uint8_t* dst = buf + slot * stage_bytes;
         uint64_t* bar = bars + slot;
         mbar_expect_tx(bar, uint32_t(stage_bytes));
+        auto copy_row = [&](int h, const uint8_t* from) {
+            bulk_copy_g2s(dst + h * ring.row_bytes, from, uint32_t(ring.row_bytes), bar, policy);
+        };
+        if constexpr (kPair) {
+            copy_row(0, row_of(next, 0));
+            copy_row(1, row_of(next, 1));
+        } else {
+            if (next >= same_to) locate(next);
+            if (next < same_to) {
+                const uintptr_t first = base + size_t(next) * kV * stride;
+                if constexpr (kSplit) {
 #pragma unroll
-        for (int h = 0; h < kV; ++h) {
-            if (ring.evict_first)
-                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h), uint32_t(ring.row_bytes),
-                              bar, policy);
-            else
-                bulk_copy_g2s(dst + h * ring.row_bytes, row_of(g0 + j, h), uint32_t(ring.row_bytes),
-                              bar);
+                    for (int h = 0; h < kV; ++h)
+                        copy_row(h, reinterpret_cast<const uint8_t*>(first + h * stride));
+                } else {  // the group's rows are one span
+                    bulk_copy_g2s(dst, reinterpret_cast<const uint8_t*>(first),
+                                  uint32_t(stage_bytes), bar, policy);
+                }
+            } else {
+#pragma unroll
+                for (int h = 0; h < kV; ++h) copy_row(h, row_of(next, h));
+            }
         }
+        ++next;
     };
 
     if (lane == 0) {
@@ -211,7 +243,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     pdl_trigger();
     if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
-        for (int j = 0; j < S && j < total; ++j) issue(j, j);
+        for (int j = 0; j < S && j < total; ++j) issue(j);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if constexpr (kSplit) {
         xq += int64_t(slice) * nb * Q::kBlockElems;
@@ -226,7 +258,11 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
                       part, xr[u]);
     }
-    float held[kV];  // a stage's outputs, until they are stored (below)
+    // After the stage's reduction each lane holds one row's sum: row `mine` of the group, in
+    // the R lanes from R * mine (warp_sum_rows).
+    constexpr int R = 32 / kV;
+    const int mine = lane / R, pos = lane % R;
+    float held = 0.f;  // a stage's output, until it is stored (below)
     // The slot and its phase counted along, not j % S and j / S (a division a stage).
     int slot = 0;
     uint32_t parity = 0;
@@ -252,35 +288,26 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             }
         }
         __syncwarp();  // every lane has read the slot: it may be refilled
-        if (lane == 0 && j + S < total) issue(j + S, slot);
+        if (lane == 0 && j + S < total) issue(slot);
         const int64_t g = g0 + j;
-        double v[kV];
-#pragma unroll
-        for (int h = 0; h < kV; ++h) v[h] = warp_sum(acc[h]);
+        const double v = warp_sum_rows(acc, lane);
         if constexpr (kSplit) {
-            if (lane == 0)
-#pragma unroll
-                for (int h = 0; h < kV; ++h)
-                    cta_part[slice * sp.cta_rows + (g - c0) * kV + h] = v[h];
+            if (pos == 0) cta_part[slice * sp.cta_rows + (g - c0) * kV + mine] = v;
         } else {
-            // Stage j's outputs wait in lane j % 32 and are stored 32 stages at a time, every
-            // lane its own: the pair's SwiGLU (a double exp) and the stack's lookups then run
-            // once for 32 stages rather than once a stage for the whole warp.
-            const int k = int(j & 31);
-            if (lane == k)
-#pragma unroll
-                for (int h = 0; h < kV; ++h) held[h] = float(v[h]);
-            if (k == 31 || j + 1 == total) {
-                const int64_t gl = g - k + lane;
-                if (lane <= k) {
-                    if constexpr (kPair) {
-                        pr.y0[gl] = silu_mul(held[0], held[1]);
-                    } else {
-                        const int m = pr.matrix(gl * kV);
-                        const int64_t b = pr.begin(m);
-#pragma unroll
-                        for (int h = 0; h < kV; ++h) pr.out(m)[gl * kV + h - b] = held[h];
-                    }
+            // Stage j's outputs wait in lanes j % R (one a row) and are stored R stages at a
+            // time, every lane its own: the pair's SwiGLU (a double exp) and the stack's
+            // lookups then run once for R stages rather than once a stage for the whole warp.
+            const int k = int(j % R);
+            if (pos == k) held = float(v);
+            if (k == R - 1 || j + 1 == total) {
+                const int64_t gl = g - k + pos;
+                if constexpr (kPair) {
+                    const float up = __shfl_down_sync(0xffffffffu, held, R);  // row 1's, to row 0's lanes
+                    if (mine == 0 && pos <= k) pr.y0[gl] = silu_mul(held, up);
+                } else if (pos <= k) {
+                    const int64_t row = gl * kV + mine;
+                    const int m = pr.matrix(row);
+                    pr.out(m)[row - pr.begin(m)] = held;
                 }
             }
         }

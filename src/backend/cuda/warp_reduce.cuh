@@ -15,6 +15,30 @@ __device__ __forceinline__ double warp_sum(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+// The warp's sums of kV values at once (kV a power of two up to 32), each lane left with one:
+// value lane / (32 / kV)'s. The first levels halve what a lane carries (it keeps the half its
+// partner gives away), so kV values cost about as many shuffles as two do in butterflies of
+// their own. Every sum adds the pair warp_sum adds, so the bits are warp_sum's.
+template <int kV>
+__device__ __forceinline__ double warp_sum_rows(const double (&v)[kV], int lane) {
+    static_assert(kV >= 1 && kV <= 32 && (kV & (kV - 1)) == 0, "a power of two up to 32");
+    double a[kV];
+#pragma unroll
+    for (int i = 0; i < kV; ++i) a[i] = v[i];
+    int o = 16;
+#pragma unroll
+    for (int n = kV; n > 1; n >>= 1, o >>= 1) {
+        const bool up = lane & o;
+#pragma unroll
+        for (int i = 0; i < n / 2; ++i) {
+            const double keep = up ? a[i + n / 2] : a[i], give = up ? a[i] : a[i + n / 2];
+            a[i] = keep + __shfl_xor_sync(0xffffffffu, give, o);
+        }
+    }
+#pragma unroll
+    for (; o > 0; o >>= 1) a[0] += __shfl_xor_sync(0xffffffffu, a[0], o);
+    return a[0];
+}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
