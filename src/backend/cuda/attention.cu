@@ -126,8 +126,7 @@ struct DecodeArgs {
     const float* v_new;
     const float* inv_freq;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
-    int slice_min;  // the fewest positions a context slice holds (a multiple of kAttnChunk)
-    float scale;    // 1/sqrt(head_dim)
+    float scale;  // 1/sqrt(head_dim)
 };
 
 // The decode kernels compute the CPU backend's arithmetic (CpuBackend::attention), so that
@@ -174,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_generic(DecodeArgs a) {
     const int row = a.rows[z];
     const int hd = a.head_dim, kvh = h / a.group;
     int start, end;
-    split_range(a.pos[row] + 1, a.splits, split, a.slice_min, start, end);
+    split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
     if (start >= end) {  // only when splits > 1: this slice lies past the sequence's end
         if (threadIdx.x == 0) a.part_ml[idx] = make_double2(-INFINITY, 0.0);
@@ -341,7 +340,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
     const int h0 = kvh * G;
     int start, end;
-    const int live = split_range(a.pos[row] + 1, a.splits, split, a.slice_min, start, end);
+    const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     if (start >= end) return;  // past the sequence's end: not counted, not merged
     const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
     const bool rope = a.inv_freq != nullptr;
@@ -1176,16 +1175,6 @@ static bool attn_wide_enabled() {
     static const bool on = env_switch("NT_ATTN_WIDE");
     return on;
 }
-// The fewest positions a decode slice holds (NT_ATTN_MIN_SLICE, rounded up to whole chunks;
-// default one chunk): a context shorter than two slices runs in one block a KV head, with no
-// merge of slices (whose handoff, a fence and a counter, is the slow part at short contexts).
-static int attn_slice_min() {
-    static const int n = [] {
-        const long long v = std::clamp<long long>(env_int("NT_ATTN_MIN_SLICE", kAttnChunk), 1, 1 << 20);
-        return int((v + kAttnChunk - 1) / kAttnChunk * kAttnChunk);
-    }();
-    return n;
-}
 
 void attn_init() {
     init_tiled_decode<kThreads, 64>(TiledGroups{});
@@ -1261,7 +1250,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.kv_dim = s.kv_dim();
     a.group = s.group();
     a.splits = splits;
-    a.slice_min = attn_slice_min();
     a.scale = cpu_scale(s.head_dim);
     a.xq = nullptr;
     a.xd = nullptr;
