@@ -302,7 +302,8 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             if (k == R - 1 || j + 1 == total) {
                 const int64_t gl = g - k + pos;
                 if constexpr (kPair) {
-                    const float up = __shfl_down_sync(0xffffffffu, held, R);  // row 1's, to row 0's lanes
+                    // row 1's output, to row 0's lanes
+                    const float up = __shfl_down_sync(0xffffffffu, held, R);
                     if (mine == 0 && pos <= k) pr.y0[gl] = silu_mul(held, up);
                 } else if (pos <= k) {
                     const int64_t row = gl * kV + mine;
