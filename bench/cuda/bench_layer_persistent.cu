@@ -55,6 +55,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/quantize_q8.cuh"
+#include "backend/cuda/rope.cuh"
 #include "backend/cuda/swiglu.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 #include "matmul_harness.h"
@@ -232,17 +233,17 @@ __device__ void prep_plain(const float* h, int n, int8_t* xq, float2* xd) {
         n, [&](int e, float(&v)[8]) { ldcg8(h + e, v); }, xq, xd);
 }
 
-// RoPE (adjacent pairs, GGUF's Llama layout) of the 4 dims lane*4 .. lane*4+3 of one head.
+// RoPE (adjacent pairs, GGUF's Llama layout) of the 4 dims lane*4 .. lane*4+3 of one head, in
+// the engine's arithmetic (rope.cuh).
 __device__ __forceinline__ float4 rope4(float4 v, int lane, int pos) {
     float r[4] = {v.x, v.y, v.z, v.w};
     for (int k = 0; k < 2; ++k) {
         const int i = lane * 2 + k;  // pair index in the head
-        const float th = float(pos) * powf(kRopeBase, -2.f * float(i) / float(kHd));
-        float s, c;
-        sincosf(th, &s, &c);
-        const float a = r[2 * k], b = r[2 * k + 1];
-        r[2 * k] = a * c - b * s;
-        r[2 * k + 1] = a * s + b * c;
+        float c, s;
+        nt::cuda::detail::rope_angle(pos, powf(kRopeBase, -2.f * float(i) / float(kHd)), c, s);
+        const float2 t = nt::cuda::detail::rope_turn(r[2 * k], r[2 * k + 1], c, s);
+        r[2 * k] = t.x;
+        r[2 * k + 1] = t.y;
     }
     return make_float4(r[0], r[1], r[2], r[3]);
 }
@@ -341,14 +342,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
     __syncwarp();
     const uint64_t policy = l2_evict_first_policy();
     // The stream: lane 0 issues the warp's next stage, across phases and layers, into slot
-    // issued % NS.
+    // `islot`, counted along (a division by the run-time NS a stage cost the engine's GEMVs
+    // 3%).
     Cursor ic;
-    long long issued = 0;
+    int islot = 0;
     auto issue_next = [&]() {
         if (!settle(ic, p.n_layers, W, warp)) return;
         const LayerW& L = p.layers[ic.layer];
-        uint8_t* dst = ring + (issued % NS) * p.slot_bytes;
-        uint64_t* bar = bars + issued % NS;
+        uint8_t* dst = ring + islot * p.slot_bytes;
+        uint64_t* bar = bars + islot;
         const int s = ic.s;
         if (ic.ph == kPhDown) {
             const int r = ic.b + s / 2, off = (s & 1) ? S::kPart0Bytes : 0;
@@ -369,12 +371,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
                               policy);
         }
         ++ic.s;
-        ++issued;
+        if (++islot == NS) islot = 0;
     };
     if (lane == 0)
         for (int s = 0; s < NS; ++s) issue_next();
 
-    long long used = 0;
+    int uslot = 0;  // the next stage's slot and its phase, counted along
+    uint32_t uphase = 0;
     unsigned epoch = 0;
     auto barrier = [&]() {
         ++epoch;
@@ -386,11 +389,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1) layers_persistent(Params p)
         warp_range(phase_items(ph), W, warp, b, e);
         const int ns = phase_stages(ph, b, e);
         for (int s = 0; s < ns; ++s) {
-            const int slot = int(used % NS);
-            mbar_wait(bars + slot, uint32_t((used / NS) & 1));
-            if (p.mode & kCompute) fn(ring + size_t(slot) * p.slot_bytes, s, b, e);
+            mbar_wait(bars + uslot, uphase);
+            if (p.mode & kCompute) fn(ring + size_t(uslot) * p.slot_bytes, s, b, e);
             __syncwarp();
-            ++used;
+            if (++uslot == NS) uslot = 0, uphase ^= 1;
             if (lane == 0) issue_next();
         }
     };
