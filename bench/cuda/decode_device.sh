@@ -43,18 +43,24 @@ wait_model() {  # the models stage writes in the background (in this run, or an 
     done
 }
 
-# tg128 of the 8B model of type $1 with the settings after it (VAR=VALUE ...): "t/s ± sd".
-# NT_BIN: another ntransformer binary (the base tree's).
+# bench of the 8B model of type $1 with -p $2 -n $3 -r 3 and the settings after them
+# (VAR=VALUE ...), by NT_BIN (another ntransformer binary, the base tree's) or this tree's.
+bench8b() {
+    local t=$1 p=$2 n=$3
+    shift 3
+    env "$@" "${NT_BIN:-$nt}" bench -m "$(model $t)" --device cuda -p "$p" -n "$n" -r 3 2>&1
+}
+# tg128 of the 8B model of type $1 with the settings after it: "t/s ± sd".
 tg128() {
     local t=$1
     shift
-    env "$@" "${NT_BIN:-$nt}" bench -m "$(model $t)" --device cuda -p 0 -n 128 -r 3 2>&1 | grep -E "tg128" | awk -F'|' '{print $7}'
+    bench8b "$t" 0 128 "$@" | grep -E "tg128" | awk -F'|' '{print $7}'
 }
 # pp512 of the 8B model of type $1 with the settings after it: bench's table row.
 pp512() {
     local t=$1
     shift
-    env "$@" "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 0 -r 3 2>&1 | grep -E "pp512"
+    bench8b "$t" 512 0 "$@" | grep -E "pp512"
 }
 
 # The tree of AB_BASE (a tarball of another commit) built beside this one in BASE_SRC, for
