@@ -502,6 +502,23 @@ int tma_pair_slices() {
     return n;
 }
 
+// Four rows a stage where launch_pipe would take two (single matrices and stacks of whole
+// rows of up to two units: 8B's 4096 columns in Q4_K and Q6_K), on unless NT_TMA_FOUR_ROWS=0
+// (A/B runs). A stage's fixed work (the wait, lane 0's copy, the reduction: warp_sum_rows) then
+// serves twice the bytes, and each warp has twice the bytes in flight (two 9.2 KB stages for
+// Q4_K; 3 CTAs a multiprocessor by shared memory instead of 4). H100, 8B tg128, four rows /
+// two: Q4_K_M 439.0, 440.0 / 429.7, 429.6 (+2.3%); Q6_K 347.5 / 344.3 (+0.9%). Not for
+// 70B's 8192-column rows (four units: 37 KB a warp, one CTA a multiprocessor) nor Q8_0 (not
+// measured).
+template <GgmlType T>
+constexpr bool tma_four_rows_compiled(int xu) {
+    return xu <= 2 && (T == GgmlType::Q4_K || T == GgmlType::Q6_K);
+}
+inline bool tma_four_rows() {
+    static const bool on = env_switch("NT_TMA_FOUR_ROWS");
+    return on;
+}
+
 // launch_pipe's choices (two rows a warp for a single matrix with a row per resident warp)
 // for the TMA form; tma_fits holds.
 template <GgmlType T, bool kPair>
@@ -521,8 +538,11 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
             }))
             return;
     }
+    const bool four = two && tma_four_rows() && pr.e0 % 4 == 0 && pr.e1 % 4 == 0 && pr.e2 % 4 == 0;
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
+        if constexpr (tma_four_rows_compiled<T>(XU))
+            if (four) return launch_tma_k<T, false, XU, 4>(pr, w2, nb, xq, xd, pdl, stream, q);
         if (two) return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
         launch_tma_k<T, kPair, XU, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
     });
