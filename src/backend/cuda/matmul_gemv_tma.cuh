@@ -518,6 +518,16 @@ inline bool tma_four_rows() {
     static const bool on = env_switch("NT_TMA_FOUR_ROWS");
     return on;
 }
+// Whether a multiprocessor holds at least 2 CTAs of four-row rings of row_bytes rows (the H100
+// and H200: Q4_K 3, Q6_K 2): where shared memory is smaller, twice the bytes a stage would
+// leave one CTA or none.
+inline bool tma_four_rows_fit(int64_t row_bytes) {
+    const TmaRing r = tma_ring(row_bytes, 4);
+    const size_t smem =
+        size_t(kPipeWarps) * r.stages * 4 * r.row_bytes + kPipeWarps * kTmaMaxStages * 8;
+    const TmaDevice& d = tma_device();
+    return d.smem_per_sm / (smem + d.reserved) >= 2;
+}
 
 // launch_pipe's choices (two rows a warp for a single matrix with a row per resident warp)
 // for the TMA form; tma_fits holds.
@@ -538,7 +548,8 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
             }))
             return;
     }
-    const bool four = two && tma_four_rows() && pr.e0 % 4 == 0 && pr.e1 % 4 == 0 && pr.e2 % 4 == 0;
+    const bool four = two && tma_four_rows() && pr.e0 % 4 == 0 && pr.e1 % 4 == 0 &&
+                      pr.e2 % 4 == 0 && tma_four_rows_fit(int64_t(nb) * Quant<T>::kBlockBytes);
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
         if constexpr (tma_four_rows_compiled<T>(XU))
