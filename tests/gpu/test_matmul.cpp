@@ -362,11 +362,13 @@ TEST(MatmulVariants, EveryGemvConfigMatches) {
     for (GgmlType t : kQuantTypes) {
         const int64_t be = nt::traits(t).block_elems;
         // The third shape is 8B's 4096 columns, whose rows the pipe kernel's TMA form takes
-        // (Q4_K, Q6_K, Q8_0), with rows enough for two a warp (and the pair below 1100 of each);
-        // the fourth 70B's 8192, which it takes for Q4_K.
+        // (Q4_K, Q6_K, Q8_0), with rows enough for two a warp (and the pair below 1100 of each):
+        // four rows a stage where the rows allow (2200, on GPUs with the shared memory for it),
+        // two where they do not (2202); the last 70B's 8192, which it takes for Q4_K.
         std::vector<std::pair<int64_t, int64_t>> shapes = {{45, be == 32 ? 32 * 150 : 256 * 19},
                                                            {9001, be == 32 ? 32 * 9 : 256 * 2},
                                                            {2200, 4096}};
+        if (t == GgmlType::Q4_K || t == GgmlType::Q6_K) shapes.push_back({2202, 4096});
         if (t == GgmlType::Q4_K) shapes.push_back({2200, 8192});
         for (auto [rows, cols] : shapes) {
             const std::vector<uint8_t> w =
