@@ -671,6 +671,7 @@ void prepare_tma() {
             constexpr int XU = decltype(xu_tag)::value;
             tma_ctas_by_registers<T, false, XU, 1>();
             tma_ctas_by_registers<T, false, XU, 2>();
+            if constexpr (tma_four_rows_compiled<T>(XU)) tma_ctas_by_registers<T, false, XU, 4>();
             tma_ctas_by_registers<T, true, XU, 2>();
             tma_ctas_by_registers<T, false, XU, 1, true>();
             tma_ctas_by_registers<T, false, XU, 2, true>();
