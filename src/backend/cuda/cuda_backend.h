@@ -250,6 +250,8 @@ class CudaBackend : public Backend {
     bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
     bool rope_fusion_ = true;
+    // The prompt path's setting, which mm_->exact mirrors: the backend's own, because
+    // matmul_free (release, before every init) resets the workspace.
     bool exact_prompt_ = false;
     Mode mode_ = Mode::Eager;
     std::map<GraphKey, Graph> graphs_;

@@ -56,6 +56,12 @@ struct TmaRing {
     bool evict_first = false;
 };
 
+// Shared memory of `warps` warps' rings of groups of kv rows, and their barriers (the layout
+// gemv_q8_tma lays out; a column split's sums follow).
+inline size_t tma_ring_smem(const TmaRing& ring, int warps, int kv) {
+    return size_t(warps) * ring.stages * kv * ring.row_bytes + size_t(warps) * kTmaMaxStages * 8;
+}
+
 // A column split (gemv_q8_tma's kSplit): rows too long to hold their activations in registers
 // (70B's 28672-column down projection, 8B's 14336) are cut into `slices` slices of whole
 // units, each of which the TMA form takes whole, as if the matrix were `slices` matrices of
@@ -429,8 +435,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
     const int W = kSplit ? tma_split_warps(sp.slices) : kPipeWarps;
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
-    const size_t ring_smem =
-        size_t(W) * ring.stages * kV * ring.row_bytes + size_t(W) * kTmaMaxStages * 8;
+    const size_t ring_smem = tma_ring_smem(ring, W, kV);
     const TmaDevice& d = tma_device();
     // As many CTAs as the GPU holds at once, at most one group a warp. With kSplit the slices'
     // sums of a CTA's rows follow its rings and barriers, and the grid sets how many rows that is.
@@ -522,9 +527,7 @@ inline bool tma_four_rows() {
 // and H200: Q4_K 3, Q6_K 2): where shared memory is smaller, twice the bytes a stage would
 // leave one CTA or none.
 inline bool tma_four_rows_fit(int64_t row_bytes) {
-    const TmaRing r = tma_ring(row_bytes, 4);
-    const size_t smem =
-        size_t(kPipeWarps) * r.stages * 4 * r.row_bytes + kPipeWarps * kTmaMaxStages * 8;
+    const size_t smem = tma_ring_smem(tma_ring(row_bytes, 4), kPipeWarps, 4);
     const TmaDevice& d = tma_device();
     return d.smem_per_sm / (smem + d.reserved) >= 2;
 }

@@ -114,8 +114,7 @@ NT_HD const uint8_t* down4(const uint8_t* p) {
 }
 NT_HD void ld_u32x4_a2(const uint8_t* p, uint32_t v[4]) {
 #ifdef __CUDA_ARCH__
-    const uint32_t* w =
-        reinterpret_cast<const uint32_t*>(down4(p));
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(down4(p));
     const uint32_t sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
     const uint32_t w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
     const uint32_t w4 = sh ? ld_u16(reinterpret_cast<const uint8_t*>(w + 4)) : 0u;
@@ -135,8 +134,7 @@ struct A2x4 {
 };
 NT_HD void ld_a2x4_raw(const uint8_t* p, A2x4& r) {
 #ifdef __CUDA_ARCH__
-    const uint32_t* w =
-        reinterpret_cast<const uint32_t*>(down4(p));
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(down4(p));
     r.sh = uint32_t(reinterpret_cast<uintptr_t>(p) & 2) * 8;
     for (int i = 0; i < 4; ++i) r.w[i] = w[i];
     r.w[4] = r.sh ? ld_u16(reinterpret_cast<const uint8_t*>(w + 4)) : 0u;  // as in ld_u32x4_a2
