@@ -590,12 +590,19 @@ inline bool tma_split_enabled() {
 // 8192x28672 3855 / 3345; Q6_K 8192x28672 3520 / 2739, 28672x8192 3651 / 2776, 8192x8192
 // 2832 / 2537, 4096x14336 2779 / 2463; but Q4_K 4096x14336 2275 / 2921 (a Q4_K unit is 1152
 // bytes a row: too little work between one row's reductions and the next).
+// NT_TMA_SPLIT_FOUR=1 (A/B runs; not measured yet): Q4_K's rows in one-unit slices too, taken
+// four rows a stage (tma_split_four), so that each reduction has four rows' work behind it.
+inline bool tma_split_four() {
+    static const bool on = env_int("NT_TMA_SPLIT_FOUR", 0) != 0;
+    return on;
+}
 template <GgmlType T>
 int tma_slice_units(int64_t upr) {
     if (tma_x_units<T>(int(upr))) return 0;
+    const bool one = T == GgmlType::Q6_K || (T == GgmlType::Q4_K && tma_split_four());
     for (int su : {8, 4, 2, 1})
-        if (tma_x_units<T>(su) && (su > 1 || T == GgmlType::Q6_K) && upr % su == 0 &&
-            upr / su >= 2 && upr / su <= kTmaMaxSlices)
+        if (tma_x_units<T>(su) && (su > 1 || one) && upr % su == 0 && upr / su >= 2 &&
+            upr / su <= kTmaMaxSlices)
             return su;
     return 0;
 }
@@ -636,8 +643,15 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         const int snb = int(nb / slices);
         auto go = [&](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
-            // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
             const int W = tma_split_warps(slices);
+            if constexpr (XU == 1 && T == GgmlType::Q4_K) {
+                const int64_t warps4 =
+                    int64_t(tma_ctas_by_registers<T, false, XU, 4, true>(W)) * tma_device().sms * W;
+                if (tma_split_four() && rows % 4 == 0 && rows / 4 * slices >= warps4)
+                    return launch_tma_k<T, false, XU, 4, true>(pr, nullptr, snb, xq, xd, pdl,
+                                                               stream, {}, sp);
+            }
+            // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
             const int64_t warps =
                 int64_t(tma_ctas_by_registers<T, false, XU, 2, true>(W)) * tma_device().sms * W;
             if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
@@ -693,6 +707,8 @@ void prepare_tma() {
             tma_ctas_by_registers<T, true, XU, 2>();
             tma_ctas_by_registers<T, false, XU, 1, true>();
             tma_ctas_by_registers<T, false, XU, 2, true>();
+            if constexpr (XU == 1 && T == GgmlType::Q4_K)
+                tma_ctas_by_registers<T, false, XU, 4, true>();
             tma_ctas_by_registers<T, true, XU, 2, true>();
             return false;  // every one
         });
