@@ -145,9 +145,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     constexpr int kLPB = Q::kLanesPerBlock;
     constexpr int kBPU = 32 / kLPB;
     constexpr int kBB = Q::kBlockBytes;
-    // A pair's group: kP output rows, their gate rows then their up rows (kV = 2 kP).
-    constexpr int kP = kPair ? kV / 2 : 1;
-    static_assert(!kPair || kV == 2 || (kV == 4 && !kSplit), "a pair's group is 1 or 2 rows");
+    static_assert(!kPair || kV == 2, "a pair is a group of two rows");
     static_assert(tma_x_units<T>(kXU), "whole rows, activations in registers");
     extern __shared__ __align__(16) uint8_t smem[];
 
@@ -165,7 +163,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
                                                size_t(W) * kTmaMaxStages * 8);
 
     const int64_t rows = pr.rows();
-    const int64_t groups = kPair ? rows / kP : rows / kV;
+    const int64_t groups = kPair ? rows : rows / kV;
     int slice = 0;
     int64_t g0, g1, c0 = 0, c1 = 0;  // [c0, c1): with kSplit, the CTA's groups
     if constexpr (kSplit) {
@@ -187,7 +185,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     const size_t stride = kSplit ? size_t(sp.stride) : size_t(ring.row_bytes);
     const size_t at = size_t(slice) * ring.row_bytes;  // the slice's first byte in a row
     auto row_of = [&](int64_t g, int h) {
-        if constexpr (kPair) return (h < kP ? pr.m0 : w2) + size_t(g * kP + h % kP) * stride + at;
+        if constexpr (kPair) return (h ? w2 : pr.m0) + size_t(g) * stride + at;
         const int64_t r = g * kV + h;
         const int m = pr.matrix(r);
         return pr.weights(m) + size_t(r - pr.begin(m)) * stride + at;
@@ -218,13 +216,9 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         auto copy_row = [&](int h, const uint8_t* from) {
             bulk_copy_g2s(dst + h * ring.row_bytes, from, uint32_t(ring.row_bytes), bar, policy);
         };
-        if constexpr (kPair && kP == 1) {
+        if constexpr (kPair) {
             copy_row(0, row_of(next, 0));
             copy_row(1, row_of(next, 1));
-        } else if constexpr (kPair) {  // each matrix's kP rows are one span (whole rows)
-            bulk_copy_g2s(dst, row_of(next, 0), uint32_t(kP * ring.row_bytes), bar, policy);
-            bulk_copy_g2s(dst + kP * ring.row_bytes, row_of(next, kP),
-                          uint32_t(kP * ring.row_bytes), bar, policy);
         } else {
             if (next >= same_to) locate(next);
             if (next < same_to) {
@@ -314,9 +308,9 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
             if (k == R - 1 || j + 1 == total) {
                 const int64_t gl = g - k + pos;
                 if constexpr (kPair) {
-                    // the up rows' outputs (lanes 16-31), to their gate rows' lanes
-                    const float up = __shfl_down_sync(0xffffffffu, held, 16);
-                    if (lane < 16 && pos <= k) pr.y0[gl * kP + mine] = silu_mul(held, up);
+                    // row 1's output, to row 0's lanes
+                    const float up = __shfl_down_sync(0xffffffffu, held, R);
+                    if (mine == 0 && pos <= k) pr.y0[gl] = silu_mul(held, up);
                 } else if (pos <= k) {
                     const int64_t row = gl * kV + mine;
                     const int m = pr.matrix(row);
@@ -327,7 +321,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         if (++slot == S) slot = 0, parity ^= 1;
     }
     if constexpr (kPair && !kSplit)
-        if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0 * kP, g1 * kP, pq, lane);
+        if (pq.mode >= 0) pipe_quantize_groups(pr.y0, g0, g1, pq, lane);
     if constexpr (kSplit) {
         // Every slice of the CTA's rows is in shared memory: added in slice order.
         __syncthreads();
@@ -440,7 +434,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
     const int W = kSplit ? tma_split_warps(sp.slices) : kPipeWarps;
-    const int64_t groups = kPair ? pr.rows() / (kV / 2) : pr.rows() / kV;
+    const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
     const size_t ring_smem = tma_ring_smem(ring, W, kV);
     const TmaDevice& d = tma_device();
     // As many CTAs as the GPU holds at once, at most one group a warp. With kSplit the slices'
@@ -557,18 +551,12 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
             }))
             return;
     }
-    const bool fit = tma_four_rows_fit(int64_t(nb) * Quant<T>::kBlockBytes);
-    const bool four =
-        two && tma_four_rows() && pr.e0 % 4 == 0 && pr.e1 % 4 == 0 && pr.e2 % 4 == 0 && fit;
-    // A pair at two output rows a stage (NT_TMA_PAIR_FOUR=1; not measured yet).
-    static const bool pair_four_on = env_int("NT_TMA_PAIR_FOUR", 0) != 0;
-    const bool pair_four = kPair && pair_four_on && pr.rows() % 2 == 0 && fit;
+    const bool four = two && tma_four_rows() && pr.e0 % 4 == 0 && pr.e1 % 4 == 0 &&
+                      pr.e2 % 4 == 0 && tma_four_rows_fit(int64_t(nb) * Quant<T>::kBlockBytes);
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
-        if constexpr (tma_four_rows_compiled<T>(XU)) {
+        if constexpr (tma_four_rows_compiled<T>(XU))
             if (four) return launch_tma_k<T, false, XU, 4>(pr, w2, nb, xq, xd, pdl, stream, q);
-            if (pair_four) return launch_tma_k<T, true, XU, 4>(pr, w2, nb, xq, xd, pdl, stream, q);
-        }
         if (two) return launch_tma_k<T, false, XU, 2>(pr, w2, nb, xq, xd, pdl, stream, q);
         launch_tma_k<T, kPair, XU, kV>(pr, w2, nb, xq, xd, pdl, stream, q);
     });
@@ -700,10 +688,7 @@ void prepare_tma() {
             constexpr int XU = decltype(xu_tag)::value;
             tma_ctas_by_registers<T, false, XU, 1>();
             tma_ctas_by_registers<T, false, XU, 2>();
-            if constexpr (tma_four_rows_compiled<T>(XU)) {
-                tma_ctas_by_registers<T, false, XU, 4>();
-                tma_ctas_by_registers<T, true, XU, 4>();
-            }
+            if constexpr (tma_four_rows_compiled<T>(XU)) tma_ctas_by_registers<T, false, XU, 4>();
             tma_ctas_by_registers<T, true, XU, 2>();
             tma_ctas_by_registers<T, false, XU, 1, true>();
             tma_ctas_by_registers<T, false, XU, 2, true>();
