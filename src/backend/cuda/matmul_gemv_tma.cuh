@@ -574,14 +574,19 @@ inline bool tma_split_enabled() {
 // The slice width (units) for rows of `upr` units that the TMA form does not take whole: the
 // widest it takes whole that cuts the row into 2 .. kTmaMaxSlices equal slices; 0 for none.
 // 70B's 28672 columns (14 units): 7 slices of 2; Q6_K's 8192 (4): 2 of 2; 8B's 14336 (7): 7 of
-// 1, for Q6_K only. H200, bench_gemv --pdl, GB/s, column slices / register ring: Q4_K
-// 8192x28672 3855 / 3345; Q6_K 8192x28672 3520 / 2739, 28672x8192 3651 / 2776, 8192x8192
-// 2832 / 2537, 4096x14336 2779 / 2463; but Q4_K 4096x14336 2275 / 2921 (a Q4_K unit is 1152
-// bytes a row: too little work between one row's reductions and the next).
-// NT_TMA_SPLIT_FOUR=1 (A/B runs; not measured yet): Q4_K's rows in one-unit slices too, taken
-// four rows a stage (tma_split_four), so that each reduction has four rows' work behind it.
+// 1. H200, bench_gemv --pdl, GB/s, column slices / register ring: Q4_K 8192x28672 3855 / 3345;
+// Q6_K 8192x28672 3520 / 2739, 28672x8192 3651 / 2776, 8192x8192 2832 / 2537, 4096x14336
+// 2779 / 2463. Q4_K's one-unit slices (1152 bytes a row) lost at two rows a stage (4096x14336
+// 2275 / 2921: too little work between one row's reductions and the next), so they run only
+// four rows a stage (tma_split_four; NT_TMA_SPLIT_FOUR=0 turns them off): 8B Q4_K_M tg128
+// +1.7% on an H100 (455.6 against 448.1 tok/s), the down projection off the register ring.
+// The one-unit slices that can run four rows a stage (launch_tma_split): Q4_K's and Q6_K's.
+template <GgmlType T>
+constexpr bool tma_split_four_compiled(int xu) {
+    return xu == 1 && (T == GgmlType::Q4_K || T == GgmlType::Q6_K);
+}
 inline bool tma_split_four() {
-    static const bool on = env_int("NT_TMA_SPLIT_FOUR", 0) != 0;
+    static const bool on = env_switch("NT_TMA_SPLIT_FOUR");
     return on;
 }
 template <GgmlType T>
@@ -629,16 +634,26 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         const int64_t nb = cols / Q::kBlockElems;
         const TmaSplit sp{slices, nb * Q::kBlockBytes};
         const int snb = int(nb / slices);
+        const int W = tma_split_warps(slices);
+        // One-unit slices four rows a stage, where every warp of the GPU gets a group. Q4_K's
+        // (tma_split_four) run only so: elsewhere the register ring takes the rows whole. Q6_K's
+        // with NT_TMA_SPLIT_FOUR_Q6=1 (A/B runs), else two rows a stage.
+        bool four = false;
+        if constexpr (tma_split_four_compiled<T>(1)) {
+            static const bool q6 = env_int("NT_TMA_SPLIT_FOUR_Q6", 0) != 0;
+            if (pipe_units<T>(cols) / slices == 1 && (T == GgmlType::Q4_K || q6)) {
+                const int64_t warps4 =
+                    int64_t(tma_ctas_by_registers<T, false, 1, 4, true>(W)) * tma_device().sms * W;
+                four = rows % 4 == 0 && rows / 4 * slices >= warps4;
+                if (!four && T == GgmlType::Q4_K) return false;
+            }
+        }
         auto go = [&](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
-            const int W = tma_split_warps(slices);
-            if constexpr (XU == 1 && T == GgmlType::Q4_K) {
-                const int64_t warps4 =
-                    int64_t(tma_ctas_by_registers<T, false, XU, 4, true>(W)) * tma_device().sms * W;
-                if (tma_split_four() && rows % 4 == 0 && rows / 4 * slices >= warps4)
+            if constexpr (tma_split_four_compiled<T>(XU))
+                if (four)
                     return launch_tma_k<T, false, XU, 4, true>(pr, nullptr, snb, xq, xd, pdl,
                                                                stream, {}, sp);
-            }
             // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
             const int64_t warps =
                 int64_t(tma_ctas_by_registers<T, false, XU, 2, true>(W)) * tma_device().sms * W;
@@ -692,7 +707,7 @@ void prepare_tma() {
             tma_ctas_by_registers<T, true, XU, 2>();
             tma_ctas_by_registers<T, false, XU, 1, true>();
             tma_ctas_by_registers<T, false, XU, 2, true>();
-            if constexpr (XU == 1 && T == GgmlType::Q4_K)
+            if constexpr (tma_split_four_compiled<T>(XU))
                 tma_ctas_by_registers<T, false, XU, 4, true>();
             tma_ctas_by_registers<T, true, XU, 2, true>();
             return false;  // every one
