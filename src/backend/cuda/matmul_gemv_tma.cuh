@@ -578,14 +578,12 @@ inline bool tma_split_enabled() {
 // Q6_K 8192x28672 3520 / 2739, 28672x8192 3651 / 2776, 8192x8192 2832 / 2537, 4096x14336
 // 2779 / 2463. Q4_K's one-unit slices (1152 bytes a row) lost at two rows a stage (4096x14336
 // 2275 / 2921: too little work between one row's reductions and the next), so they run only
-// four rows a stage. One-unit slices four rows a stage (tma_split_four; NT_TMA_SPLIT_FOUR=0
-// turns them off), 8B tg128 on an H100: Q4_K_M 458.5 against 449.4 tok/s (+2.0%; the Q4_K
-// down projections off the register ring, the Q6_K ones from two rows a stage), Q6_K 361.6
-// against 356.2 (+1.5%).
-// The slices that can run four rows a stage (launch_tma_split): Q4_K's and Q6_K's of 1-2 units.
+// four rows a stage (tma_split_four; NT_TMA_SPLIT_FOUR=0 turns them off): 8B Q4_K_M tg128
+// +1.7% on an H100 (455.6 against 448.1 tok/s), the down projection off the register ring.
+// The one-unit slices that can run four rows a stage (launch_tma_split): Q4_K's and Q6_K's.
 template <GgmlType T>
 constexpr bool tma_split_four_compiled(int xu) {
-    return xu <= 2 && (T == GgmlType::Q4_K || T == GgmlType::Q6_K);
+    return xu == 1 && (T == GgmlType::Q4_K || T == GgmlType::Q6_K);
 }
 inline bool tma_split_four() {
     static const bool on = env_switch("NT_TMA_SPLIT_FOUR");
@@ -637,23 +635,19 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         const TmaSplit sp{slices, nb * Q::kBlockBytes};
         const int snb = int(nb / slices);
         const int W = tma_split_warps(slices);
-        // Slices four rows a stage (tma_split_four), where every warp of the GPU gets a group.
-        // Q4_K's one-unit slices run only so: elsewhere the register ring takes the rows whole.
-        // Two-unit slices (70B) with NT_TMA_SPLIT_FOUR_XU2=1 (A/B runs).
+        // One-unit slices four rows a stage, where every warp of the GPU gets a group. Q4_K's
+        // (tma_split_four) run only so: elsewhere the register ring takes the rows whole. Q6_K's
+        // with NT_TMA_SPLIT_FOUR_Q6=1 (A/B runs), else two rows a stage.
         bool four = false;
-        const int64_t su = pipe_units<T>(cols) / slices;
-        static const bool xu2 = env_int("NT_TMA_SPLIT_FOUR_XU2", 0) != 0;
-        if (tma_split_four() && (su == 1 || (su == 2 && xu2))) {
-            with_tma_units<T>(su, [&](auto xu_tag) {
-                constexpr int XU = decltype(xu_tag)::value;
-                if constexpr (tma_split_four_compiled<T>(XU)) {
-                    const int64_t warps4 = int64_t(tma_ctas_by_registers<T, false, XU, 4, true>(W)) *
-                                           tma_device().sms * W;
-                    four = rows % 4 == 0 && rows / 4 * slices >= warps4;
-                }
-            });
+        if constexpr (tma_split_four_compiled<T>(1)) {
+            static const bool q6 = env_int("NT_TMA_SPLIT_FOUR_Q6", 0) != 0;
+            if (pipe_units<T>(cols) / slices == 1 && (T == GgmlType::Q4_K || q6)) {
+                const int64_t warps4 =
+                    int64_t(tma_ctas_by_registers<T, false, 1, 4, true>(W)) * tma_device().sms * W;
+                four = rows % 4 == 0 && rows / 4 * slices >= warps4;
+                if (!four && T == GgmlType::Q4_K) return false;
+            }
         }
-        if (T == GgmlType::Q4_K && su == 1 && !four) return false;
         auto go = [&](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
             if constexpr (tma_split_four_compiled<T>(XU))
