@@ -578,8 +578,10 @@ inline bool tma_split_enabled() {
 // Q6_K 8192x28672 3520 / 2739, 28672x8192 3651 / 2776, 8192x8192 2832 / 2537, 4096x14336
 // 2779 / 2463. Q4_K's one-unit slices (1152 bytes a row) lost at two rows a stage (4096x14336
 // 2275 / 2921: too little work between one row's reductions and the next), so they run only
-// four rows a stage (tma_split_four; NT_TMA_SPLIT_FOUR=0 turns them off): 8B Q4_K_M tg128
-// +1.7% on an H100 (455.6 against 448.1 tok/s), the down projection off the register ring.
+// four rows a stage. One-unit slices four rows a stage (tma_split_four; NT_TMA_SPLIT_FOUR=0
+// turns them off), 8B tg128 on an H100: Q4_K_M 458.5 against 449.4 tok/s (+2.0%; the Q4_K
+// down projections off the register ring, the Q6_K ones from two rows a stage), Q6_K 361.6
+// against 356.2 (+1.5%).
 // The one-unit slices that can run four rows a stage (launch_tma_split): Q4_K's and Q6_K's.
 template <GgmlType T>
 constexpr bool tma_split_four_compiled(int xu) {
@@ -635,13 +637,12 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         const TmaSplit sp{slices, nb * Q::kBlockBytes};
         const int snb = int(nb / slices);
         const int W = tma_split_warps(slices);
-        // One-unit slices four rows a stage, where every warp of the GPU gets a group. Q4_K's
-        // (tma_split_four) run only so: elsewhere the register ring takes the rows whole. Q6_K's
-        // with NT_TMA_SPLIT_FOUR_Q6=1 (A/B runs), else two rows a stage.
+        // One-unit slices four rows a stage (tma_split_four), where every warp of the GPU gets
+        // a group. Q4_K's run only so: elsewhere the register ring takes the rows whole. Q6_K's
+        // take two rows a stage there.
         bool four = false;
         if constexpr (tma_split_four_compiled<T>(1)) {
-            static const bool q6 = env_int("NT_TMA_SPLIT_FOUR_Q6", 0) != 0;
-            if (pipe_units<T>(cols) / slices == 1 && (T == GgmlType::Q4_K || q6)) {
+            if (pipe_units<T>(cols) / slices == 1 && tma_split_four()) {
                 const int64_t warps4 =
                     int64_t(tma_ctas_by_registers<T, false, 1, 4, true>(W)) * tma_device().sms * W;
                 four = rows % 4 == 0 && rows / 4 * slices >= warps4;
