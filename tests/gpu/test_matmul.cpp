@@ -763,10 +763,10 @@ TEST(MatmulGraph, CapturedGemvReplaysIdentically) {
 }
 
 // Rows too long for the pipe kernel's TMA form whole (70B's 28672 columns; Q4_K's and Q6_K's
-// 14336; Q6_K's 8192; Q8_0's 14336) go in column slices whose sums the CTA of each row range adds in order:
-// against the CPU reference, the same bits on every launch, with and without programmatic
-// dependent launch, and matmul() running exactly that. Row counts
-// cover two rows a warp and one (too few rows for two: 300 x 28672, and an odd count).
+// 14336; Q6_K's 8192; Q8_0's 14336) go in column slices whose sums the CTA of each row range
+// adds in order: against the CPU reference, the same bits on every launch, with and without
+// programmatic dependent launch, and matmul() running exactly that. Row counts cover four rows
+// a warp, two and one (too few rows for two: 300 x 28672, and an odd count).
 TEST(MatmulSplit, LongRowsInColumnSlices) {
     SKIP_WITHOUT_GPU();
     using ncu::detail::GemvConfig;
@@ -784,13 +784,12 @@ TEST(MatmulSplit, LongRowsInColumnSlices) {
     // Q4_K's 14336 columns: slices of one unit, four rows a stage (off with NT_TMA_SPLIT_FOUR=0).
     // Where four rows a stage cannot run (302 rows), the register ring takes them whole.
     const int q4_one = nt::env_switch("NT_TMA_SPLIT_FOUR") ? 7 : 0;
-    const Case cases[] = {{GgmlType::Q4_K, 2200, 14336, q4_one},
-                          {GgmlType::Q4_K, 302, 14336, q4_one},
-                          {GgmlType::Q4_K, 1000, 28672, 7},
-                          {GgmlType::Q4_K, 300, 28672, 7},  {GgmlType::Q6_K, 2200, 14336, 7},
-                          {GgmlType::Q6_K, 1000, 28672, 7}, {GgmlType::Q6_K, 2200, 8192, 2},
-                          {GgmlType::Q6_K, 301, 8192, 2},   {GgmlType::Q8_0, 2200, 14336, 7},
-                          {GgmlType::Q8_0, 300, 28672, 7}};
+    const Case cases[] = {
+        {GgmlType::Q4_K, 2200, 14336, q4_one}, {GgmlType::Q4_K, 302, 14336, q4_one},
+        {GgmlType::Q4_K, 1000, 28672, 7},      {GgmlType::Q4_K, 300, 28672, 7},
+        {GgmlType::Q6_K, 2200, 14336, 7},      {GgmlType::Q6_K, 1000, 28672, 7},
+        {GgmlType::Q6_K, 2200, 8192, 2},       {GgmlType::Q6_K, 301, 8192, 2},
+        {GgmlType::Q8_0, 2200, 14336, 7},      {GgmlType::Q8_0, 300, 28672, 7}};
     for (const Case& k : cases) {
         const GgmlType t = k.t;
         const int64_t rows = k.rows, cols = k.cols;

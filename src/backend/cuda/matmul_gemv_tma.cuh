@@ -571,26 +571,28 @@ inline bool tma_split_enabled() {
     return on;
 }
 
-// The slice width (units) for rows of `upr` units that the TMA form does not take whole: the
-// widest it takes whole that cuts the row into 2 .. kTmaMaxSlices equal slices; 0 for none.
-// 70B's 28672 columns (14 units): 7 slices of 2; Q6_K's 8192 (4): 2 of 2; 8B's 14336 (7): 7 of
-// 1. H200, bench_gemv --pdl, GB/s, column slices / register ring: Q4_K 8192x28672 3855 / 3345;
-// Q6_K 8192x28672 3520 / 2739, 28672x8192 3651 / 2776, 8192x8192 2832 / 2537, 4096x14336
-// 2779 / 2463. Q4_K's one-unit slices (1152 bytes a row) lost at two rows a stage (4096x14336
-// 2275 / 2921: too little work between one row's reductions and the next), so they run only
-// four rows a stage. One-unit slices four rows a stage (tma_split_four; NT_TMA_SPLIT_FOUR=0
-// turns them off), 8B tg128 on an H100: Q4_K_M 458.5 against 449.4 tok/s (+2.0%; the Q4_K
-// down projections off the register ring, the Q6_K ones from two rows a stage), Q6_K 361.6
-// against 356.2 (+1.5%).
-// The one-unit slices that can run four rows a stage (launch_tma_split): Q4_K's and Q6_K's.
+// One-unit column slices (8B's 14336 columns) four rows a stage, on unless
+// NT_TMA_SPLIT_FOUR=0 (A/B runs): Q4_K's run only so (tma_slice_units, launch_tma_split). 8B
+// tg128 on an H100, with / without: Q4_K_M 458.5 / 449.4 tok/s (+2.0%; its Q4_K down
+// projections off the register ring, its Q6_K ones from two rows a stage), Q6_K 361.6 / 356.2
+// (+1.5%). Two-unit slices (70B) take two rows a stage.
 template <GgmlType T>
 constexpr bool tma_split_four_compiled(int xu) {
-    return xu == 1 && (T == GgmlType::Q4_K || T == GgmlType::Q6_K);
+    return xu == 1 && tma_four_rows_compiled<T>(xu);
 }
 inline bool tma_split_four() {
     static const bool on = env_switch("NT_TMA_SPLIT_FOUR");
     return on;
 }
+
+// The slice width (units) for rows of `upr` units that the TMA form does not take whole: the
+// widest it takes whole that cuts the row into 2 .. kTmaMaxSlices equal slices; 0 for none.
+// 70B's 28672 columns (14 units): 7 slices of 2; Q6_K's 8192 (4): 2 of 2; 8B's 14336 (7): 7 of
+// 1. H200, bench_gemv --pdl, GB/s, column slices / register ring: Q4_K 8192x28672 3855 / 3345;
+// Q6_K 8192x28672 3520 / 2739, 28672x8192 3651 / 2776, 8192x8192 2832 / 2537, 4096x14336
+// 2779 / 2463. But Q4_K's one-unit slices (1152 bytes a row) lost at two rows a stage
+// (4096x14336 2275 / 2921: too little work between one row's reductions and the next), so
+// they are cut only where they run four rows a stage (tma_split_four).
 template <GgmlType T>
 int tma_slice_units(int64_t upr) {
     if (tma_x_units<T>(int(upr))) return 0;
@@ -620,6 +622,13 @@ int tma_split_slices(int64_t cols, int nx) {
     }
 }
 
+// The warps of the GPU at once for column slices of kXU units, kV rows a stage, `warps` warps a
+// CTA: each of them must get a group of rows.
+template <GgmlType T, int kXU, int kV>
+int64_t tma_split_resident_warps(int warps) {
+    return int64_t(tma_ctas_by_registers<T, false, kXU, kV, true>(warps)) * tma_device().sms * warps;
+}
+
 // A single matrix whose rows the TMA form takes in column slices (tma_split_slices): launched,
 // true; otherwise false, nothing launched.
 template <GgmlType T>
@@ -637,15 +646,13 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         const TmaSplit sp{slices, nb * Q::kBlockBytes};
         const int snb = int(nb / slices);
         const int W = tma_split_warps(slices);
-        // One-unit slices four rows a stage (tma_split_four), where every warp of the GPU gets
-        // a group. Q4_K's run only so: elsewhere the register ring takes the rows whole. Q6_K's
-        // take two rows a stage there.
+        // One-unit slices four rows a stage (tma_split_four) where every warp gets a group.
+        // Q4_K's run only so: elsewhere the register ring takes the rows whole. Q6_K's take two
+        // rows a stage there.
         bool four = false;
         if constexpr (tma_split_four_compiled<T>(1)) {
             if (pipe_units<T>(cols) / slices == 1 && tma_split_four()) {
-                const int64_t warps4 =
-                    int64_t(tma_ctas_by_registers<T, false, 1, 4, true>(W)) * tma_device().sms * W;
-                four = rows % 4 == 0 && rows / 4 * slices >= warps4;
+                four = rows % 4 == 0 && rows / 4 * slices >= tma_split_resident_warps<T, 1, 4>(W);
                 if (!four && T == GgmlType::Q4_K) return false;
             }
         }
@@ -656,9 +663,8 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
                     return launch_tma_k<T, false, XU, 4, true>(pr, nullptr, snb, xq, xd, pdl,
                                                                stream, {}, sp);
             // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
-            const int64_t warps =
-                int64_t(tma_ctas_by_registers<T, false, XU, 2, true>(W)) * tma_device().sms * W;
-            if (rows % 2 == 0 && pipe_two_rows_enabled() && rows / 2 * slices >= warps)
+            if (rows % 2 == 0 && pipe_two_rows_enabled() &&
+                rows / 2 * slices >= tma_split_resident_warps<T, XU, 2>(W))
                 return launch_tma_k<T, false, XU, 2, true>(pr, nullptr, snb, xq, xd, pdl, stream,
                                                            {}, sp);
             launch_tma_k<T, false, XU, 1, true>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp);
