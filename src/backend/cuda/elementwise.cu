@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
+#include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quantize_q8.cuh"
@@ -141,16 +142,6 @@ struct Deq<GgmlType::Q3_K> {
         return mul(mul(h2f(x->d), float(sc)), float(q));
     }
 };
-// llama.cpp's get_scale_min_k4: six-bit scale and min of sub-block j (0..7) of Q4_K/Q5_K.
-__device__ __forceinline__ void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
-    if (j < 4) {
-        sc = q[j] & 63;
-        m = q[j + 4] & 63;
-    } else {
-        sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
 template <>
 struct Deq<GgmlType::Q4_K> {
     static constexpr int QK = QK_K, BYTES = sizeof(block_q4_K);
@@ -158,7 +149,7 @@ struct Deq<GgmlType::Q4_K> {
         const block_q4_K* x = reinterpret_cast<const block_q4_K*>(b);
         const int g = e / 64, hi = (e % 64) / 32, l = e % 32;
         int sc, m;
-        scale_min_k4(g * 2 + hi, x->scales, sc, m);
+        detail::scale_min_k4(g * 2 + hi, x->scales, sc, m);
         const uint8_t byte = x->qs[g * 32 + l];
         const int q = hi ? byte >> 4 : byte & 0xF;
         return sub(mul(mul(h2f(x->d), float(sc)), float(q)), mul(h2f(x->dmin), float(m)));
@@ -171,7 +162,7 @@ struct Deq<GgmlType::Q5_K> {
         const block_q5_K* x = reinterpret_cast<const block_q5_K*>(b);
         const int g = e / 64, hi = (e % 64) / 32, l = e % 32;
         int sc, m;
-        scale_min_k4(g * 2 + hi, x->scales, sc, m);
+        detail::scale_min_k4(g * 2 + hi, x->scales, sc, m);
         const uint8_t byte = x->qs[g * 32 + l];
         const int q = (hi ? byte >> 4 : byte & 0xF) + ((x->qh[l] >> (2 * g + hi)) & 1 ? 16 : 0);
         return sub(mul(mul(h2f(x->d), float(sc)), float(q)), mul(h2f(x->dmin), float(m)));
