@@ -232,6 +232,19 @@ NT_HD int dp4a_us(uint32_t a, int b, int c) {
 #endif
 }
 
+// c + a's low 16-bit half (signed) times b's byte 2 (signed) + a's high half times b's byte 3,
+// modulo 2^32.
+NT_HD uint32_t dp2a_hi(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef __CUDA_ARCH__
+    uint32_t r;
+    asm("dp2a.hi.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+    return c + uint32_t(int(int16_t(a & 0xFFFF)) * int(int8_t(b >> 16))) +
+           uint32_t(int(int16_t(a >> 16)) * int(int8_t(b >> 24)));
+#endif
+}
+
 // Byte-wise a - b for bytes whose true difference lies in [-128, 127] and a < 128: setting the
 // top bit of each byte of a stops borrows crossing bytes; the xor puts the sign right.
 NT_HD uint32_t sub_bytes(uint32_t a, uint32_t b) {
@@ -696,10 +709,15 @@ struct Quant<GgmlType::Q3_K> {
 // multiprocessor holds are counted in registers.
 template <class W, class X>
 NT_HD double k_quant_share(const W& w, const X& x, int sa, int sb) {
-    const int isum = sa * int(w.sm & 63) + sb * int((w.sm >> 8) & 63);
-    const int msum = x.sa * int((w.sm >> 16) & 63) + x.sb * int(w.sm >> 24);
+    // sm's bytes are 6-bit values (scale_min_k4_packed): whole bytes taken, which the compiler
+    // can extract in one instruction each.
+    // Both sums formed biased (i2d_biased), in unsigned arithmetic, where they wrap by design.
+    const uint32_t isum =
+        kI2dBias + uint32_t(sa) * (w.sm & 0xFF) + uint32_t(sb) * ((w.sm >> 8) & 0xFF);
+    const uint32_t msum = dp2a_hi(x.s16, w.sm, kI2dBias);  // x.sa * m1 + x.sb * m2
     const double dx = double(x.da.x);
-    return i2d(isum) * (h2d(w.dm & 0xFFFF) * dx) - i2d(msum) * (h2d(w.dm >> 16) * dx);
+    return i2d_biased(isum) * (h2d(w.dm & 0xFFFF) * dx) -
+           i2d_biased(msum) * (h2d(w.dm >> 16) * dx);
 }
 
 template <>
@@ -717,7 +735,7 @@ struct Quant<GgmlType::Q4_K> {
     struct X {
         int a[8], b[8];
         float2 da, db;
-        int sa, sb;
+        uint32_t s16;  // the sums as two 16-bit halves (|sum| <= 32 * 128), for dp2a_hi
     };
     struct Raw {
         uint32_t h[4], q[8];
@@ -755,13 +773,14 @@ struct Quant<GgmlType::Q4_K> {
         ld_x16<kAny>(xq + 64 * part + 48, x.b + 4);
         x.da = ld_xd<kAny>(xd + 2 * part);
         x.db = ld_xd<kAny>(xd + 2 * part + 1);
-        x.sa = x.sb = 0;
+        int sa = 0, sb = 0;
         for (int i = 0; i < 8; ++i) {
-            x.sa = dp4a(0x01010101u, x.a[i], x.sa);
-            x.sb = dp4a(0x01010101u, x.b[i], x.sb);
+            sa = dp4a(0x01010101u, x.a[i], sa);
+            sb = dp4a(0x01010101u, x.b[i], sb);
         }
+        x.s16 = (uint32_t(sa) & 0xFFFFu) | uint32_t(sb) << 16;
     }
-    // The mins meet the exact sums of the activation quants (x.sa, x.sb). The high nibbles
+    // The mins meet the exact sums of the activation quants (x.s16). The high nibbles
     // are dotted in place (16 q, unsigned bytes) and the sum divided by 16 after, exactly: a
     // shift fewer a word.
     NT_HD static double dot(const W& w, const X& x) {
@@ -846,9 +865,15 @@ struct Quant<GgmlType::Q6_K> {
     struct W {
         uint32_t la[4], lb[4], h[4];
         int sc[4];
+        uint32_t d;  // as the block stores it (a half), converted where it is used
+    };
+    // Q2_K's activations, with each sum s[j] held as -32 s[j] (o): the quants' offset of 32,
+    // where each dp4a chain starts.
+    struct X {
+        int q[4][4];
+        int o[4];
         float d;
     };
-    using X = Quant<GgmlType::Q2_K>::X;
     // Raw: the lane's bytes as loaded. Every span the lane reads starts at an even offset
     // with the same value mod 4, so one shift serves them all.
     struct Raw {
@@ -888,7 +913,7 @@ struct Quant<GgmlType::Q6_K> {
         w.sc[1] = int8_t(uint8_t(s0 >> (16 + sh)));
         w.sc[2] = int8_t(uint8_t(s1 >> sh));
         w.sc[3] = int8_t(uint8_t(s1 >> (16 + sh)));
-        w.d = h2f(r.d);
+        w.d = r.d;
     }
     NT_HD static void load_w(const uint8_t* b, int part, W& w) {
         Raw r;
@@ -897,21 +922,28 @@ struct Quant<GgmlType::Q6_K> {
     }
     template <bool kAny = false>
     NT_HD static void load_x(const int8_t* xq, const float2* xd, int part, X& x) {
-        Quant<GgmlType::Q2_K>::load_x<kAny>(xq, xd, part, x);
+        Quant<GgmlType::Q2_K>::X x2;
+        Quant<GgmlType::Q2_K>::load_x<kAny>(xq, xd, part, x2);
+        for (int j = 0; j < 4; ++j) {
+            for (int i = 0; i < 4; ++i) x.q[j][i] = x2.q[j][i];
+            x.o[j] = -32 * x2.s[j];
+        }
+        x.d = x2.d;
     }
     // sum (q - 32) x = sum q x - 32 sum x, exactly (integers): the quants stay unsigned (0..63,
-    // so dp4a's signed bytes read them right) and the offset costs one multiply-add per 16
-    // rather than a byte-wise subtraction per word. The high bits are moved into place by
-    // one shift and one mask, which the compiler merges with the low nibble's mask.
+    // so dp4a's signed bytes read them right) and the offset is where each chain of dp4a
+    // starts (x.o), not a byte-wise subtraction per word. The high bits are moved into place
+    // by one shift and one mask, which the compiler merges with the low nibble's mask. The
+    // sum is formed biased (i2d_biased), in unsigned arithmetic, where it wraps by design.
     NT_HD static double dot(const W& w, const X& x) {
-        int isum = 0;
+        uint32_t isum = kI2dBias;
         for (int t = 0; t < 4; ++t) {
-            int sq = 0;
+            int sq = x.o[t];
             for (int i = 0; i < 4; ++i)
                 sq = dp4a(q6k_quants4_u(t & 1 ? w.lb[i] : w.la[i], w.h[i], t), x.q[t][i], sq);
-            isum += (sq - 32 * x.s[t]) * w.sc[t];
+            isum += uint32_t(sq) * uint32_t(w.sc[t]);
         }
-        return i2d(isum) * (double(w.d) * double(x.d));
+        return i2d_biased(isum) * (h2d(w.d) * double(x.d));
     }
     NT_HD static void dequant8(const uint8_t* b, int g, float* out) {
         const int e0 = g * 8, n = e0 >> 7, t = (e0 >> 5) & 3, l0 = e0 & 31;
