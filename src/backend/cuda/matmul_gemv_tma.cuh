@@ -361,10 +361,16 @@ inline bool tma_usable() {
     return ok;
 }
 
-// Bytes of shared memory a warp's ring aims at (NT_TMA_RING, default 8 KB: H200, 8B Q4_K_M
-// tg128 426 tok/s with 8 KB, 374 with 16 KB, whose rings leave fewer warps per multiprocessor).
+// Bytes of shared memory a warp's ring aims at (NT_TMA_RING, default 16 KB; a ring has at
+// least two stages). With two rows a stage 16 KB had lost (H200, 8B Q4_K_M tg128 374 against
+// 426 tok/s with 8 KB: fewer warps a multiprocessor). With four rows a stage, 8B's 4096-column
+// rings keep their two stages either way; where the 16 KB adds stages, the single matrices and
+// column slices are level (bench_gemv), and the SwiGLU pair gains: Q4_K's 4.5 KB stages 3
+// instead of 2, at the same 4 CTAs a multiprocessor. H100, 8B tg128, 16 / 8 KB, same runs:
+// Q4_K_M 462.7, 462.8 / 454.0, 454.0 (+1.9%); Q6_K 354.4, 354.5 / 353.1 (+0.4%); Q8_0 294.4 /
+// 292.7 (+0.6%). 20 KB: Q6_K -4.4%; 24 KB: Q4_K_M +2.3%, Q6_K -4.8%; 32 KB: Q4_K_M -3.9%.
 inline int tma_ring_bytes() {
-    static const int bytes = int(std::clamp<long long>(env_int("NT_TMA_RING", 8192), 1024, 49152));
+    static const int bytes = int(std::clamp<long long>(env_int("NT_TMA_RING", 16384), 1024, 49152));
     return bytes;
 }
 
@@ -626,7 +632,8 @@ int tma_split_slices(int64_t cols, int nx) {
 // CTA: each of them must get a group of rows.
 template <GgmlType T, int kXU, int kV>
 int64_t tma_split_resident_warps(int warps) {
-    return int64_t(tma_ctas_by_registers<T, false, kXU, kV, true>(warps)) * tma_device().sms * warps;
+    return int64_t(tma_ctas_by_registers<T, false, kXU, kV, true>(warps)) * tma_device().sms *
+           warps;
 }
 
 // A single matrix whose rows the TMA form takes in column slices (tma_split_slices): launched,
