@@ -437,26 +437,37 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
                   TmaSplit sp = {}) {
     using Q = Quant<T>;
-    const TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
+    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
     const int W = kSplit ? tma_split_warps(sp.slices) : kPipeWarps;
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
-    const size_t ring_smem = tma_ring_smem(ring, W, kV);
+    size_t ring_smem = tma_ring_smem(ring, W, kV);
     const TmaDevice& d = tma_device();
     // As many CTAs as the GPU holds at once, at most one group a warp. With kSplit the slices'
     // sums of a CTA's rows follow its rings and barriers, and the grid sets how many rows that is.
     int64_t grid = (groups * sp.slices + W - 1) / W;
     size_t smem = ring_smem;
     auto sums_fit = [&] {
+        smem = ring_smem;
         if constexpr (kSplit) {
             sp.cta_rows = int((groups + grid - 1) / grid * kV);
-            smem = ring_smem + (size_t(sp.slices) * sp.cta_rows * sizeof(double) + 15) / 16 * 16;
+            smem += (size_t(sp.slices) * sp.cta_rows * sizeof(double) + 15) / 16 * 16;
         }
     };
-    for (int pass = 0; pass < (kSplit ? 3 : 1); ++pass) {
+    auto ctas_per_sm = [&] {
         sums_fit();
-        const int per_sm = std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
-                                    int(d.smem_per_sm / (smem + d.reserved)));
+        return std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
+                        int(d.smem_per_sm / (smem + d.reserved)));
+    };
+    for (int pass = 0; pass < (kSplit ? 3 : 1); ++pass) {
+        int per_sm = ctas_per_sm();
+        // A ring deeper than a multiprocessor's shared memory holds (NT_TMA_RING set high, a
+        // column split's many warps) gives up stages, down to two.
+        while (per_sm < 1 && ring.stages > 2) {
+            --ring.stages;
+            ring_smem = tma_ring_smem(ring, W, kV);
+            per_sm = ctas_per_sm();
+        }
         if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
         grid = std::min<int64_t>(grid, int64_t(per_sm) * d.sms);
     }
