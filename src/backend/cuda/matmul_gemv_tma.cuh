@@ -441,21 +441,20 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
     const int W = kSplit ? tma_split_warps(sp.slices) : kPipeWarps;
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
-    size_t ring_smem = tma_ring_smem(ring, W, kV);
     const TmaDevice& d = tma_device();
     // As many CTAs as the GPU holds at once, at most one group a warp. With kSplit the slices'
     // sums of a CTA's rows follow its rings and barriers, and the grid sets how many rows that is.
     int64_t grid = (groups * sp.slices + W - 1) / W;
-    size_t smem = ring_smem;
-    auto sums_fit = [&] {
-        smem = ring_smem;
+    size_t smem = 0;  // the rings and barriers (tma_ring_smem), with kSplit the sums after them
+    auto size_smem = [&] {
+        smem = tma_ring_smem(ring, W, kV);
         if constexpr (kSplit) {
             sp.cta_rows = int((groups + grid - 1) / grid * kV);
             smem += (size_t(sp.slices) * sp.cta_rows * sizeof(double) + 15) / 16 * 16;
         }
     };
     auto ctas_per_sm = [&] {
-        sums_fit();
+        size_smem();
         return std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
                         int(d.smem_per_sm / (smem + d.reserved)));
     };
@@ -465,13 +464,12 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
         // column split's many warps) gives up stages, down to two.
         while (per_sm < 1 && ring.stages > 2) {
             --ring.stages;
-            ring_smem = tma_ring_smem(ring, W, kV);
             per_sm = ctas_per_sm();
         }
         if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
         grid = std::min<int64_t>(grid, int64_t(per_sm) * d.sms);
     }
-    sums_fit();
+    size_smem();
     launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
                   dim3(unsigned(W) * 32), smem, stream,
                   kSplit ? "gemv (pipe, tma ring, column slices)" : "gemv (pipe, tma ring)", pr, w2,
