@@ -54,7 +54,6 @@ struct TmaRing {
     int stages = 0;
     int row_bytes = 0;
     bool evict_first = false;
-    int early = kTmaMaxStages;  // at most this many stages requested before the PDL wait
 };
 
 // Shared memory of `warps` warps' rings of groups of kv rows, and their barriers (the layout
@@ -248,20 +247,10 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     // early: the first stages' weights are requested before waiting for the kernel before, as
     // the pipe kernel does (weights only; see there).
     pdl_trigger();
-    if constexpr (kPair) {
-        // The probe NT_TMA_PAIR_EARLY caps the stages requested before the wait (ring.early).
-        const int pre = early ? min(S, ring.early) : 0;
-        if (lane == 0)
-            for (int j = 0; j < pre && j < total; ++j) issue(j);
-        pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
-        if (lane == 0)
-            for (int j = pre; j < S && j < total; ++j) issue(j);
-    } else {
-        if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
-        if (lane == 0)
-            for (int j = 0; j < S && j < total; ++j) issue(j);
-        if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
-    }
+    if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
+    if (lane == 0)
+        for (int j = 0; j < S && j < total; ++j) issue(j);
+    if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if constexpr (kSplit) {
         xq += int64_t(slice) * nb * Q::kBlockElems;
         xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
@@ -440,21 +429,12 @@ inline int tma_pair_ring_bytes() {
         int(std::clamp<long long>(env_int("NT_TMA_RING_PAIR", tma_ring_bytes()), 1024, 49152));
     return bytes;
 }
-// Probe (A/B runs only): the SwiGLU pair's stages requested before its PDL wait
-// (NT_TMA_PAIR_EARLY; default all of its ring). The norm before the pair takes 3.5-4.6 us in
-// place against 2.8-3.4 for the one before q/k/v, while the pair's rings (29 MB) fill.
-inline int tma_pair_early_stages() {
-    static const int n = int(std::clamp<long long>(env_int("NT_TMA_PAIR_EARLY", kTmaMaxStages), 0,
-                                                   kTmaMaxStages));
-    return n;
-}
 inline TmaRing tma_ring(int64_t row_bytes, int kv, bool pair = false) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
     const int bytes = pair ? tma_pair_ring_bytes() : tma_ring_bytes();
     r.stages = std::clamp(int(bytes / (kv * row_bytes)), 2, kTmaMaxStages);
     r.evict_first = tma_evict_first();
-    if (pair) r.early = tma_pair_early_stages();
     return r;
 }
 
