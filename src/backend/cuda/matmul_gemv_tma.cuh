@@ -423,17 +423,10 @@ inline bool tma_evict_first() {
 }
 
 // The ring for groups of kv rows of row_bytes: as many stages as the target bytes hold.
-// Probe (A/B runs only): the SwiGLU pair's ring bytes apart from the rest's (NT_TMA_RING_PAIR).
-inline int tma_pair_ring_bytes() {
-    static const int bytes =
-        int(std::clamp<long long>(env_int("NT_TMA_RING_PAIR", tma_ring_bytes()), 1024, 49152));
-    return bytes;
-}
-inline TmaRing tma_ring(int64_t row_bytes, int kv, bool pair = false) {
+inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
-    const int bytes = pair ? tma_pair_ring_bytes() : tma_ring_bytes();
-    r.stages = std::clamp(int(bytes / (kv * row_bytes)), 2, kTmaMaxStages);
+    r.stages = std::clamp(int(tma_ring_bytes() / (kv * row_bytes)), 2, kTmaMaxStages);
     r.evict_first = tma_evict_first();
     return r;
 }
@@ -444,7 +437,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
                   TmaSplit sp = {}) {
     using Q = Quant<T>;
-    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, kPair);
+    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
     const int W = kSplit ? tma_split_warps(sp.slices) : kPipeWarps;
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
