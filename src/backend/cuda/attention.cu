@@ -1162,14 +1162,8 @@ void launch_tiled_decode(const DecodeArgs& a, dim3 grid, bool pdl, cudaStream_t 
     with_tiled_decode<NT, HD>(
         a.group,
         [&](auto kernel) {
-            static const size_t solo = solo_smem("NT_ATTN_SOLO");
-            const size_t smem = std::max(DecodeTile<HD, NT>::smem_bytes(a.group), solo);
-            if (smem > DecodeTile<HD, NT>::smem_bytes(kMaxGroup))
-                NT_CUDA_CHECK(cudaFuncSetAttribute(
-                                  kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                              "attention decode shared memory");
-            launch_kernel(pdl, kernel, grid, dim3(NT), smem, stream,
-                          "attention decode kernel (tiled)", a);
+            launch_kernel(pdl, kernel, grid, dim3(NT), DecodeTile<HD, NT>::smem_bytes(a.group),
+                          stream, "attention decode kernel (tiled)", a);
         },
         TiledGroups{});
 }

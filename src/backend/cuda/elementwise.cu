@@ -500,14 +500,8 @@ void launch_add_rmsnorm(int mode, float* x, const float* y, const uint8_t* w, in
                         float eps, float* out, int8_t* xq, float2* xd, bool pdl,
                         cudaStream_t stream) {
     const dim3 grid{unsigned(n)}, threads{unsigned(dim / 8)};
-    static const size_t solo_bytes = solo_smem("NT_NORM_SOLO");
-    const size_t solo = n == 1 ? solo_bytes : 0;
     auto go = [&](auto kernel) {
-        if (solo)
-            NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int(solo)),
-                          "add_rmsnorm shared memory");
-        launch_kernel(pdl, kernel, grid, threads, solo, stream, "add_rmsnorm kernel", x, y, w, dim,
+        launch_kernel(pdl, kernel, grid, threads, 0, stream, "add_rmsnorm kernel", x, y, w, dim,
                       eps, out, xq, xd);
     };
     switch (mode) {

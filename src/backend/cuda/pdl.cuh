@@ -8,7 +8,6 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <utility>
 
 #include "backend/cuda/cuda_check.cuh"
@@ -46,14 +45,6 @@ __device__ __forceinline__ void pdl_trigger() {
 inline bool pdl_prefetch_enabled() {
     static const bool on = env_switch("NT_PDL_PREFETCH");
     return on;
-}
-
-// Probe (A/B runs only): the dynamic shared memory a latency-bound kernel (a norm, the decode
-// attention) asks for so that no CTA of the kernel after it, a programmatic dependent whose
-// weight requests flood its multiprocessor's path from L2, starts on its multiprocessor: the
-// bytes in `env` (at most 200 KB), 0 (off) by default.
-inline size_t solo_smem(const char* env) {
-    return size_t(std::clamp<long long>(env_int(env, 0), 0, 200 * 1024));
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when
