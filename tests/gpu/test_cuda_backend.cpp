@@ -994,7 +994,8 @@ TEST(CudaBackend, RopeAttention) {
         Pair p(s, 128, 2, 256);
         const int qd = s.n_head * s.head_dim;  // == n_embd: wo is qd x qd
         std::vector<GgmlType> next = {GgmlType::Q8_0, GgmlType::Q4_1};
-        if (qd % 256 == 0) next.push_back(GgmlType::Q4_K);
+        // Q6_K: a decode row's attention then has its multiprocessors to itself (alone).
+        if (qd % 256 == 0) next.insert(next.end(), {GgmlType::Q4_K, GgmlType::Q6_K});
         std::vector<HostWeight> wo;
         std::vector<WeightView> gwo;
         for (GgmlType t : next) {

@@ -1147,23 +1147,41 @@ void with_tiled_decode(int group, F&& f, std::integer_sequence<int, G...>) {
     if (!compiled) f(attn_decode_tiled<HD, 0, NT>);
 }
 
+// The shared memory a decode block asks for to have its multiprocessor to itself (attn_decode's
+// `alone`): 200 KB, or the most a block may have where that is less. What is left (28 KB on
+// the H100 and H200) holds none of the next GEMV's CTAs.
+size_t alone_smem() {
+    static const size_t bytes = [] {
+        int dev = 0, optin = 0;
+        NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
+        NT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                      "device attribute");
+        return std::min<size_t>(200 * 1024, size_t(optin));
+    }();
+    return bytes;
+}
+
 // Every tiled decode kernel of NT threads and head size HD may use the shared memory of the
-// largest group.
+// largest group, or alone_smem().
 template <int NT, int HD, int... G>
 void init_tiled_decode(std::integer_sequence<int, G...>) {
+    const size_t most = std::max(DecodeTile<HD, NT>::smem_bytes(kMaxGroup), alone_smem());
     for (auto kernel : {attn_decode_tiled<HD, G, NT>..., attn_decode_tiled<HD, 0, NT>})
         NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(DecodeTile<HD, NT>::smem_bytes(kMaxGroup))),
+                                           int(most)),
                       "cudaFuncSetAttribute attn_decode_tiled");
 }
 
 template <int NT, int HD>
-void launch_tiled_decode(const DecodeArgs& a, dim3 grid, bool pdl, cudaStream_t stream) {
+void launch_tiled_decode(const DecodeArgs& a, dim3 grid, bool pdl, bool alone,
+                         cudaStream_t stream) {
+    size_t smem = DecodeTile<HD, NT>::smem_bytes(a.group);
+    if (alone) smem = std::max(smem, alone_smem());
     with_tiled_decode<NT, HD>(
         a.group,
         [&](auto kernel) {
-            launch_kernel(pdl, kernel, grid, dim3(NT), DecodeTile<HD, NT>::smem_bytes(a.group),
-                          stream, "attention decode kernel (tiled)", a);
+            launch_kernel(pdl, kernel, grid, dim3(NT), smem, stream,
+                          "attention decode kernel (tiled)", a);
         },
         TiledGroups{});
 }
@@ -1225,7 +1243,8 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits) {
 bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_cache,
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
-                 int version, const ActivationSlot* quant, bool pdl, const RopeIn* rope) {
+                 int version, const ActivationSlot* quant, bool pdl, const RopeIn* rope,
+                 bool alone) {
     if (n_rows <= 0) return false;
     check_shape(s);
     if (splits < 1 || splits > kMaxSplits)
@@ -1281,11 +1300,11 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
         // ones a short context has) get multiprocessors first, ahead of the blocks that exit.
         const dim3 grid(unsigned(s.n_head_kv), unsigned(splits), unsigned(n_rows));
         if (s.head_dim == 64)
-            wide ? launch_tiled_decode<kWideThreads, 64>(a, grid, pdl, stream)
-                 : launch_tiled_decode<kThreads, 64>(a, grid, pdl, stream);
+            wide ? launch_tiled_decode<kWideThreads, 64>(a, grid, pdl, alone, stream)
+                 : launch_tiled_decode<kThreads, 64>(a, grid, pdl, alone, stream);
         else
-            wide ? launch_tiled_decode<kWideThreads, 128>(a, grid, pdl, stream)
-                 : launch_tiled_decode<kThreads, 128>(a, grid, pdl, stream);
+            wide ? launch_tiled_decode<kWideThreads, 128>(a, grid, pdl, alone, stream)
+                 : launch_tiled_decode<kThreads, 128>(a, grid, pdl, alone, stream);
         return a.qmode >= 0;  // merged (and quantized) by the kernel itself
     }
     const dim3 grid(unsigned(splits), unsigned(s.n_head), unsigned(n_rows));

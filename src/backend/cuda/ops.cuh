@@ -179,6 +179,9 @@ size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 // as detail::quantize_q8(out, n_rows, q_dim, quant->mode) would, when every row of out is a
 // decode row listed in rows; returns whether it did (it cannot where a kernel block's heads are
 // not whole quantization blocks, or on the generic path).
+// alone: the tiled kernel's blocks ask for most of a multiprocessor's shared memory, so that no
+// CTA of the GEMV after them (a programmatic dependent, whose weight requests start at once)
+// shares their multiprocessors.
 // rope (optional, where attn_decode_fuses_rope): q as the GEMV left it, not yet turned; the kernel
 // turns it, and turns rope->k and stores the newest position's k and v in the caches itself
 // (what rope_kv_store does before an unfused call), with the same bits. Only then are the
@@ -192,7 +195,7 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
                  const int32_t* pos, const int32_t* seq, const int32_t* rows, int n_rows,
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
                  int version = 0, const ActivationSlot* quant = nullptr, bool pdl = false,
-                 const RopeIn* rope = nullptr);
+                 const RopeIn* rope = nullptr, bool alone = false);
 // Whether attn_decode (version 0) can take a RopeIn: the tiled kernel, and one decode row (a
 // row's newest position then is the only one its step writes: with several rows, one sequence's
 // consecutive positions would need each other's cache cells within one launch).
