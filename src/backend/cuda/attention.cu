@@ -1148,9 +1148,9 @@ void with_tiled_decode(int group, F&& f, std::integer_sequence<int, G...>) {
 }
 
 // The shared memory a decode block asks for to have its multiprocessor to itself (attn_decode's
-// `alone`): 200 KB, or the most a block may have where that is less. What is left (28 KB on
-// the H100 and H200) holds none of the next GEMV's CTAs.
-size_t alone_smem() {
+// `alone`): 200 KB, or the most a block may have where that is less. What is left (about 27
+// KB on the H100 and H200) holds none of the next GEMV's CTAs.
+static size_t alone_smem() {
     static const size_t bytes = [] {
         int dev = 0, optin = 0;
         NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
