@@ -30,6 +30,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/device_limits.cuh"
 #include "backend/cuda/exp_double.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
@@ -1151,14 +1152,7 @@ void with_tiled_decode(int group, F&& f, std::integer_sequence<int, G...>) {
 // `alone`): 200 KB, or the most a block may have where that is less. What is left (about 27
 // KB on the H100 and H200) holds none of the next GEMV's CTAs.
 static size_t alone_smem() {
-    static const size_t bytes = [] {
-        int dev = 0, optin = 0;
-        NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
-        NT_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                      "device attribute");
-        return std::min<size_t>(200 * 1024, size_t(optin));
-    }();
-    return bytes;
+    return std::min<size_t>(200 * 1024, size_t(detail::device_limits().optin));
 }
 
 // Every tiled decode kernel of NT threads and head size HD may use the shared memory of the

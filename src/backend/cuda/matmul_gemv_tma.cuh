@@ -38,6 +38,7 @@
 
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_check.cuh"
+#include "backend/cuda/device_limits.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 #include "core/env.h"
@@ -374,27 +375,6 @@ inline int tma_ring_bytes() {
     return bytes;
 }
 
-// The GPU's multiprocessors and shared memory, read once.
-struct TmaDevice {
-    int sms = 0, optin = 0, smem_per_sm = 0, reserved = 0;
-};
-inline const TmaDevice& tma_device() {
-    static const TmaDevice d = [] {
-        TmaDevice v;
-        int dev = 0;
-        NT_CUDA_CHECK(cudaGetDevice(&dev), "cudaGetDevice");
-        const std::pair<int*, cudaDeviceAttr> attrs[] = {
-            {&v.sms, cudaDevAttrMultiProcessorCount},
-            {&v.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin},
-            {&v.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
-            {&v.reserved, cudaDevAttrReservedSharedMemoryPerBlock}};
-        for (auto [out, attr] : attrs)
-            NT_CUDA_CHECK(cudaDeviceGetAttribute(out, attr, dev), "device attribute");
-        return v;
-    }();
-    return d;
-}
-
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
 // CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; with
 // kSplit up to kTmaCtaWarps); shared memory then decides per launch.
@@ -404,7 +384,7 @@ int tma_ctas_by_registers(int warps = kPipeWarps) {
     static const std::array<int, kMaxWarps + 1> per_sm = [] {
         auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit>;
         NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           tma_device().optin),
+                                           device_limits().optin),
                       "gemv tma shared memory limit");
         std::array<int, kMaxWarps + 1> n{};
         for (int w = 1; w <= kMaxWarps; ++w)
@@ -441,7 +421,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
     const int W = kSplit ? tma_split_warps(sp.slices) : kPipeWarps;
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
-    const TmaDevice& d = tma_device();
+    const DeviceLimits& d = device_limits();
     // As many CTAs as the GPU holds at once, at most one group a warp. With kSplit the slices'
     // sums of a CTA's rows follow its rings and barriers, and the grid sets how many rows that is.
     int64_t grid = (groups * sp.slices + W - 1) / W;
@@ -543,7 +523,7 @@ inline bool tma_four_rows() {
 // leave one CTA or none.
 inline bool tma_four_rows_fit(int64_t row_bytes) {
     const size_t smem = tma_ring_smem(tma_ring(row_bytes, 4), kPipeWarps, 4);
-    const TmaDevice& d = tma_device();
+    const DeviceLimits& d = device_limits();
     return d.smem_per_sm / (smem + d.reserved) >= 2;
 }
 
@@ -641,7 +621,7 @@ int tma_split_slices(int64_t cols, int nx) {
 // CTA: each of them must get a group of rows.
 template <GgmlType T, int kXU, int kV>
 int64_t tma_split_resident_warps(int warps) {
-    return int64_t(tma_ctas_by_registers<T, false, kXU, kV, true>(warps)) * tma_device().sms *
+    return int64_t(tma_ctas_by_registers<T, false, kXU, kV, true>(warps)) * device_limits().sms *
            warps;
 }
 
