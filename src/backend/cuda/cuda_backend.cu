@@ -68,7 +68,7 @@ CudaBackend::CudaBackend(int device) {
         NT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     graphs_on_ = env_switch("NT_CUDA_GRAPHS");
     rope_fusion_ = env_switch("NT_ROPE_FUSION");
-    attn_alone_ = env_switch("NT_ATTN_ALONE");
+    attn_alone_ = int(env_int("NT_ATTN_ALONE", 1));
     exact_prompt_ = cuda::prompt_exact();
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
 }
@@ -716,8 +716,8 @@ void CudaBackend::run(const Op& op) {
             // off their multiprocessors. H100, 8B tg128: Q6_K 361.9, 361.8 against 353.7, 353.7
             // (+2.3%; the attention 6.3 us a layer in place against 7.6), but Q4_K_M (its o in
             // Q4_K) -0.7% and Q8_0 -0.3%: there the blocks only start later.
-            const bool alone = decode_only && n_dec_ == 1 && op.next == GgmlType::Q6_K &&
-                               attn_alone_;
+            const bool alone = decode_only && n_dec_ == 1 &&
+                               (attn_alone_ == 2 || (attn_alone_ == 1 && op.next == GgmlType::Q6_K));
             if (cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
                                   attn_scratch_, attn_done_, f(3), stream_, 0,
                                   quantize ? &slot : nullptr, mm_->pdl,

@@ -250,7 +250,8 @@ class CudaBackend : public Backend {
     bool pdl_supported_ = false;  // matmul_init's verdict for this GPU (and NT_PDL)
     bool graphs_on_ = true;
     bool rope_fusion_ = true;
-    bool attn_alone_ = true;  // attn_decode's `alone` where it wins (NT_ATTN_ALONE=0: never)
+    // attn_decode's `alone`: 1 where it wins (o in Q6_K), 0 never, 2 for every o (NT_ATTN_ALONE)
+    int attn_alone_ = 1;
     // The prompt path's setting, which mm_->exact mirrors: the backend's own, because
     // matmul_free (release, before every init) resets the workspace.
     bool exact_prompt_ = false;
