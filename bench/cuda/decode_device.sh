@@ -23,6 +23,9 @@
 #                                        # time, DRAM throughput, occupancy and top stall reasons
 #   bench/cuda/decode_device.sh timeline # 8B decode tokens (AB_MODELS) traced kernel by kernel in place
 #                                        # (kernel_trace.cpp, CUPTI): each kernel's time and gaps
+#   bench/cuda/decode_device.sh phases   # 8B decode tokens (AB_MODELS) with each CTA's phases marked on the GPU clock
+#                                        # (a second build, -DNT_PHASE_TRACE=ON, in build-phase): per kernel
+#                                        # of a layer, the handoff from the kernel before and the work after it
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -241,6 +244,20 @@ EOF
             CUDA_INJECTION64_PATH="$PWD/$build/libnt_kernel_trace.so" NT_TRACE_OUT="$out/trace_$t.csv" \
                 "$nt" bench -m "$(model $t)" --device cuda -p 0 -n "${TL_TOKENS:-24}" -r 1 2>&1 | grep -E "\| tg"
             python3 bench/cuda/kernel_timeline.py "$out/trace_$t.csv" --tokens 8
+        done
+        ;;
+    phases)
+        local pb=${PHASE_BUILD_DIR:-build-phase}
+        run cmake -S . -B "$pb" -DCMAKE_BUILD_TYPE=Release -DNT_CUDA=ON -DNT_PHASE_TRACE=ON \
+            -DCMAKE_CUDA_ARCHITECTURES=${NT_CUDA_ARCH:-90} >/dev/null &&
+            run cmake --build "$pb" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
+        [ -x "$pb/ntransformer" ] || return 1
+        for t in ${AB_MODELS:-q4_k_m}; do
+            wait_model $t || return 1
+            echo "phases: $t"
+            NT_PHASE_OUT="$out/phases_$t.bin" "$pb/ntransformer" bench -m "$(model $t)" --device cuda \
+                -p 0 -n "${TL_TOKENS:-8}" -r 1 2>&1 | grep -E "\| tg|phase trace"
+            python3 bench/cuda/phase_timeline.py "$out/phases_$t.bin"
         done
         ;;
     ablate)

@@ -35,6 +35,7 @@
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/phase_trace.cuh"
 #include "backend/cuda/quantize_q8.cuh"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/warp_reduce.cuh"
@@ -335,6 +336,8 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     float* qs = ps + 2 * G * TP;  // [G][HD]
     float* rc = qs + G * HD;      // [HD / 2] rope cos, then sin
 
+    NT_PHASE_TIME(t_entry);
+    NT_PHASE_SLOTS(marks);
     pdl_trigger();
     const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
     const int t = threadIdx.x;
@@ -343,6 +346,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     int start, end;
     const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     if (start >= end) return;  // past the sequence's end: not counted, not merged
+    if (t == 0) NT_PHASE_RESERVE(marks, phase::kAttention, a.kc, phase::kMarks);
     const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
     const bool rope = a.inv_freq != nullptr;
     const int newest = a.pos[row];
@@ -418,6 +422,10 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     }
     // q and the cache come from the kernels before (this may be a programmatic dependent launch)
     pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
+    if (t == 0) {
+        NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
+        NT_PHASE_MARK(marks, phase::kWaited);
+    }
     if (issued == 0) load_tile(issued++);
     // The newest k and v and q are each a trip to L2 (or further): all are requested before any
     // is used.
@@ -464,6 +472,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             cp_async_wait<0>();
         }
         __syncthreads();
+        if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kFirstData);
 
         const int np = min(TP, end - (start + tile * TP));  // positions of this tile
         // scores
@@ -584,6 +593,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             __syncthreads();
             quantize_heads<HD, NT>(qs, G, row, h0, a);
         }
+        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
         return;
     }
 
@@ -598,7 +608,10 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         if (last) *done = 0;  // every other slice has counted: ready for the next launch
     }
     __syncthreads();
-    if (!last) return;
+    if (!last) {
+        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
+        return;
+    }
     __threadfence();
     static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
                   "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
@@ -648,6 +661,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         __syncthreads();
         quantize_heads<HD, NT>(qs, G, row, h0, a);
     }
+    if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
 }
 
 // Merges the slices of one (row, head), in double as the tiled kernel's last slice does:

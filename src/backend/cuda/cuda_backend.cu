@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/ops.cuh"
+#include "backend/cuda/phase_trace.cuh"
 #include "backend/vocab_draw.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -71,6 +72,9 @@ CudaBackend::CudaBackend(int device) {
     attn_alone_ = int(env_int("NT_ATTN_ALONE", 1));
     exact_prompt_ = cuda::prompt_exact();
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
+#ifdef NT_PHASE_TRACE
+    cuda::phase::init();
+#endif
 }
 
 CudaBackend::~CudaBackend() {
@@ -80,6 +84,9 @@ CudaBackend::~CudaBackend() {
         if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g) cudaGraphDestroy(g);
     }
     if (stream_) cudaStreamSynchronize(stream_);
+#ifdef NT_PHASE_TRACE
+    cuda::phase::dump(std::getenv("NT_PHASE_OUT"));
+#endif
     try {
         release();
     } catch (...) {

@@ -14,6 +14,7 @@
 #include "backend/cuda/matmul_quant.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/phase_trace.cuh"
 #include "backend/cuda/quantize_q8.cuh"
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/swiglu.cuh"
@@ -284,11 +285,14 @@ template <GgmlType WT, int MODE>
 __global__ void __launch_bounds__(1024)
     add_rmsnorm_kernel(float* x, const float* y, const uint8_t* w, int dim, float eps, float* out,
                        int8_t* xq, float2* xd) {
+    NT_PHASE_TIME(t_entry);
+    NT_PHASE_SLOTS(marks);
     __shared__ double red[32];
     // The GEMV that reads out (launched as a programmatic dependent) may start loading its
     // weights now; it waits for this grid to finish before it reads the activations.
     pdl_trigger();
     const int t = threadIdx.x;
+    if (t == 0) NT_PHASE_RESERVE(marks, phase::kNorm, w, 3);
     const int64_t e0 = int64_t(blockIdx.x) * dim + t * 8;  // this thread's first element
     float v[8], wv[8];
     // The norm's weights before the wait (nothing in the stream writes them; their latency
@@ -303,6 +307,10 @@ __global__ void __launch_bounds__(1024)
         for (int i = 0; i < 8; ++i) wv[i] = elem<WT>(w, t * 8 + i);
     }
     pdl_wait(x, y, out, xq, xd);
+    if (t == 0) {
+        NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
+        NT_PHASE_MARK(marks, phase::kWaited);
+    }
     {
         const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
         const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
@@ -334,6 +342,7 @@ __global__ void __launch_bounds__(1024)
         // Both layouts keep one pair per 32 elements, and 4 threads cover 32.
         if ((t & 3) == 0) xd[e0 / 32] = dq;
     }
+    if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
 }
 
 // Version 1: one block per batch row: the row's cos/sin table first (double precision, so the

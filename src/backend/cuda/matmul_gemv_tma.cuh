@@ -40,6 +40,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/device_limits.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
+#include "backend/cuda/phase_trace.cuh"
 #include "backend/cuda/warp_reduce.cuh"
 #include "core/env.h"
 #include "core/error.h"
@@ -142,6 +143,8 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
                 const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
                 TmaSplit sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    NT_PHASE_TIME(t_entry);
+    NT_PHASE_SLOTS(marks);
     using Q = Quant<T>;
     constexpr int kLPB = Q::kLanesPerBlock;
     constexpr int kBPU = 32 / kLPB;
@@ -248,10 +251,18 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     // early: the first stages' weights are requested before waiting for the kernel before, as
     // the pipe kernel does (weights only; see there).
     pdl_trigger();
+    if (lane == 0)
+        NT_PHASE_RESERVE(marks, (kSplit ? phase::kGemvSplit : kPair ? phase::kGemvPair : phase::kGemv) |
+                                 (T == GgmlType::Q4_K ? 4 : T == GgmlType::Q6_K ? 6 : 8) << 4,
+                         pr.m0, warp == 0 ? 4 : 1);
     if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
         for (int j = 0; j < S && j < total; ++j) issue(j);
     if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
+    if (lane == 0 && warp == 0) {
+        NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
+        NT_PHASE_MARK(marks, phase::kWaited);
+    }
     if constexpr (kSplit) {
         xq += int64_t(slice) * nb * Q::kBlockElems;
         xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
@@ -275,6 +286,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     uint32_t parity = 0;
     for (int64_t j = 0; j < total; ++j) {
         mbar_wait(bars + slot, parity);
+        if (j == 0 && lane == 0 && warp == 0) NT_PHASE_MARK(marks, phase::kFirstData);
         const uint8_t* st = buf + slot * stage_bytes;
         double acc[kV];  // in double: see Quant<T>::dot
 #pragma unroll
@@ -343,6 +355,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
                 pr.y0[c0 * kV + r] = sum(r);
         }
     }
+    if (lane == 0) NT_PHASE_MARK(marks, phase::kDone);
 #else
     __trap();  // launched only on compute capability 9.0+ (tma_usable)
 #endif
