@@ -26,6 +26,9 @@
 #   bench/cuda/decode_device.sh phases   # 8B decode tokens (AB_MODELS) with each CTA's phases marked on the GPU clock
 #                                        # (a second build, -DNT_PHASE_TRACE=ON, in build-phase): per kernel
 #                                        # of a layer, the handoff from the kernel before and the work after it
+#   bench/cuda/decode_device.sh fences   # 8B tg128 (AB_MODELS) with the SwiGLU pair's and the attention merge's
+#                                        # fences dropped (bench/cuda/fence_probe.patch, built in and removed
+#                                        # again): what a fence-free handoff could save at most
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -259,6 +262,23 @@ EOF
                 -p 0 -n "${TL_TOKENS:-8}" -r 1 2>&1 | grep -E "\| tg|phase trace"
             python3 bench/cuda/phase_timeline.py "$out/phases_$t.bin"
         done
+        ;;
+    fences)
+        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
+        probe_patch() {
+            echo "+ apply $* bench/cuda/fence_probe.patch"
+            git apply "$@" bench/cuda/fence_probe.patch 2>/dev/null ||
+                patch -p1 --forward "$@" <bench/cuda/fence_probe.patch >/dev/null
+        }
+        probe_patch || return 1
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
+        for t in ${AB_MODELS:-q4_k_m}; do
+            for env in NT_AS_SHIPPED=1 NT_FENCE_PROBE=1 NT_FENCE_PROBE=2 NT_FENCE_PROBE=3 NT_AS_SHIPPED=1; do
+                echo "fences: $t $env tg128 $(tg128 $t $env)"
+            done
+        done
+        probe_patch -R
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of
