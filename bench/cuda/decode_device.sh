@@ -87,9 +87,11 @@ build_base() {
     echo "$bin"
 }
 
-# Applies (or with -R takes out) the ablation patch: git where the tree is a checkout, else patch.
-ablate_patch() {
-    local p=bench/cuda/ablate_ops.patch
+# Applies (or with -R after it, takes out) a probe patch of bench/cuda (ablate_ops.patch,
+# fence_probe.patch): git where the tree is a checkout, else patch.
+probe_patch() {
+    local p=bench/cuda/$1
+    shift
     echo "+ apply $* $p"
     git apply "$@" "$p" 2>/dev/null || patch -p1 --forward "$@" <"$p" >/dev/null
 }
@@ -265,19 +267,14 @@ EOF
         ;;
     fences)
         for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
-        probe_patch() {
-            echo "+ apply $* bench/cuda/fence_probe.patch"
-            git apply "$@" bench/cuda/fence_probe.patch 2>/dev/null ||
-                patch -p1 --forward "$@" <bench/cuda/fence_probe.patch >/dev/null
-        }
-        probe_patch || return 1
+        probe_patch fence_probe.patch || return 1
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         for t in ${AB_MODELS:-q4_k_m}; do
             for env in NT_AS_SHIPPED=1 NT_FENCE_PROBE=1 NT_FENCE_PROBE=2 NT_FENCE_PROBE=3 NT_AS_SHIPPED=1; do
                 echo "fences: $t $env tg128 $(tg128 $t $env)"
             done
         done
-        probe_patch -R
+        probe_patch fence_probe.patch -R
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         ;;
     ablate)
@@ -285,14 +282,14 @@ EOF
         # one-row decode steps, keeping what the next op expects of its activations: the
         # outputs are wrong, the timing is the step without it. The patch is host code only.
         for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
-        ablate_patch || return 1
+        probe_patch ablate_ops.patch || return 1
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         for t in ${AB_MODELS:-q4_k_m}; do
             for env in NT_AS_SHIPPED=1 NT_SKIP=norm NT_SKIP=qkv NT_SKIP=attn NT_SKIP=o NT_SKIP=gateup NT_SKIP=down NT_AS_SHIPPED=1; do
                 echo "ablate: $t $env tg128 $(tg128 $t $env)"
             done
         done
-        ablate_patch -R
+        probe_patch ablate_ops.patch -R
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         ;;
     *)

@@ -23,7 +23,8 @@ import warnings
 import numpy as np
 
 REC = np.dtype([("t", "<u8"), ("tag", "<u4"), ("sm", "<u2"), ("kind", "u1"), ("mark", "u1")])
-KINDS = {1: "gemv", 2: "gemv pair", 3: "gemv slices", 4: "attention", 5: "norm"}
+ATTENTION = 4  # phase_trace.cuh's Kind
+KINDS = {1: "gemv", 2: "gemv pair", 3: "gemv slices", ATTENTION: "attention", 5: "norm"}
 TYPES = {0: "", 4: " Q4_K", 6: " Q6_K", 8: " Q8_0"}
 ENTRY, WAITED, FIRST, DONE = range(4)
 SPLIT_NS = 100_000  # one launch's marks lie closer together than this; a token takes ms
@@ -48,7 +49,7 @@ def launches(recs):
             continue
         kind = collections.Counter(part["kind"].tolist()).most_common(1)[0][0]
         out.append({"kind": int(kind), "tag": int(part["tag"][0]), "m": marks,
-                    "done": int(marks[DONE].max()), "waited": int(marks[WAITED].min()),
+                    "done": int(marks[DONE].max()), "waited": int(marks[WAITED].min()),  # last / first
                     "n_done": len(marks[DONE])})
     return out
 
@@ -69,7 +70,7 @@ def main():
         full[l["tag"]] = max(full[l["tag"]], l["n_done"])
     ls = [l for l in ls if l["n_done"] == full[l["tag"]]]
     ls.sort(key=lambda l: l["done"])
-    att = [i for i, l in enumerate(ls) if l["kind"] & 15 == 4]
+    att = [i for i, l in enumerate(ls) if l["kind"] & 15 == ATTENTION]
     layers = []
     for i0, i1 in zip(att, att[1:]):
         seq = ls[i0:i1]
@@ -93,10 +94,10 @@ def main():
                 l = seq[k]
                 m = l["m"]
                 st["start"].append(m[ENTRY].min() - prev if len(m[ENTRY]) else np.nan)
-                st["w0"].append(m[WAITED].min() - prev)
+                st["w0"].append(l["waited"] - prev)
                 st["w1"].append(m[WAITED].max() - prev)
-                st["first"].append(m[FIRST].max() - m[WAITED].min() if len(m[FIRST]) else np.nan)
-                st["done"].append(l["done"] - m[WAITED].min())
+                st["first"].append(m[FIRST].max() - l["waited"] if len(m[FIRST]) else np.nan)
+                st["done"].append(l["done"] - l["waited"])
                 st["adv"].append(l["done"] - prev)
                 st["ctas"].append(len(m[WAITED]))
             f = {key: np.nanmean(v) / 1000.0 if key != "ctas" else np.mean(v) for key, v in st.items()}

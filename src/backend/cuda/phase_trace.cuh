@@ -68,15 +68,16 @@ struct Slots {
     uint8_t kind = 0;
     uint8_t used = 0, n = 0;
     __device__ void reserve(int k, const void* launch, int records) {
+        if (!g_records) return;  // never bound (a program that did not call init): no marks
         unsigned s;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
         sm = uint16_t(s);
         kind = uint8_t(k);
         tag = uint32_t(reinterpret_cast<uintptr_t>(launch) >> 8);
-        if (!g_records) return;  // never bound (a program that did not call init): no marks
         n = uint8_t(records);
-        const unsigned i = atomicAdd(&g_count[s % kSms], unsigned(n)) % (kPerSm - kMarks);
-        at = g_records + size_t(s % kSms) * kPerSm + i;
+        const unsigned ring = s % kSms;
+        const unsigned i = atomicAdd(&g_count[ring], unsigned(n)) % (kPerSm - kMarks);
+        at = g_records + size_t(ring) * kPerSm + i;
     }
     __device__ void mark(int m, unsigned long long t) {
         if (used < n) at[used++] = Record{t, tag, sm, kind, uint8_t(m)};
