@@ -849,6 +849,47 @@ TEST(MatmulSplit, LongRowsInColumnSlices) {
                     << "launch " << run << " differs from the first";
             }
         }
+        // Where the kernel takes the float activations and quantizes them itself (Q4_K and Q6_K
+        // in one-unit slices): the bits of quantize_q8 and gemv_q8, for these activations and
+        // for ones whose blocks have ties of largest magnitude of both signs (the first one's
+        // decides the scale's), in one lane and across lanes, or are all zero.
+        const bool from_float = ncu::detail::gemv_from_float_takes(t, dw.p, rows, cols);
+        // (not Q8_0, nor slices of two units: 28672 and Q6_K's 8192 columns; Q4_K's one-unit
+        // slices only four rows a stage)
+        EXPECT_EQ(from_float, t != GgmlType::Q8_0 && cols == 14336 &&
+                                  (t == GgmlType::Q6_K || rows % 4 == 0));
+        if (from_float) {
+            std::vector<float> ties = x;
+            for (int64_t b = 0; b * 256 < cols; ++b) {
+                float* v = ties.data() + b * 256;
+                const int kind = int(b % 4);
+                if (kind == 3) {
+                    std::fill(v, v + 256, 0.f);
+                    continue;
+                }
+                for (int i = 0; i < 256; ++i) v[i] *= 0.25f;
+                const int at[3][3] = {{200, 17, 130}, {5, 250, 64}, {63, 66, 40}};
+                for (int k = 0; k < 3; ++k)
+                    v[at[kind][k]] = (k + kind) % 2 ? -3.f : 3.f;
+            }
+            for (const std::vector<float>* xs : {&x, &ties}) {
+                Dev<float> dxs(*xs);
+                ncu::detail::quantize_q8(dxs.p, 1, cols, ncu::detail::act_quant(t), xq.p, xd.p, s);
+                c.pdl = false;
+                ncu::detail::gemv_q8(t, dw.p, rows, cols, xq.p, xd.p, 1, dy.p, c, s);
+                ck(cudaStreamSynchronize(s));
+                const std::vector<float> want = dy.get();
+                for (bool pdl : {false, true}) {
+                    ck(cudaMemsetAsync(dy.p, 0xFF, dy.n * sizeof(float), s));
+                    ncu::detail::gemv_from_float(t, dw.p, rows, cols, dxs.p, dy.p, pdl, s);
+                    ck(cudaStreamSynchronize(s));
+                    const std::vector<float> y = dy.get();
+                    ASSERT_EQ(0, std::memcmp(want.data(), y.data(), y.size() * sizeof(float)))
+                        << "float activations quantized in the kernel"
+                        << (xs == &ties ? " (ties)" : "") << (pdl ? " with PDL" : "");
+                }
+            }
+        }
         // matmul() runs it where its GEMV is the pipe kernel (Q6_K: from 2048 rows).
         if (ncu::detail::gemv_default(t, rows, cols, 1, ws.ws.sm_count).kernel != GemvKernel::Pipe)
             continue;

@@ -182,6 +182,24 @@ void matmul_free(MatmulWorkspace& ws) {
 
 namespace {
 
+// Whether a single activation row of floats goes straight to a GEMV that quantizes it itself
+// (detail::gemv_from_float, where it takes the matrix) instead of through quantize_q8, and
+// whether the SwiGLU pair then leaves its output in floats for such a down projection instead
+// of quantizing it behind fences (NT_GEMV_FROM_FLOAT=1; off by default).
+bool gemv_from_float_enabled() {
+    static const bool on = env_int("NT_GEMV_FROM_FLOAT", 0) != 0;
+    return on;
+}
+
+// Whether the workspace holds x's quantization for weights of type t (what gemv_activations
+// would reuse).
+bool holds_activations(const MatmulWorkspace& ws, GgmlType t, const float* x, int n, int64_t cols,
+                       bool x_unchanged) {
+    const ActivationKey& h = ws.held;
+    return x_unchanged && h.x == x && h.n == n && h.cols == cols &&
+           h.mode == int(detail::act_quant(t));
+}
+
 // The GEMV path's int8 activations for weights of type t: quantized into the workspace, or
 // the ones already there when x_unchanged and they were made from the same x the same way.
 ActivationSlot gemv_activations(GgmlType t, const float* x, int n, int64_t cols,
@@ -193,15 +211,12 @@ ActivationSlot gemv_activations(GgmlType t, const float* x, int n, int64_t cols,
     a.xq = gemv_xq(ws);
     a.xd = gemv_xd(ws, n, cols);
     a.mode = detail::act_quant(t);
-    ActivationKey& held = ws.held;
-    const bool reuse =
-        x_unchanged && held.x == x && held.n == n && held.cols == cols && held.mode == int(a.mode);
-    if (reuse) {
-        a.xq = held.xq;
-        a.xd = held.xd;
+    if (holds_activations(ws, t, x, n, cols, x_unchanged)) {
+        a.xq = ws.held.xq;
+        a.xd = ws.held.xd;
     } else {
         detail::quantize_q8(x, n, cols, a.mode, a.xq, a.xd, stream);
-        held = {x, n, cols, int(a.mode), a.xq, a.xd};
+        ws.held = {x, n, cols, int(a.mode), a.xq, a.xd};
     }
     return a;
 }
@@ -255,7 +270,11 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
     // y's own quantization goes to the slot after x's (which the kernel is still reading).
     detail::PairQuant q;
     const size_t y_at = gemv_bytes(n, gate.cols);
-    if (y_quantized && is_quantized(next) && ws.done && a.xq == gemv_xq(ws) &&
+    // A down projection that quantizes its float activations itself needs no quantized y
+    // (gemv_from_float_enabled).
+    const bool next_from_float =
+        gemv_from_float_enabled() && detail::gemv_from_float_cols(next, gate.rows);
+    if (y_quantized && is_quantized(next) && !next_from_float && ws.done && a.xq == gemv_xq(ws) &&
         gate.rows % 256 == 0 && gate.rows / 256 <= kQuantGroups &&
         y_at + gemv_bytes(n, gate.rows) <= ws.bytes) {
         q.xq = reinterpret_cast<int8_t*>(static_cast<uint8_t*>(ws.buf) + y_at);
@@ -374,6 +393,13 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     if (matmul_takes_gemv(w.type, n)) {
         if (is_float(w.type))  // (n <= kGemvMaxBatch: float types have no chunked path)
             return detail::gemv_float(w.type, w.data, rows, cols, x, n, y, ws.sm_count, stream);
+        if (n == 1 && gemv_from_float_enabled() && is_quantized(w.type) &&
+            !holds_activations(ws, w.type, x, n, cols, x_unchanged) &&
+            detail::gemv_from_float_takes(w.type, w.data, rows, cols)) {
+            detail::gemv_from_float(w.type, w.data, rows, cols, x, y, ws.pdl, stream);
+            forget_if_overwritten(ws, x, n, cols, y, rows);
+            return;
+        }
         // One pass of up to kGemvMaxBatch rows; a short prompt (a server request's, or one
         // joining decoding rows) in passes of kGemvMaxBatch rows, each reading the weight once,
         // where the GEMM path below writes and reads it whole in FP16 whatever the batch.
@@ -632,6 +658,33 @@ void with_pipe_type(GgmlType t, const char* what, F&& f) {
 }
 
 }  // namespace
+
+bool gemv_from_float_takes(GgmlType t, const void* w, int64_t rows, int64_t cols) {
+    if (!gemv_pair_available(t)) return false;
+    bool takes = false;
+    with_pipe_type(t, "gemv from float", [&](auto type) {
+        takes = gemv_from_float_takes_t<decltype(type)::value>(w, rows, cols);
+    });
+    return takes;
+}
+
+void gemv_from_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x,
+                     float* y, bool pdl, cudaStream_t stream) {
+    with_pipe_type(t, "gemv from float", [&](auto type) {
+        launch_gemv_from_float<decltype(type)::value>(w, rows, cols, x, y, pdl, stream);
+    });
+}
+
+bool gemv_from_float_cols(GgmlType t, int64_t cols) {
+    if (!gemv_pair_available(t)) return false;
+    bool takes = false;
+    with_pipe_type(t, "gemv from float", [&](auto type) {
+        constexpr GgmlType T = decltype(type)::value;
+        const int slices = tma_split_slices<T>(cols, 1);
+        takes = slices > 0 && tma_float_x_compiled<T>(int(pipe_units<T>(cols) / slices));
+    });
+    return takes;
+}
 
 int gemv_split_slices(GgmlType t, int64_t cols, int nx) {
     if (!gemv_pair_available(t)) return 0;

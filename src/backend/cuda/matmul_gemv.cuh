@@ -434,6 +434,24 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
 }
 
 template <GgmlType T>
+bool gemv_from_float_takes_t(const void* w, int64_t rows, int64_t cols) {
+    if constexpr (pipe_compiled<T>()) return tma_split_float_x<T>(w, rows, cols);
+    return false;
+}
+
+template <GgmlType T>
+void launch_gemv_from_float(const void* w, int64_t rows, int64_t cols, const float* x, float* y,
+                            bool pdl, cudaStream_t stream) {
+    if constexpr (pipe_compiled<T>()) {
+        if (launch_tma_split<T>(GemvStack::one(w, rows, y), cols, nullptr, nullptr, 1, pdl, stream,
+                                x))
+            return;
+    }
+    nt::fail("gemv: no kernel quantizing float activations for %s rows of %lld.", type_name(T),
+             (long long)cols);
+}
+
+template <GgmlType T>
 void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd, int n,
                        bool pdl, cudaStream_t stream) {
     if constexpr (pipe_compiled<T>())
@@ -454,4 +472,7 @@ void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const
                                                 bool, cudaStream_t, const PairQuant&);          \
     template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,      \
                                                  const float2*, int, bool, cudaStream_t);       \
+    template bool gemv_from_float_takes_t<GgmlType::T>(const void*, int64_t, int64_t);          \
+    template void launch_gemv_from_float<GgmlType::T>(const void*, int64_t, int64_t,            \
+                                                      const float*, float*, bool, cudaStream_t); \
     template void prepare_gemv_q8<GgmlType::T>();

@@ -39,6 +39,7 @@
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/device_limits.cuh"
+#include "backend/cuda/ieee_float.cuh"
 #include "backend/cuda/matmul_gemv_pipe.cuh"
 #include "backend/cuda/phase_trace.cuh"
 #include "backend/cuda/warp_reduce.cuh"
@@ -136,12 +137,96 @@ bool with_tma_units(int64_t upr, F&& f) {
     });
 }
 
-// nb: blocks of a stage's row (of a slice's, with kSplit).
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit>
+// Float activations quantized where they are read (gemv_q8_tma's kXF): the SwiGLU pair's
+// output, which the pair otherwise quantizes itself behind fences (pipe_quantize_groups) so
+// that the down projection can read int8. Types whose activations are Q8_K with 4 lanes to a
+// 256-element block (Q4_K, Q6_K), one-unit column slices (8B's 14336 columns).
+template <GgmlType T>
+constexpr bool tma_float_x_compiled(int xu) {
+    return (T == GgmlType::Q4_K || T == GgmlType::Q6_K) && xu == 1;
+}
+
+// Where lane `part` of a block's 4 holds its element i (0..63) of the block: the positions
+// Quant<T>::load_x reads (Q4_K: 64 consecutive; Q6_K, the Q2_K layout: four runs of 16, 32
+// apart, in the block's half part / 2), increasing in i.
+template <GgmlType T>
+__device__ __forceinline__ int x_lane_elem(int part, int i) {
+    if constexpr (T == GgmlType::Q4_K) return 64 * part + i;
+    return 128 * (part >> 1) + 32 * (i >> 4) + 16 * (part & 1) + (i & 15);
+}
+
+// Quant<T>::load_x's X for the block at xb (floats), quantized here as quantize_q8 would (Q8_K,
+// q8k_block's arithmetic bit for bit): the block's 4 lanes (consecutive, lane % 4 = part) find
+// its largest magnitude, ties to the lowest element index, and each rounds its own 64. `have`:
+// whether the block exists (every lane must call it: shuffles; lanes without one get zeros).
+template <GgmlType T>
+__device__ __forceinline__ void load_x_float(const float* xb, bool have, int part,
+                                             typename Quant<T>::X& x) {
+    static_assert(tma_float_x_compiled<T>(1), "Q8_K activations, 4 lanes a block");
+    float v[64];
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+        float4 t = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (have)
+            asm("ld.global.ca.v4.f32 {%0, %1, %2, %3}, [%4];"
+                : "=f"(t.x), "=f"(t.y), "=f"(t.z), "=f"(t.w)
+                : "l"(xb + x_lane_elem<T>(part, 4 * c)));
+        v[4 * c] = t.x, v[4 * c + 1] = t.y, v[4 * c + 2] = t.z, v[4 * c + 3] = t.w;
+    }
+    float amax = 0.f, vmax = 0.f;
+    int imax = 256;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+        const float ax = fabsf(v[i]);
+        if (ax > amax) amax = ax, vmax = v[i], imax = x_lane_elem<T>(part, i);
+    }
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, amax, o);
+        const float v2 = __shfl_xor_sync(0xffffffffu, vmax, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, imax, o);
+        if (a2 > amax || (a2 == amax && i2 < imax)) amax = a2, vmax = v2, imax = i2;
+    }
+    const float iscale = amax != 0.f ? div_rn(-127.f, vmax) : 0.f;
+    const float d = amax != 0.f ? div_rn(1.f, iscale) : 0.f;
+    int packed[16], s16[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int c = 0; c < 16; ++c) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float t = mul_rn(iscale, v[4 * c + k]);
+            const int q = t == t ? __float2int_rn(fminf(127.f, fmaxf(-127.f, t))) : 0;
+            word |= uint32_t(uint8_t(int8_t(q))) << (8 * k);
+            s16[c / 4] += q;
+        }
+        packed[c] = int(word);
+    }
+    if constexpr (T == GgmlType::Q4_K) {
+        const int sa = s16[0] + s16[1], sb = s16[2] + s16[3];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x.a[i] = packed[i], x.b[i] = packed[8 + i];
+        x.da = make_float2(d, mul_rn(d, float(sa)));
+        x.db = make_float2(d, mul_rn(d, float(sb)));
+        x.s16 = (uint32_t(sa) & 0xFFFFu) | uint32_t(sb) << 16;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) x.q[j][i] = packed[4 * j + i];
+            x.o[j] = -32 * s16[j];
+        }
+        x.d = d;
+    }
+}
+
+// nb: blocks of a stage's row (of a slice's, with kSplit). kXF: the activations are the floats
+// at xf, quantized here (load_x_float); xq, xd unused.
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit, bool kXF = false>
 __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kSplit, kPair))
     gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
-                const float2* __restrict__ xd, PairQuant pq, bool early, TmaRing ring,
-                TmaSplit sp) {
+                const float2* __restrict__ xd, const float* __restrict__ xf, PairQuant pq,
+                bool early, TmaRing ring, TmaSplit sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     NT_PHASE_TIME(t_entry);
     NT_PHASE_SLOTS(marks);
@@ -151,6 +236,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     constexpr int kBB = Q::kBlockBytes;
     static_assert(!kPair || kV == 2, "a pair is a group of two rows");
     static_assert(tma_x_units<T>(kXU), "whole rows, activations in registers");
+    static_assert(!kXF || (kSplit && !kPair && tma_float_x_compiled<T>(kXU)), "float activations");
     extern __shared__ __align__(16) uint8_t smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -255,10 +341,10 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
         NT_PHASE_RESERVE(marks, (kSplit ? phase::kGemvSplit : kPair ? phase::kGemvPair : phase::kGemv) |
                                  (T == GgmlType::Q4_K ? 4 : T == GgmlType::Q6_K ? 6 : 8) << 4,
                          pr.m0, warp == 0 ? 4 : 1);
-    if (!early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
+    if (!early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
         for (int j = 0; j < S && j < total; ++j) issue(j);
-    if (early) pdl_wait(xq, xd, pr.y0, pr.y1, pr.y2);
+    if (early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
     if (lane == 0 && warp == 0) {
         NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
         NT_PHASE_MARK(marks, phase::kWaited);
@@ -266,15 +352,19 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     if constexpr (kSplit) {
         xq += int64_t(slice) * nb * Q::kBlockElems;
         xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
+        xf += int64_t(slice) * nb * Q::kBlockElems;
     }
 
     typename Q::X xr[kXU];
 #pragma unroll
     for (int u = 0; u < kXU; ++u) {
         const int kb = u * kBPU + sub;
-        if (kb < nb)
+        if constexpr (kXF) {
+            load_x_float<T>(xf + int64_t(kb) * Q::kBlockElems, kb < nb, part, xr[u]);
+        } else if (kb < nb) {
             Q::load_x(xq + int64_t(kb) * Q::kBlockElems, xd + int64_t(kb) * (Q::kBlockElems / 32),
                       part, xr[u]);
+        }
     }
     // After the stage's reduction each lane holds one row's sum: row `mine` of the group, in
     // the R lanes from R * mine (warp_sum_rows).
@@ -391,11 +481,11 @@ inline int tma_ring_bytes() {
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
 // CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; with
 // kSplit up to kTmaCtaWarps); shared memory then decides per launch.
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false, bool kXF = false>
 int tma_ctas_by_registers(int warps = kPipeWarps) {
     constexpr int kMaxWarps = tma_threads(kSplit) / 32;
     static const std::array<int, kMaxWarps + 1> per_sm = [] {
-        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit>;
+        auto* kernel = gemv_q8_tma<T, kPair, kXU, kV, kSplit, kXF>;
         NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            device_limits().optin),
                       "gemv tma shared memory limit");
@@ -424,11 +514,12 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     return r;
 }
 
-// nb: blocks of a stage's row (of a slice's with kSplit).
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false>
+// nb: blocks of a stage's row (of a slice's with kSplit); kXF: the activations are the floats
+// at xf (xq and xd unused).
+template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit = false, bool kXF = false>
 void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* xq,
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
-                  TmaSplit sp = {}) {
+                  TmaSplit sp = {}, const float* xf = nullptr) {
     using Q = Quant<T>;
     TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
@@ -448,7 +539,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     };
     auto ctas_per_sm = [&] {
         size_smem();
-        return std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit>(W),
+        return std::min(tma_ctas_by_registers<T, kPair, kXU, kV, kSplit, kXF>(W),
                         int(d.smem_per_sm / (smem + d.reserved)));
     };
     for (int pass = 0; pass < (kSplit ? 3 : 1); ++pass) {
@@ -463,10 +554,10 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
         grid = std::min<int64_t>(grid, int64_t(per_sm) * d.sms);
     }
     size_smem();
-    launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit>, dim3(unsigned(grid)),
+    launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit, kXF>, dim3(unsigned(grid)),
                   dim3(unsigned(W) * 32), smem, stream,
                   kSplit ? "gemv (pipe, tma ring, column slices)" : "gemv (pipe, tma ring)", pr, w2,
-                  nb, xq, xd, q, pdl && pdl_prefetch_enabled(), ring, sp);
+                  nb, xq, xd, xf, q, pdl && pdl_prefetch_enabled(), ring, sp);
 }
 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
@@ -638,47 +729,84 @@ int64_t tma_split_resident_warps(int warps) {
            warps;
 }
 
-// A single matrix whose rows the TMA form takes in column slices (tma_split_slices): launched,
-// true; otherwise false, nothing launched.
+// How launch_tma_split runs a single matrix of `rows` rows of `cols` columns at weights w:
+// its slices (0: not in slices) and rows a stage.
+struct TmaSplitPlan {
+    int slices = 0;
+    int kv = 1;
+};
+template <GgmlType T>
+TmaSplitPlan tma_split_plan(const void* w, int64_t rows, int64_t cols, int nx) {
+    TmaSplitPlan p;
+    if constexpr (tma_compiled<T>()) {
+        const int slices = tma_split_slices<T>(cols, nx);
+        if (slices == 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) return p;
+        const int W = tma_split_warps(slices);
+        const int xu = int(pipe_units<T>(cols) / slices);
+        // One-unit slices four rows a stage (tma_split_four) where every warp gets a group.
+        // Q4_K's run only so: elsewhere the register ring takes the rows whole. Q6_K's take two
+        // rows a stage there.
+        if constexpr (tma_split_four_compiled<T>(1)) {
+            if (xu == 1 && tma_split_four()) {
+                if (rows % 4 == 0 && rows / 4 * slices >= tma_split_resident_warps<T, 1, 4>(W))
+                    return {slices, 4};
+                if (T == GgmlType::Q4_K) return p;
+            }
+        }
+        // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
+        bool two = false;
+        with_tma_units<T>(xu, [&](auto xu_tag) {
+            two = rows % 2 == 0 && pipe_two_rows_enabled() &&
+                  rows / 2 * slices >= tma_split_resident_warps<T, decltype(xu_tag)::value, 2>(W);
+        });
+        p = {slices, two ? 2 : 1};
+    }
+    return p;
+}
+
+// Whether launch_tma_split takes a single matrix's float activations (xf) and quantizes them
+// itself (tma_float_x_compiled).
+template <GgmlType T>
+bool tma_split_float_x(const void* w, int64_t rows, int64_t cols) {
+    const TmaSplitPlan p = tma_split_plan<T>(w, rows, cols, 1);
+    return p.slices > 0 && tma_float_x_compiled<T>(int(pipe_units<T>(cols) / p.slices));
+}
+
+// A single matrix whose rows the TMA form takes in column slices (tma_split_plan): launched,
+// true; otherwise false, nothing launched. With xf (tma_split_float_x holds) the activations
+// are those floats, xq and xd unused.
 template <GgmlType T>
 bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const float2* xd, int nx,
-                      bool pdl, cudaStream_t stream) {
+                      bool pdl, cudaStream_t stream, const float* xf = nullptr) {
     if constexpr (!tma_compiled<T>()) {
         return false;
     } else {
         if (pr.count != 1) return false;
-        const int slices = tma_split_slices<T>(cols, nx);
-        const int64_t rows = pr.rows();
-        if (slices == 0 || reinterpret_cast<uintptr_t>(pr.m0) % 16 != 0) return false;
+        const TmaSplitPlan p = tma_split_plan<T>(pr.m0, pr.rows(), cols, nx);
+        if (p.slices == 0) return false;
         using Q = Quant<T>;
         const int64_t nb = cols / Q::kBlockElems;
-        const TmaSplit sp{slices, nb * Q::kBlockBytes};
-        const int snb = int(nb / slices);
-        const int W = tma_split_warps(slices);
-        // One-unit slices four rows a stage (tma_split_four) where every warp gets a group.
-        // Q4_K's run only so: elsewhere the register ring takes the rows whole. Q6_K's take two
-        // rows a stage there.
-        bool four = false;
-        if constexpr (tma_split_four_compiled<T>(1)) {
-            if (pipe_units<T>(cols) / slices == 1 && tma_split_four()) {
-                four = rows % 4 == 0 && rows / 4 * slices >= tma_split_resident_warps<T, 1, 4>(W);
-                if (!four && T == GgmlType::Q4_K) return false;
-            }
-        }
+        const TmaSplit sp{p.slices, nb * Q::kBlockBytes};
+        const int snb = int(nb / p.slices);
         auto go = [&](auto xu_tag) {
             constexpr int XU = decltype(xu_tag)::value;
+            auto with_kv = [&](auto kv_tag) {
+                constexpr int KV = decltype(kv_tag)::value;
+                if constexpr (tma_float_x_compiled<T>(XU))
+                    if (xf)
+                        return launch_tma_k<T, false, XU, KV, true, true>(
+                            pr, nullptr, snb, nullptr, nullptr, pdl, stream, {}, sp, xf);
+                launch_tma_k<T, false, XU, KV, true>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp);
+            };
             if constexpr (tma_split_four_compiled<T>(XU))
-                if (four)
-                    return launch_tma_k<T, false, XU, 4, true>(pr, nullptr, snb, xq, xd, pdl,
-                                                               stream, {}, sp);
-            // Two rows a warp where every warp of the GPU still gets a group (pipe_two_rows).
-            if (rows % 2 == 0 && pipe_two_rows_enabled() &&
-                rows / 2 * slices >= tma_split_resident_warps<T, XU, 2>(W))
-                return launch_tma_k<T, false, XU, 2, true>(pr, nullptr, snb, xq, xd, pdl, stream,
-                                                           {}, sp);
-            launch_tma_k<T, false, XU, 1, true>(pr, nullptr, snb, xq, xd, pdl, stream, {}, sp);
+                if (p.kv == 4) return with_kv(std::integral_constant<int, 4>{});
+            if (p.kv == 2) return with_kv(std::integral_constant<int, 2>{});
+            with_kv(std::integral_constant<int, 1>{});
         };
-        with_tma_units<T>(pipe_units<T>(cols) / slices, go);
+        if (xf && !tma_split_float_x<T>(pr.m0, pr.rows(), cols))
+            nt::fail("gemv: no TMA form quantizing float activations for %s rows of %lld.",
+                     type_name(T), (long long)cols);
+        with_tma_units<T>(pipe_units<T>(cols) / p.slices, go);
         return true;
     }
 }
@@ -726,6 +854,12 @@ void prepare_tma() {
             if constexpr (tma_split_four_compiled<T>(XU))
                 tma_ctas_by_registers<T, false, XU, 4, true>();
             tma_ctas_by_registers<T, true, XU, 2, true>();
+            if constexpr (tma_float_x_compiled<T>(XU)) {
+                tma_ctas_by_registers<T, false, XU, 1, true, true>();
+                tma_ctas_by_registers<T, false, XU, 2, true, true>();
+                if constexpr (tma_split_four_compiled<T>(XU))
+                    tma_ctas_by_registers<T, false, XU, 4, true, true>();
+            }
             return false;  // every one
         });
     }

@@ -185,6 +185,14 @@ template <GgmlType T>
 void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols, const int8_t* xq,
                       const float2* xd, int n, float* y, int nx, bool pdl, cudaStream_t stream,
                       const PairQuant& q);
+// One activation row of floats, quantized inside the kernel as quantize_q8 would (the TMA
+// form's column slices of Q4_K and Q6_K: tma_split_float_x): whether it takes this matrix, and
+// the launch (fails where it does not).
+template <GgmlType T>
+bool gemv_from_float_takes_t(const void* w, int64_t rows, int64_t cols);
+template <GgmlType T>
+void launch_gemv_from_float(const void* w, int64_t rows, int64_t cols, const float* x, float* y,
+                            bool pdl, cudaStream_t stream);
 #define NT_GEMV_EXTERN(T)                                                                          \
     extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
                                                      const float2*, int, float*,                   \
@@ -194,6 +202,10 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
                                                        int, bool, cudaStream_t, const PairQuant&); \
     extern template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,  \
                                                         const float2*, int, bool, cudaStream_t);   \
+    extern template bool gemv_from_float_takes_t<GgmlType::T>(const void*, int64_t, int64_t);      \
+    extern template void launch_gemv_from_float<GgmlType::T>(const void*, int64_t, int64_t,        \
+                                                             const float*, float*, bool,           \
+                                                             cudaStream_t);                        \
     extern template void prepare_gemv_q8<GgmlType::T>();
 NT_GEMV_EXTERN(Q4_0)
 NT_GEMV_EXTERN(Q4_1)
@@ -223,6 +235,16 @@ void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, 
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
                const PairQuant& q = {});
+
+// Whether gemv_from_float takes a single matrix of type t (gemv_from_float_takes_t), and the
+// GEMV at one activation row of floats x, quantized inside the kernel (bit for bit what
+// quantize_q8 and gemv_q8 give).
+bool gemv_from_float_takes(GgmlType t, const void* w, int64_t rows, int64_t cols);
+// Whether matrices of type t and `cols` columns are of the shapes gemv_from_float takes (whose
+// rows it may still not: gemv_from_float_takes decides).
+bool gemv_from_float_cols(GgmlType t, int64_t cols);
+void gemv_from_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x,
+                     float* y, bool pdl, cudaStream_t stream);
 
 // The same for F32, F16 and BF16 weights with float activations (any cols).
 void gemv_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x, int n,
