@@ -66,6 +66,15 @@ tg128() {
     shift
     bench8b "$t" 0 128 "$@" | grep -E "tg128" | awk -F'|' '{print $7}'
 }
+# "LABEL: <type> <setting> tg128 <t/s>" for each model of AB_MODELS and each setting after the
+# label (VAR=VALUE), in that order.
+tg128_each() {
+    local label=$1 t env
+    shift
+    for t in ${AB_MODELS:-q4_k_m}; do
+        for env in "$@"; do echo "$label: $t $env tg128 $(tg128 $t $env)"; done
+    done
+}
 # pp512 of the 8B model of type $1 with the settings after it: bench's table row.
 pp512() {
     local t=$1
@@ -273,11 +282,7 @@ EOF
         for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
         probe_patch fence_probe.patch || return 1
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
-        for t in ${AB_MODELS:-q4_k_m}; do
-            for env in NT_AS_SHIPPED=1 NT_FENCE_PROBE=1 NT_FENCE_PROBE=2 NT_FENCE_PROBE=3 NT_AS_SHIPPED=1; do
-                echo "fences: $t $env tg128 $(tg128 $t $env)"
-            done
-        done
+        tg128_each "fences" NT_AS_SHIPPED=1 NT_FENCE_PROBE=1 NT_FENCE_PROBE=2 NT_FENCE_PROBE=3 NT_AS_SHIPPED=1
         probe_patch fence_probe.patch -R
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         ;;
@@ -287,19 +292,11 @@ EOF
         # in-kernel arithmetic; the switch a mask of types, 1 Q4_K, 2 Q6_K): its bit-exactness
         # test, then tg128 by mask. The patch is built in and taken out again.
         for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
-        for t in ${AB_MODELS:-q4_k_m}; do
-            for env in NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=0; do
-                echo "fromfloat: $t $env tg128 $(tg128 $t $env)"
-            done
-        done
+        tg128_each "fromfloat" NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=0
         probe_patch from_float_lean.patch || return 1
         run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
         "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='MatmulSplit*' 2>&1 | tail -n 3
-        for t in ${AB_MODELS:-q4_k_m}; do
-            for env in NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=2 NT_GEMV_FROM_FLOAT=3 NT_GEMV_FROM_FLOAT=0; do
-                echo "fromfloat lean: $t $env tg128 $(tg128 $t $env)"
-            done
-        done
+        tg128_each "fromfloat lean" NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=2 NT_GEMV_FROM_FLOAT=3 NT_GEMV_FROM_FLOAT=0
         probe_patch from_float_lean.patch -R
         run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
         ;;
@@ -310,11 +307,7 @@ EOF
         for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
         probe_patch ablate_ops.patch || return 1
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
-        for t in ${AB_MODELS:-q4_k_m}; do
-            for env in NT_AS_SHIPPED=1 NT_SKIP=norm NT_SKIP=qkv NT_SKIP=attn NT_SKIP=o NT_SKIP=gateup NT_SKIP=down NT_AS_SHIPPED=1; do
-                echo "ablate: $t $env tg128 $(tg128 $t $env)"
-            done
-        done
+        tg128_each "ablate" NT_AS_SHIPPED=1 NT_SKIP=norm NT_SKIP=qkv NT_SKIP=attn NT_SKIP=o NT_SKIP=gateup NT_SKIP=down NT_AS_SHIPPED=1
         probe_patch ablate_ops.patch -R
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         ;;

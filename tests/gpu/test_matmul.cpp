@@ -856,8 +856,8 @@ TEST(MatmulSplit, LongRowsInColumnSlices) {
         const bool from_float = ncu::detail::gemv_from_float_takes(t, dw.p, rows, cols);
         // (not Q8_0, nor slices of two units: 28672 and Q6_K's 8192 columns; Q4_K's one-unit
         // slices only four rows a stage)
-        EXPECT_EQ(from_float, t != GgmlType::Q8_0 && cols == 14336 &&
-                                  (t == GgmlType::Q6_K || rows % 4 == 0));
+        EXPECT_EQ(from_float,
+                  t != GgmlType::Q8_0 && cols == 14336 && (t == GgmlType::Q6_K || rows % 4 == 0));
         if (from_float) {
             std::vector<float> ties = x;
             for (int64_t b = 0; b * 256 < cols; ++b) {
@@ -869,8 +869,7 @@ TEST(MatmulSplit, LongRowsInColumnSlices) {
                 }
                 for (int i = 0; i < 256; ++i) v[i] *= 0.25f;
                 const int at[3][3] = {{200, 17, 130}, {5, 250, 64}, {63, 66, 40}};
-                for (int k = 0; k < 3; ++k)
-                    v[at[kind][k]] = (k + kind) % 2 ? -3.f : 3.f;
+                for (int k = 0; k < 3; ++k) v[at[kind][k]] = (k + kind) % 2 ? -3.f : 3.f;
             }
             for (const std::vector<float>* xs : {&x, &ties}) {
                 Dev<float> dxs(*xs);
