@@ -393,7 +393,7 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     if (matmul_takes_gemv(w.type, n)) {
         if (is_float(w.type))  // (n <= kGemvMaxBatch: float types have no chunked path)
             return detail::gemv_float(w.type, w.data, rows, cols, x, n, y, ws.sm_count, stream);
-        if (n == 1 && gemv_from_float_enabled() && is_quantized(w.type) &&
+        if (n == 1 && gemv_from_float_enabled() &&
             !holds_activations(ws, w.type, x, n, cols, x_unchanged) &&
             detail::gemv_from_float_takes(w.type, w.data, rows, cols)) {
             detail::gemv_from_float(w.type, w.data, rows, cols, x, y, ws.pdl, stream);
@@ -679,9 +679,7 @@ bool gemv_from_float_cols(GgmlType t, int64_t cols) {
     if (!gemv_pair_available(t)) return false;
     bool takes = false;
     with_pipe_type(t, "gemv from float", [&](auto type) {
-        constexpr GgmlType T = decltype(type)::value;
-        const int slices = tma_split_slices<T>(cols, 1);
-        takes = slices > 0 && tma_float_x_compiled<T>(int(pipe_units<T>(cols) / slices));
+        takes = tma_float_x_cols<decltype(type)::value>(cols);
     });
     return takes;
 }

@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     if constexpr (kSplit) {
         xq += int64_t(slice) * nb * Q::kBlockElems;
         xd += int64_t(slice) * nb * (Q::kBlockElems / 32);
-        xf += int64_t(slice) * nb * Q::kBlockElems;
+        if constexpr (kXF) xf += int64_t(slice) * nb * Q::kBlockElems;
     }
 
     typename Q::X xr[kXU];
@@ -764,17 +764,22 @@ TmaSplitPlan tma_split_plan(const void* w, int64_t rows, int64_t cols, int nx) {
     return p;
 }
 
-// Whether launch_tma_split takes a single matrix's float activations (xf) and quantizes them
-// itself (tma_float_x_compiled).
+// Whether rows of `cols` columns are cut into slices whose form quantizes float activations
+// itself (tma_float_x_compiled), whatever the rows; and whether launch_tma_split takes a single
+// matrix's float activations (xf): such slices, and the plan cuts this one.
+template <GgmlType T>
+bool tma_float_x_cols(int64_t cols) {
+    const int slices = tma_split_slices<T>(cols, 1);
+    return slices > 0 && tma_float_x_compiled<T>(int(pipe_units<T>(cols) / slices));
+}
 template <GgmlType T>
 bool tma_split_float_x(const void* w, int64_t rows, int64_t cols) {
-    const TmaSplitPlan p = tma_split_plan<T>(w, rows, cols, 1);
-    return p.slices > 0 && tma_float_x_compiled<T>(int(pipe_units<T>(cols) / p.slices));
+    return tma_float_x_cols<T>(cols) && tma_split_plan<T>(w, rows, cols, 1).slices > 0;
 }
 
 // A single matrix whose rows the TMA form takes in column slices (tma_split_plan): launched,
-// true; otherwise false, nothing launched. With xf (tma_split_float_x holds) the activations
-// are those floats, xq and xd unused.
+// true; otherwise false, nothing launched. With xf the activations are those floats, xq and xd
+// unused, and false where the slices' form does not quantize them (tma_split_float_x).
 template <GgmlType T>
 bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const float2* xd, int nx,
                       bool pdl, cudaStream_t stream, const float* xf = nullptr) {
@@ -784,6 +789,8 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
         if (pr.count != 1) return false;
         const TmaSplitPlan p = tma_split_plan<T>(pr.m0, pr.rows(), cols, nx);
         if (p.slices == 0) return false;
+        const int xu = int(pipe_units<T>(cols) / p.slices);  // a slice's units
+        if (xf && !tma_float_x_compiled<T>(xu)) return false;
         using Q = Quant<T>;
         const int64_t nb = cols / Q::kBlockElems;
         const TmaSplit sp{p.slices, nb * Q::kBlockBytes};
@@ -803,10 +810,7 @@ bool launch_tma_split(const GemvStack& pr, int64_t cols, const int8_t* xq, const
             if (p.kv == 2) return with_kv(std::integral_constant<int, 2>{});
             with_kv(std::integral_constant<int, 1>{});
         };
-        if (xf && !tma_split_float_x<T>(pr.m0, pr.rows(), cols))
-            nt::fail("gemv: no TMA form quantizing float activations for %s rows of %lld.",
-                     type_name(T), (long long)cols);
-        with_tma_units<T>(pipe_units<T>(cols) / p.slices, go);
+        with_tma_units<T>(xu, go);
         return true;
     }
 }
