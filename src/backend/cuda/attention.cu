@@ -28,6 +28,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "backend/cuda/arrival.cuh"
 #include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/device_limits.cuh"
@@ -121,6 +122,7 @@ struct DecodeArgs {
     int8_t* xq;
     float2* xd;
     int qmode;
+    bool sc_fences;  // tiled: arrival_sc_fences(), the merge's fences instead of its acquire-release count
     // tiled, optional (RopeIn): q, k and v as the GEMVs left them; the kernel turns q, and the
     // slice that holds a row's newest position turns k and stores that position's k and v in
     // the caches. inv_freq null: q turned and the cache filled before.
@@ -599,20 +601,21 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
 
     // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
     // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
+    // The slices count themselves as arrival.cuh describes.
     __shared__ int last;
-    __threadfence();  // this slice's partials are visible before its count is
-    __syncthreads();
+    if (a.sc_fences) __threadfence();
+    __syncthreads();  // this slice's partials are written before thread 0 counts them
     if (t == 0) {
         int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
-        last = atomicAdd(done, 1) == live - 1;
+        last = (a.sc_fences ? atomicAdd(done, 1) : arrive_acq_rel(done, 1)) == live - 1;
         if (last) *done = 0;  // every other slice has counted: ready for the next launch
     }
-    __syncthreads();
+    __syncthreads();  // and thread 0's acquire is before any thread reads the others' partials
     if (!last) {
         if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
         return;
     }
-    __threadfence();
+    if (a.sc_fences) __threadfence();
     static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
                   "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
     // Every read here comes from L2 and waits on the one before it unless issued together:
@@ -1281,6 +1284,7 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.xq = nullptr;
     a.xd = nullptr;
     a.qmode = -1;
+    a.sc_fences = arrival_sc_fences();
     a.k_new = a.v_new = a.inv_freq = nullptr;
     // The wide tiled form: version 3, or version 0 unless NT_ATTN_WIDE=0.
     const bool wide =

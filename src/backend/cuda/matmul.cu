@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/arrival.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_gemv.cuh"
@@ -282,6 +283,7 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
                                          align256(size_t(n) * gate.rows));
         q.done = ws.done;
         q.mode = int(detail::act_quant(next));
+        q.sc_fences = arrival_sc_fences();
     }
     detail::gemv_pair(gate.type, gate.data, up.data, gate.rows, gate.cols, a.xq, a.xd, n, y, ws.pdl,
                       stream, q);

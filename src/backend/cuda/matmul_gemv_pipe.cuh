@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/arrival.cuh"
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
 #include "backend/cuda/matmul_quant.cuh"
@@ -84,13 +85,21 @@ __device__ __forceinline__ void pipe_quantize_groups(const float* y, int64_t r0,
     for (int64_t g = r0 / 256; g * 256 < r1; ++g) {
         const int cnt = int(min(r1, (g + 1) * 256) - max(r0, g * 256));
         int last = 0;
+        __syncwarp();  // every lane's rows are written before lane 0 counts them (arrival.cuh)
         if (lane == 0) {
-            __threadfence();  // this warp's rows are visible before they are counted
-            last = atomicAdd(pq.done + g, cnt) + cnt == 256;
+            if (pq.sc_fences) {
+                __threadfence();
+                last = atomicAdd(pq.done + g, cnt) + cnt == 256;
+            } else {
+                last = arrive_acq_rel(pq.done + g, cnt) + cnt == 256;
+            }
             if (last) pq.done[g] = 0;  // all 256 rows counted: no other warp touches it now
         }
         if (!__shfl_sync(0xffffffffu, last, 0)) continue;
-        __threadfence();
+        if (pq.sc_fences)
+            __threadfence();
+        else
+            __syncwarp();  // lane 0's acquire, before any lane reads the group
         float v[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = __ldcg(y + g * 256 + lane * 8 + i);

@@ -134,6 +134,7 @@ struct PairQuant {
     float2* xd = nullptr;
     int* done = nullptr;
     int mode = -1;
+    bool sc_fences = false;  // arrival_sc_fences(): fences instead of the acquire-release count
 };
 // The activation rows one GEMV pass handles (nx, GemvConfig) for a batch of n <= 8.
 constexpr int gemv_nx(int n) {
