@@ -26,9 +26,11 @@
 #   bench/cuda/decode_device.sh phases   # 8B decode tokens (AB_MODELS) with each CTA's phases marked on the GPU clock
 #                                        # (a second build, -DNT_PHASE_TRACE=ON, in build-phase): per kernel
 #                                        # of a layer, the handoff from the kernel before and the work after it
-#   bench/cuda/decode_device.sh fences   # 8B tg128 (AB_MODELS) with the SwiGLU pair's and the attention merge's
-#                                        # fences dropped (bench/cuda/fence_probe.patch, built in and removed
-#                                        # again): what a fence-free handoff could save at most
+#   bench/cuda/decode_device.sh fences   # 8B tg128 (AB_MODELS) with the counted arrivals (arrival.cuh) as
+#                                        # fences (NT_FENCE_SC=1) and as the acquire-release count (=0), then
+#                                        # with the SwiGLU pair's and the attention merge's ordering dropped
+#                                        # (bench/cuda/fence_probe.patch, built in and removed again): what a
+#                                        # fence-free handoff could save at most
 #   bench/cuda/decode_device.sh fromfloat # 8B tg128 (AB_MODELS) with the down projection quantizing the pair's
 #                                        # float output itself (NT_GEMV_FROM_FLOAT), and again with
 #                                        # bench/cuda/from_float_lean.patch built in (leaner arithmetic,
@@ -282,7 +284,7 @@ EOF
         for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
         probe_patch fence_probe.patch || return 1
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
-        tg128_each "fences" NT_AS_SHIPPED=1 NT_FENCE_PROBE=1 NT_FENCE_PROBE=2 NT_FENCE_PROBE=3 NT_AS_SHIPPED=1
+        tg128_each "fences" NT_FENCE_SC=1 NT_FENCE_SC=0 NT_FENCE_PROBE=1 NT_FENCE_PROBE=2 NT_FENCE_PROBE=3 NT_FENCE_SC=0 NT_FENCE_SC=1
         probe_patch fence_probe.patch -R
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         ;;
