@@ -31,10 +31,8 @@
 #                                        # with the SwiGLU pair's and the attention merge's ordering dropped
 #                                        # (bench/cuda/fence_probe.patch, built in and removed again): what a
 #                                        # fence-free handoff could save at most
-#   bench/cuda/decode_device.sh fromfloat # 8B tg128 (AB_MODELS) with the down projection quantizing the pair's
-#                                        # float output itself (NT_GEMV_FROM_FLOAT), and again with
-#                                        # bench/cuda/from_float_lean.patch built in (leaner arithmetic,
-#                                        # a mask of types), after its bit-exactness test
+#   bench/cuda/decode_device.sh fromfloat # 8B tg128 (AB_MODELS) by the types whose down projection quantizes
+#                                        # the pair's float output itself (NT_GEMV_FROM_FLOAT)
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -289,18 +287,10 @@ EOF
         run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
         ;;
     fromfloat)
-        # The down projection quantizing the SwiGLU pair's float output itself
-        # (NT_GEMV_FROM_FLOAT), as shipped, then with bench/cuda/from_float_lean.patch (leaner
-        # in-kernel arithmetic; the switch a mask of types, 1 Q4_K, 2 Q6_K): its bit-exactness
-        # test, then tg128 by mask. The patch is built in and taken out again.
+        # The down projection quantizing the SwiGLU pair's float output itself, by type
+        # (NT_GEMV_FROM_FLOAT, a mask: 1 Q4_K, 2 Q6_K; the default 2).
         for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
-        tg128_each "fromfloat" NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=0
-        probe_patch from_float_lean.patch || return 1
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
-        "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='MatmulSplit*' 2>&1 | tail -n 3
-        tg128_each "fromfloat lean" NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=2 NT_GEMV_FROM_FLOAT=3 NT_GEMV_FROM_FLOAT=0
-        probe_patch from_float_lean.patch -R
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
+        tg128_each "fromfloat" NT_GEMV_FROM_FLOAT=2 NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=3 NT_GEMV_FROM_FLOAT=2
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of

@@ -183,13 +183,17 @@ void matmul_free(MatmulWorkspace& ws) {
 
 namespace {
 
-// Whether a single activation row of floats goes straight to a GEMV that quantizes it itself
-// (detail::gemv_from_float, where it takes the matrix) instead of through quantize_q8, and
-// whether the SwiGLU pair then leaves its output in floats for such a down projection instead
-// of quantizing it behind fences (NT_GEMV_FROM_FLOAT=1; off by default).
-bool gemv_from_float_enabled() {
-    static const bool on = env_int("NT_GEMV_FROM_FLOAT", 0) != 0;
-    return on;
+// Whether a single activation row of floats goes straight to a GEMV of weights of type t that
+// quantizes it itself (detail::gemv_from_float, where it takes the matrix) instead of through
+// quantize_q8, and whether the SwiGLU pair then leaves its output in floats for such a down
+// projection instead of quantizing it behind its counted arrivals. NT_GEMV_FROM_FLOAT: a mask
+// of types, 1 Q4_K, 2 Q6_K; by default 2. H100 8B tg128 against the pair's acquire-release
+// count: Q6_K's down projection +1.15% on Q4_K_M (470.0 / 464.7; its Q6_K layers) and +0.5% on
+// Q6_K (364.7 / 362.8); Q4_K's -2.5% (452.9): every CTA of the down projection quantizes the
+// whole row again, which costs Q4_K's short blocks more than the count saves.
+bool gemv_from_float_enabled(GgmlType t) {
+    static const int mask = int(env_int("NT_GEMV_FROM_FLOAT", 2));
+    return (t == GgmlType::Q4_K && (mask & 1)) || (t == GgmlType::Q6_K && (mask & 2));
 }
 
 // Whether the workspace holds x's quantization for weights of type t (what gemv_activations
@@ -274,7 +278,7 @@ bool matmul_swiglu(const WeightView& gate, const WeightView& up, const float* x,
     // A down projection that quantizes its float activations itself needs no quantized y
     // (gemv_from_float_enabled).
     const bool next_from_float =
-        gemv_from_float_enabled() && detail::gemv_from_float_cols(next, gate.rows);
+        gemv_from_float_enabled(next) && detail::gemv_from_float_cols(next, gate.rows);
     if (y_quantized && is_quantized(next) && !next_from_float && ws.done && a.xq == gemv_xq(ws) &&
         gate.rows % 256 == 0 && gate.rows / 256 <= kQuantGroups &&
         y_at + gemv_bytes(n, gate.rows) <= ws.bytes) {
@@ -395,7 +399,7 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     if (matmul_takes_gemv(w.type, n)) {
         if (is_float(w.type))  // (n <= kGemvMaxBatch: float types have no chunked path)
             return detail::gemv_float(w.type, w.data, rows, cols, x, n, y, ws.sm_count, stream);
-        if (n == 1 && gemv_from_float_enabled() &&
+        if (n == 1 && gemv_from_float_enabled(w.type) &&
             !holds_activations(ws, w.type, x, n, cols, x_unchanged) &&
             detail::gemv_from_float_takes(w.type, w.data, rows, cols)) {
             detail::gemv_from_float(w.type, w.data, rows, cols, x, y, ws.pdl, stream);

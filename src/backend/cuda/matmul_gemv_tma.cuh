@@ -159,6 +159,11 @@ __device__ __forceinline__ int x_lane_elem(int part, int i) {
 // q8k_block's arithmetic bit for bit): the block's 4 lanes (consecutive, lane % 4 = part) find
 // its largest magnitude, ties to the lowest element index, and each rounds its own 64. `have`:
 // whether the block exists (every lane must call it: shuffles; lanes without one get zeros).
+// Every CTA of the down projection quantizes the whole row again, so the arithmetic is kept
+// lean: the maximum first (one instruction an element), then the first element that reaches it;
+// rint(t) for |t| <= 127 as the low byte of t + 1.5 * 2^23 (exact: the sum rounds to an integer,
+// ties to even, as rint; the byte is t's two's complement) instead of a conversion, which issues
+// at a quarter of the rate; NaN (t = 0 * inf, or a NaN element) to 0 as q8k_block does.
 template <GgmlType T>
 __device__ __forceinline__ void load_x_float(const float* xb, bool have, int part,
                                              typename Quant<T>::X& x) {
@@ -173,13 +178,16 @@ __device__ __forceinline__ void load_x_float(const float* xb, bool have, int par
                 : "l"(xb + x_lane_elem<T>(part, 4 * c)));
         v[4 * c] = t.x, v[4 * c + 1] = t.y, v[4 * c + 2] = t.z, v[4 * c + 3] = t.w;
     }
-    float amax = 0.f, vmax = 0.f;
+    // fmaxf skips NaN, as q8k_block's strict '>' does.
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) amax = fmaxf(amax, fabsf(v[i]));
+    float vmax = 0.f;
     int imax = 256;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-        const float ax = fabsf(v[i]);
-        if (ax > amax) amax = ax, vmax = v[i], imax = x_lane_elem<T>(part, i);
-    }
+    for (int i = 63; i >= 0; --i)  // backwards: the first one that reaches it stays
+        if (fabsf(v[i]) == amax) vmax = v[i], imax = x_lane_elem<T>(part, i);
+    if (amax == 0.f) vmax = 0.f, imax = 256;
 #pragma unroll
     for (int o = 1; o < 4; o <<= 1) {
         const float a2 = __shfl_xor_sync(0xffffffffu, amax, o);
@@ -189,18 +197,25 @@ __device__ __forceinline__ void load_x_float(const float* xb, bool have, int par
     }
     const float iscale = amax != 0.f ? div_rn(-127.f, vmax) : 0.f;
     const float d = amax != 0.f ? div_rn(1.f, iscale) : 0.f;
-    int packed[16], s16[4] = {0, 0, 0, 0};
+    constexpr float kRound = 12582912.f;  // 1.5 * 2^23
+    int packed[16];
 #pragma unroll
     for (int c = 0; c < 16; ++c) {
-        uint32_t word = 0;
+        uint32_t b[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             const float t = mul_rn(iscale, v[4 * c + k]);
-            const int q = t == t ? __float2int_rn(fminf(127.f, fmaxf(-127.f, t))) : 0;
-            word |= uint32_t(uint8_t(int8_t(q))) << (8 * k);
-            s16[c / 4] += q;
+            b[k] = __float_as_uint(t == t ? add_rn(t, kRound) : kRound);
         }
-        packed[c] = int(word);
+        packed[c] = int(__byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040),
+                                    0x5410));
+    }
+    int s16[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        s16[j] = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s16[j] = dp4a(0x01010101u, packed[4 * j + i], s16[j]);
     }
     if constexpr (T == GgmlType::Q4_K) {
         const int sa = s16[0] + s16[1], sb = s16[2] + s16[3];
