@@ -57,6 +57,7 @@ struct TmaRing {
     int stages = 0;
     int row_bytes = 0;
     bool evict_first = false;
+    int l2_groups = 0;  // groups after the ring's first fill requested into L2 early (tma_l2_ahead)
 };
 
 // Shared memory of `warps` warps' rings of groups of kv rows, and their barriers (the layout
@@ -359,6 +360,14 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     if (!early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
         for (int j = 0; j < S && j < total; ++j) issue(j);
+    // The groups after those into L2 while the kernel before still runs (tma_l2_ahead).
+    if (early && lane == 0) {
+        for (int64_t j = S; j < total && j < S + ring.l2_groups; ++j) {
+#pragma unroll
+            for (int h = 0; h < kV; ++h)
+                bulk_prefetch_l2(row_of(g0 + j, h), uint32_t(ring.row_bytes));
+        }
+    }
     if (early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
     if (lane == 0 && warp == 0) {
         NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
@@ -492,6 +501,13 @@ inline int tma_ring_bytes() {
     static const int bytes = int(std::clamp<long long>(env_int("NT_TMA_RING", 16384), 1024, 49152));
     return bytes;
 }
+// Bytes a warp requests into L2, beyond its ring's first fill, before its programmatic wait:
+// weights that then stream from HBM while the kernels before it, short and latency-bound
+// (the attention, the norms), leave HBM idle (NT_L2_AHEAD; 0, none, by default).
+inline int64_t tma_l2_ahead() {
+    static const int64_t bytes = std::max<long long>(env_int("NT_L2_AHEAD", 0), 0);
+    return bytes;
+}
 
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
 // CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; with
@@ -526,6 +542,7 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     r.row_bytes = int(row_bytes);
     r.stages = std::clamp(int(tma_ring_bytes() / (kv * row_bytes)), 2, kTmaMaxStages);
     r.evict_first = tma_evict_first();
+    r.l2_groups = int(std::min<int64_t>(tma_l2_ahead() / (kv * row_bytes), 1 << 20));
     return r;
 }
 
