@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/arrival.cuh"
 #include "backend/cuda/cuda_check.cuh"
@@ -395,6 +396,11 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     check_args(w, x, n, y);
     const int64_t rows = w.rows, cols = w.cols;
     auto* base = static_cast<uint8_t*>(ws.buf);
+    // ws.warm goes with this matmul's TMA GEMV launch, if it makes one, and no further.
+    struct WarmScope {
+        explicit WarmScope(L2Warm w) { detail::pending_l2_warm() = w; }
+        ~WarmScope() { detail::pending_l2_warm() = {}; }
+    } warm_scope(std::exchange(ws.warm, {}));
 
     if (matmul_takes_gemv(w.type, n)) {
         if (is_float(w.type))  // (n <= kGemvMaxBatch: float types have no chunked path)
