@@ -32,4 +32,4 @@ def test_patch_applies_and_reverses(patch, tmp_path):
 
 
 def test_there_are_patches():
-    assert len(PATCHES) >= 3
+    assert PATCHES, "no probe patches found under bench/cuda: the glob or the layout changed"
