@@ -309,6 +309,13 @@ int qkv_stack_mode() {
     return mode;
 }
 
+// Whether a matrix of q/k/v left out of the stacks takes the TMA form alone (NT_QKV_REST_TMA=1;
+// off by default, for A/B runs).
+bool qkv_rest_tma() {
+    static const bool on = env_int("NT_QKV_REST_TMA", 0) != 0;
+    return on;
+}
+
 // The stacked path of matmul_qkv: false (nothing launched) where no two matrices stack.
 bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float* const (&y)[3],
                  MatmulWorkspace& ws, cudaStream_t stream) {
@@ -350,6 +357,14 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     if (!any) return false;
     for (int i = 0; i < 3; ++i) {
         if (stacked[i]) continue;
+        // A/B (NT_QKV_REST_TMA=1): the one left over (Q4_K_M's Q6_K v) in the TMA form, a
+        // stack of one, instead of its own default (the register ring's staged kernel).
+        if (qkv_rest_tma() && detail::gemv_stack_tma(w[i].type, w[i].rows, cols, n)) {
+            detail::GemvStack one;
+            one.add(w[i].data, w[i].rows, y[i]);
+            detail::gemv_stack(w[i].type, one, cols, a.xq, a.xd, n, ws.pdl, stream);
+            continue;
+        }
         GemvConfig c = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count);
         c.pdl = ws.pdl;
         detail::gemv_q8(w[i].type, w[i].data, w[i].rows, cols, a.xq, a.xd, n, y[i], c, stream);
