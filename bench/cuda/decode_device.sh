@@ -33,6 +33,11 @@
 #                                        # fence-free handoff could save at most
 #   bench/cuda/decode_device.sh fromfloat # 8B tg128 (AB_MODELS) by the types whose down projection quantizes
 #                                        # the pair's float output itself (NT_GEMV_FROM_FLOAT)
+#   bench/cuda/decode_device.sh l2       # 8B tg128 (AB_MODELS) with weights requested into L2 through the
+#                                        # latency-bound kernels (bench/cuda/l2_prefetch.patch, built in and
+#                                        # removed again): NT_L2_AHEAD and NT_L2_WARM by size
+#   bench/cuda/decode_device.sh vtma     # 8B tg128 (AB_MODELS) with Q4_K_M's Q6_K v in the TMA form
+#                                        # (bench/cuda/qkv_rest_tma.patch, built in and removed again)
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -291,6 +296,31 @@ EOF
         # (NT_GEMV_FROM_FLOAT, a mask: 1 Q4_K, 2 Q6_K; the default 2).
         for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
         tg128_each "fromfloat" NT_GEMV_FROM_FLOAT=2 NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=3 NT_GEMV_FROM_FLOAT=2
+        ;;
+    l2)
+        # Weights requested into L2 through the latency-bound kernels (bench/cuda/l2_prefetch.patch):
+        # the GEMVs' own groups beyond their rings, and the feed-forward's first bytes by o. The
+        # backend tests run with both on first (the requests are hints: the bits must not move).
+        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
+        probe_patch l2_prefetch.patch || return 1
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
+        NT_L2_AHEAD=65536 NT_L2_WARM=16777216 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
+            --gtest_filter='CudaBackend*' 2>&1 | tail -n 3
+        tg128_each "l2" NT_L2_AHEAD=0 NT_L2_AHEAD=16384 NT_L2_AHEAD=65536 NT_L2_WARM=8388608 \
+            NT_L2_WARM=16777216 NT_L2_WARM=25165824 NT_L2_WARM=33554432 NT_L2_AHEAD=0
+        probe_patch l2_prefetch.patch -R
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
+        ;;
+    vtma)
+        # Q4_K_M's Q6_K v alone in the TMA form instead of the staged kernel
+        # (bench/cuda/qkv_rest_tma.patch); the backend tests with it on first.
+        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
+        probe_patch qkv_rest_tma.patch || return 1
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
+        NT_QKV_REST_TMA=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='CudaBackend*' 2>&1 | tail -n 3
+        tg128_each "vtma" NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1 NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1
+        probe_patch qkv_rest_tma.patch -R
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of

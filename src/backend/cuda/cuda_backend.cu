@@ -42,13 +42,6 @@ double gib(size_t n) {
 
 }  // namespace
 
-// Bytes of each weight that warm_weights has the next GEMV request into L2 (NT_L2_WARM; 0, none,
-// by default).
-static int64_t l2_warm_bytes() {
-    static const int64_t bytes = std::max<long long>(env_int("NT_L2_WARM", 0), 0) / 16 * 16;
-    return bytes;
-}
-
 bool CudaBackend::Op::operator==(const Op& o) const {
     return kind == o.kind && i0 == o.i0 && i1 == o.i1 && n == o.n && p[0] == o.p[0] &&
            p[1] == o.p[1] && p[2] == o.p[2] && p[3] == o.p[3] && w.type == o.w.type &&
@@ -669,18 +662,6 @@ void CudaBackend::run(const Op& op) {
         case OpKind::Matmul:
             cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
             return;
-        case OpKind::WarmWeights: {
-            // Only resident weights, read by programmatic dependent launches (the request goes
-            // out before the kernel's wait); 16-byte aligned, as the bulk requests need.
-            auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-            after_matmul_ = x_unchanged;  // no kernel: the activations stay as they were
-            if (!mm_->pdl || !aligned(op.w.data) || !aligned(op.w2.data)) return;
-            const int64_t bytes = std::min<int64_t>(
-                {l2_warm_bytes(), int64_t(op.w.nbytes) / 16 * 16, int64_t(op.w2.nbytes) / 16 * 16});
-            mm_->warm = {{static_cast<const uint8_t*>(op.w.data), static_cast<const uint8_t*>(op.w2.data)},
-                         bytes};
-            return;
-        }
         case OpKind::GateUp: {
             // Decided on the host from the op's fields alone, like every matmul choice; with
             // `next` the pair also quantizes gate for the down projection.
@@ -927,16 +908,6 @@ void CudaBackend::ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, 
     op.p[1] = gate;
     op.p[2] = up;
     op.next = next;
-    submit(op);
-}
-
-void CudaBackend::warm_weights(const WeightView& a, const WeightView& b) {
-    require_init("warm_weights");
-    if (l2_warm_bytes() == 0) return;
-    Op op;
-    op.kind = OpKind::WarmWeights;
-    op.w = a;
-    op.w2 = b;
     submit(op);
 }
 

@@ -64,9 +64,6 @@ class CudaBackend : public Backend {
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
     void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x, int n,
                      float* gate, float* up, GgmlType next) override;
-    // The next GEMV launched also requests the first NT_L2_WARM bytes of a and b into L2
-    // (MatmulWorkspace::warm); nothing by default.
-    void warm_weights(const WeightView& a, const WeightView& b) override;
     void add(float* x, const float* y, int64_t n) override;
     void gather_logit_rows(const float* x, int dim, float* dst) override;
     void download(const float* src, float* host_dst, size_t n) override;
@@ -135,7 +132,6 @@ class CudaBackend : public Backend {
         Qkv,
         Add,
         Gather,
-        WarmWeights,  // w and w2 into L2 by the next GEMV (MatmulWorkspace::warm)
         Choose  // the step's token, drawn on the device (Batch::choose, Batch::draw)
     };
     // One backend op with its arguments: executed at once, recorded into a graph, or compared

@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
-#include <utility>
 
 #include "backend/cuda/arrival.cuh"
 #include "backend/cuda/cuda_check.cuh"
@@ -309,13 +308,6 @@ int qkv_stack_mode() {
     return mode;
 }
 
-// Whether a matrix of q/k/v left out of the stacks takes the TMA form alone (NT_QKV_REST_TMA=1;
-// off by default, for A/B runs).
-bool qkv_rest_tma() {
-    static const bool on = env_int("NT_QKV_REST_TMA", 0) != 0;
-    return on;
-}
-
 // The stacked path of matmul_qkv: false (nothing launched) where no two matrices stack.
 bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float* const (&y)[3],
                  MatmulWorkspace& ws, cudaStream_t stream) {
@@ -357,14 +349,6 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     if (!any) return false;
     for (int i = 0; i < 3; ++i) {
         if (stacked[i]) continue;
-        // A/B (NT_QKV_REST_TMA=1): the one left over (Q4_K_M's Q6_K v) in the TMA form, a
-        // stack of one, instead of its own default (the register ring's staged kernel).
-        if (qkv_rest_tma() && detail::gemv_stack_tma(w[i].type, w[i].rows, cols, n)) {
-            detail::GemvStack one;
-            one.add(w[i].data, w[i].rows, y[i]);
-            detail::gemv_stack(w[i].type, one, cols, a.xq, a.xd, n, ws.pdl, stream);
-            continue;
-        }
         GemvConfig c = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count);
         c.pdl = ws.pdl;
         detail::gemv_q8(w[i].type, w[i].data, w[i].rows, cols, a.xq, a.xd, n, y[i], c, stream);
@@ -411,11 +395,6 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     check_args(w, x, n, y);
     const int64_t rows = w.rows, cols = w.cols;
     auto* base = static_cast<uint8_t*>(ws.buf);
-    // ws.warm goes with this matmul's TMA GEMV launch, if it makes one, and no further.
-    struct WarmScope {
-        explicit WarmScope(L2Warm w) { detail::pending_l2_warm() = w; }
-        ~WarmScope() { detail::pending_l2_warm() = {}; }
-    } warm_scope(std::exchange(ws.warm, {}));
 
     if (matmul_takes_gemv(w.type, n)) {
         if (is_float(w.type))  // (n <= kGemvMaxBatch: float types have no chunked path)

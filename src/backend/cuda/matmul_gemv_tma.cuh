@@ -57,8 +57,6 @@ struct TmaRing {
     int stages = 0;
     int row_bytes = 0;
     bool evict_first = false;
-    int l2_groups = 0;  // groups after the ring's first fill requested into L2 early (tma_l2_ahead)
-    L2Warm warm;        // other weights the warps request into L2 early (MatmulWorkspace::warm)
 };
 
 // Shared memory of `warps` warps' rings of groups of kv rows, and their barriers (the layout
@@ -361,23 +359,6 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     if (!early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
         for (int j = 0; j < S && j < total; ++j) issue(j);
-    // The groups after those into L2 while the kernel before still runs (tma_l2_ahead).
-    if (early && lane == 0) {
-        for (int64_t j = S; j < total && j < S + ring.l2_groups; ++j) {
-#pragma unroll
-            for (int h = 0; h < kV; ++h)
-                bulk_prefetch_l2(row_of(g0 + j, h), uint32_t(ring.row_bytes));
-        }
-    }
-    // And the weights of what comes after (ring.warm), the warps' shares in turn.
-    if (early && lane == 0 && ring.warm.bytes > 0) {
-        const int64_t nw = int64_t(gridDim.x) * W, gw = int64_t(blockIdx.x) * W + warp;
-        const int64_t share = (ring.warm.bytes / nw + 15) / 16 * 16;
-        const int64_t from = std::min(gw * share, ring.warm.bytes);
-        const int64_t n = std::min(share, ring.warm.bytes - from) / 16 * 16;
-        for (int m = 0; m < 2; ++m)
-            if (ring.warm.p[m] && n > 0) bulk_prefetch_l2(ring.warm.p[m] + from, uint32_t(n));
-    }
     if (early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
     if (lane == 0 && warp == 0) {
         NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
@@ -511,13 +492,6 @@ inline int tma_ring_bytes() {
     static const int bytes = int(std::clamp<long long>(env_int("NT_TMA_RING", 16384), 1024, 49152));
     return bytes;
 }
-// Bytes a warp requests into L2, beyond its ring's first fill, before its programmatic wait:
-// weights that then stream from HBM while the kernels before it, short and latency-bound
-// (the attention, the norms), leave HBM idle (NT_L2_AHEAD; 0, none, by default).
-inline int64_t tma_l2_ahead() {
-    static const int64_t bytes = std::max<long long>(env_int("NT_L2_AHEAD", 0), 0);
-    return bytes;
-}
 
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
 // CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; with
@@ -552,7 +526,6 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv) {
     r.row_bytes = int(row_bytes);
     r.stages = std::clamp(int(tma_ring_bytes() / (kv * row_bytes)), 2, kTmaMaxStages);
     r.evict_first = tma_evict_first();
-    r.l2_groups = int(std::min<int64_t>(tma_l2_ahead() / (kv * row_bytes), 1 << 20));
     return r;
 }
 
@@ -564,7 +537,6 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   TmaSplit sp = {}, const float* xf = nullptr) {
     using Q = Quant<T>;
     TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
-    ring.warm = std::exchange(pending_l2_warm(), {});
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
     const int W = kSplit ? tma_split_warps(sp.slices) : kPipeWarps;
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
