@@ -38,6 +38,9 @@
 #                                        # removed again): NT_L2_AHEAD and NT_L2_WARM by size
 #   bench/cuda/decode_device.sh vtma     # 8B tg128 (AB_MODELS) with Q4_K_M's Q6_K v in the TMA form
 #                                        # (bench/cuda/qkv_rest_tma.patch, built in and removed again)
+#   bench/cuda/decode_device.sh vtwo     # 8B tg128 (AB_MODELS) with Q4_K_M's q/k and v in one launch of two
+#                                        # types (bench/cuda/qkv_two_types.patch, built in and removed
+#                                        # again), after its bit-exactness test
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -320,6 +323,19 @@ EOF
         NT_QKV_REST_TMA=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='CudaBackend*' 2>&1 | tail -n 3
         tg128_each "vtma" NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1 NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1
         probe_patch qkv_rest_tma.patch -R
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
+        ;;
+    vtwo)
+        # Q4_K_M's q/k (Q4_K) and v (Q6_K) in one launch of two types
+        # (bench/cuda/qkv_two_types.patch): its bit-exactness test, the backend tests with it
+        # on, then tg128 with it off and on.
+        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
+        probe_patch qkv_two_types.patch || return 1
+        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
+        "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='MatmulStackTwo*' 2>&1 | tail -n 3
+        NT_QKV_TWO_TYPES=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='CudaBackend*' 2>&1 | tail -n 3
+        tg128_each "vtwo" NT_QKV_TWO_TYPES=0 NT_QKV_TWO_TYPES=1 NT_QKV_TWO_TYPES=0 NT_QKV_TWO_TYPES=1
+        probe_patch qkv_two_types.patch -R
         run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
         ;;
     ablate)
