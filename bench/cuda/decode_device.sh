@@ -117,6 +117,25 @@ probe_patch() {
     git apply "$@" "$p" 2>/dev/null || patch -p1 --forward "$@" <"$p" >/dev/null
 }
 
+# A patch under test (a probe or a candidate not yet measured): wait for the models, build the
+# patch in, run the GPU tests TESTS (a gtest filter; none if empty) with the settings TEST_ENV,
+# tg128 with each SETTING (tg128_each LABEL), then take the patch out and build again.
+#   with_patch PATCH LABEL TESTS TEST_ENV SETTING...
+with_patch() {
+    local patch=$1 label=$2 tests=$3 test_env=$4 targets=ntransformer t
+    shift 4
+    [ -n "$tests" ] && targets="ntransformer nt_gpu_tests"
+    for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
+    probe_patch "$patch" || return 1
+    run cmake --build "$build" -j "$(nproc)" --target $targets 2>&1 | grep -E " error"
+    if [ -n "$tests" ]; then
+        env $test_env "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter="$tests" 2>&1 | tail -n 3
+    fi
+    tg128_each "$label" "$@"
+    probe_patch "$patch" -R
+    run cmake --build "$build" -j "$(nproc)" --target $targets 2>&1 | grep -E " error"
+}
+
 stage() {
     case "$1" in
     build)
@@ -287,12 +306,8 @@ EOF
         done
         ;;
     fences)
-        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
-        probe_patch fence_probe.patch || return 1
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
-        tg128_each "fences" NT_FENCE_SC=1 NT_FENCE_SC=0 NT_FENCE_PROBE=1 NT_FENCE_PROBE=2 NT_FENCE_PROBE=3 NT_FENCE_SC=0 NT_FENCE_SC=1
-        probe_patch fence_probe.patch -R
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
+        with_patch fence_probe.patch fences "" "" NT_FENCE_SC=1 NT_FENCE_SC=0 NT_FENCE_PROBE=1 \
+            NT_FENCE_PROBE=2 NT_FENCE_PROBE=3 NT_FENCE_SC=0 NT_FENCE_SC=1
         ;;
     fromfloat)
         # The down projection quantizing the SwiGLU pair's float output itself, by type
@@ -304,50 +319,29 @@ EOF
         # Weights requested into L2 through the latency-bound kernels (bench/cuda/l2_prefetch.patch):
         # the GEMVs' own groups beyond their rings, and the feed-forward's first bytes by o. The
         # backend tests run with both on first (the requests are hints: the bits must not move).
-        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
-        probe_patch l2_prefetch.patch || return 1
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
-        NT_L2_AHEAD=65536 NT_L2_WARM=16777216 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-            --gtest_filter='CudaBackend*' 2>&1 | tail -n 3
-        tg128_each "l2" NT_L2_AHEAD=0 NT_L2_AHEAD=16384 NT_L2_AHEAD=65536 NT_L2_WARM=8388608 \
+        with_patch l2_prefetch.patch l2 'CudaBackend*' "NT_L2_AHEAD=65536 NT_L2_WARM=16777216" \
+            NT_L2_AHEAD=0 NT_L2_AHEAD=16384 NT_L2_AHEAD=65536 NT_L2_WARM=8388608 \
             NT_L2_WARM=16777216 NT_L2_WARM=25165824 NT_L2_WARM=33554432 NT_L2_AHEAD=0
-        probe_patch l2_prefetch.patch -R
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
         ;;
     vtma)
         # Q4_K_M's Q6_K v alone in the TMA form instead of the staged kernel
         # (bench/cuda/qkv_rest_tma.patch); the backend tests with it on first.
-        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
-        probe_patch qkv_rest_tma.patch || return 1
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
-        NT_QKV_REST_TMA=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='CudaBackend*' 2>&1 | tail -n 3
-        tg128_each "vtma" NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1 NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1
-        probe_patch qkv_rest_tma.patch -R
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
+        with_patch qkv_rest_tma.patch vtma 'CudaBackend*' NT_QKV_REST_TMA=1 \
+            NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1 NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1
         ;;
     vtwo)
         # Q4_K_M's q/k (Q4_K) and v (Q6_K) in one launch of two types
-        # (bench/cuda/qkv_two_types.patch): its bit-exactness test, the backend tests with it
+        # (bench/cuda/qkv_two_types.patch): its bit-exactness test and the backend tests with it
         # on, then tg128 with it off and on.
-        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
-        probe_patch qkv_two_types.patch || return 1
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
-        "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='MatmulStackTwo*' 2>&1 | tail -n 3
-        NT_QKV_TWO_TYPES=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='CudaBackend*' 2>&1 | tail -n 3
-        tg128_each "vtwo" NT_QKV_TWO_TYPES=0 NT_QKV_TWO_TYPES=1 NT_QKV_TWO_TYPES=0 NT_QKV_TWO_TYPES=1
-        probe_patch qkv_two_types.patch -R
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer nt_gpu_tests 2>&1 | grep -E " error"
+        with_patch qkv_two_types.patch vtwo 'MatmulStackTwo*:CudaBackend*' NT_QKV_TWO_TYPES=1 \
+            NT_QKV_TWO_TYPES=0 NT_QKV_TWO_TYPES=1 NT_QKV_TWO_TYPES=0 NT_QKV_TWO_TYPES=1
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of
         # one-row decode steps, keeping what the next op expects of its activations: the
         # outputs are wrong, the timing is the step without it. The patch is host code only.
-        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
-        probe_patch ablate_ops.patch || return 1
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
-        tg128_each "ablate" NT_AS_SHIPPED=1 NT_SKIP=norm NT_SKIP=qkv NT_SKIP=attn NT_SKIP=o NT_SKIP=gateup NT_SKIP=down NT_AS_SHIPPED=1
-        probe_patch ablate_ops.patch -R
-        run cmake --build "$build" -j "$(nproc)" --target ntransformer 2>&1 | grep -E " error"
+        with_patch ablate_ops.patch ablate "" "" NT_AS_SHIPPED=1 NT_SKIP=norm NT_SKIP=qkv \
+            NT_SKIP=attn NT_SKIP=o NT_SKIP=gateup NT_SKIP=down NT_AS_SHIPPED=1
         ;;
     *)
         echo "unknown stage '$1'" >&2
