@@ -108,8 +108,8 @@ build_base() {
     echo "$bin"
 }
 
-# Applies (or with -R after it, takes out) a probe patch of bench/cuda (ablate_ops.patch,
-# fence_probe.patch, from_float_lean.patch): git where the tree is a checkout, else patch.
+# Applies (or with -R after it, takes out) a patch of bench/cuda (a probe, or a candidate not
+# yet measured): git where the tree is a checkout, else patch.
 probe_patch() {
     local p=bench/cuda/$1
     shift

@@ -401,8 +401,7 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
             return detail::gemv_float(w.type, w.data, rows, cols, x, n, y, ws.sm_count, stream);
         if (n == 1 && gemv_from_float_enabled(w.type) &&
             !holds_activations(ws, w.type, x, n, cols, x_unchanged) &&
-            detail::gemv_from_float_takes(w.type, w.data, rows, cols)) {
-            detail::gemv_from_float(w.type, w.data, rows, cols, x, y, ws.pdl, stream);
+            detail::gemv_from_float(w.type, w.data, rows, cols, x, y, ws.pdl, stream)) {
             forget_if_overwritten(ws, x, n, cols, y, rows);
             return;
         }
@@ -663,39 +662,39 @@ void with_pipe_type(GgmlType t, const char* what, F&& f) {
     }
 }
 
+// f(std::integral_constant<GgmlType, T>{}) for a type with the pipe kernel, `none` for any
+// other: the questions about shapes and launches that only those types can say yes to.
+template <class R, class F>
+R ask_pipe_type(GgmlType t, R none, F&& f) {
+    if (!gemv_pair_available(t)) return none;
+    R r = none;
+    with_pipe_type(t, "gemv", [&](auto type) { r = f(type); });
+    return r;
+}
+
 }  // namespace
 
 bool gemv_from_float_takes(GgmlType t, const void* w, int64_t rows, int64_t cols) {
-    if (!gemv_pair_available(t)) return false;
-    bool takes = false;
-    with_pipe_type(t, "gemv from float", [&](auto type) {
-        takes = gemv_from_float_takes_t<decltype(type)::value>(w, rows, cols);
+    return ask_pipe_type(t, false, [&](auto type) {
+        return gemv_from_float_takes_t<decltype(type)::value>(w, rows, cols);
     });
-    return takes;
 }
 
-void gemv_from_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x,
+bool gemv_from_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x,
                      float* y, bool pdl, cudaStream_t stream) {
-    with_pipe_type(t, "gemv from float", [&](auto type) {
-        launch_gemv_from_float<decltype(type)::value>(w, rows, cols, x, y, pdl, stream);
+    return ask_pipe_type(t, false, [&](auto type) {
+        return launch_gemv_from_float<decltype(type)::value>(w, rows, cols, x, y, pdl, stream);
     });
 }
 
 bool gemv_from_float_cols(GgmlType t, int64_t cols) {
-    if (!gemv_pair_available(t)) return false;
-    bool takes = false;
-    with_pipe_type(t, "gemv from float", [&](auto type) {
-        takes = tma_float_x_cols<decltype(type)::value>(cols);
-    });
-    return takes;
+    return ask_pipe_type(
+        t, false, [&](auto type) { return tma_float_x_cols<decltype(type)::value>(cols); });
 }
 
 int gemv_split_slices(GgmlType t, int64_t cols, int nx) {
-    if (!gemv_pair_available(t)) return 0;
-    int slices = 0;
-    with_pipe_type(t, "gemv split",
-                   [&](auto type) { slices = tma_split_slices<decltype(type)::value>(cols, nx); });
-    return slices;
+    return ask_pipe_type(
+        t, 0, [&](auto type) { return tma_split_slices<decltype(type)::value>(cols, nx); });
 }
 
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
@@ -709,12 +708,9 @@ void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t 
 }
 
 bool gemv_stack_tma(GgmlType t, int64_t rows, int64_t cols, int n) {
-    if (!gemv_pair_available(t)) return false;
-    bool tma = false;
-    with_pipe_type(t, "gemv stack", [&](auto type) {
-        tma = tma_whole_rows<decltype(type)::value>(rows, cols, gemv_nx(n));
+    return ask_pipe_type(t, false, [&](auto type) {
+        return tma_whole_rows<decltype(type)::value>(rows, cols, gemv_nx(n));
     });
-    return tma;
 }
 
 void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,

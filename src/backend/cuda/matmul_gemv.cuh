@@ -440,15 +440,12 @@ bool gemv_from_float_takes_t(const void* w, int64_t rows, int64_t cols) {
 }
 
 template <GgmlType T>
-void launch_gemv_from_float(const void* w, int64_t rows, int64_t cols, const float* x, float* y,
+bool launch_gemv_from_float(const void* w, int64_t rows, int64_t cols, const float* x, float* y,
                             bool pdl, cudaStream_t stream) {
-    if constexpr (pipe_compiled<T>()) {
-        if (launch_tma_split<T>(GemvStack::one(w, rows, y), cols, nullptr, nullptr, 1, pdl, stream,
-                                x))
-            return;
-    }
-    nt::fail("gemv: no kernel quantizing float activations for %s rows of %lld.", type_name(T),
-             (long long)cols);
+    if constexpr (pipe_compiled<T>())
+        return launch_tma_split<T>(GemvStack::one(w, rows, y), cols, nullptr, nullptr, 1, pdl,
+                                   stream, x);
+    return false;
 }
 
 template <GgmlType T>
@@ -473,6 +470,6 @@ void launch_gemv_stack(const GemvStack& s, int64_t cols, const int8_t* xq, const
     template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,      \
                                                  const float2*, int, bool, cudaStream_t);       \
     template bool gemv_from_float_takes_t<GgmlType::T>(const void*, int64_t, int64_t);          \
-    template void launch_gemv_from_float<GgmlType::T>(const void*, int64_t, int64_t,            \
+    template bool launch_gemv_from_float<GgmlType::T>(const void*, int64_t, int64_t,            \
                                                       const float*, float*, bool, cudaStream_t); \
     template void prepare_gemv_q8<GgmlType::T>();

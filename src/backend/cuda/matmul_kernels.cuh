@@ -188,11 +188,11 @@ void launch_gemv_pair(const void* w, const void* w2, int64_t rows, int64_t cols,
                       const PairQuant& q);
 // One activation row of floats, quantized inside the kernel as quantize_q8 would (the TMA
 // form's column slices of Q4_K and Q6_K: tma_split_float_x): whether it takes this matrix, and
-// the launch (fails where it does not).
+// the launch (false, nothing launched, where it does not).
 template <GgmlType T>
 bool gemv_from_float_takes_t(const void* w, int64_t rows, int64_t cols);
 template <GgmlType T>
-void launch_gemv_from_float(const void* w, int64_t rows, int64_t cols, const float* x, float* y,
+bool launch_gemv_from_float(const void* w, int64_t rows, int64_t cols, const float* x, float* y,
                             bool pdl, cudaStream_t stream);
 #define NT_GEMV_EXTERN(T)                                                                          \
     extern template void launch_gemv_q8<GgmlType::T>(const void*, int64_t, int64_t, const int8_t*, \
@@ -204,7 +204,7 @@ void launch_gemv_from_float(const void* w, int64_t rows, int64_t cols, const flo
     extern template void launch_gemv_stack<GgmlType::T>(const GemvStack&, int64_t, const int8_t*,  \
                                                         const float2*, int, bool, cudaStream_t);   \
     extern template bool gemv_from_float_takes_t<GgmlType::T>(const void*, int64_t, int64_t);      \
-    extern template void launch_gemv_from_float<GgmlType::T>(const void*, int64_t, int64_t,        \
+    extern template bool launch_gemv_from_float<GgmlType::T>(const void*, int64_t, int64_t,        \
                                                              const float*, float*, bool,           \
                                                              cudaStream_t);                        \
     extern template void prepare_gemv_q8<GgmlType::T>();
@@ -239,12 +239,13 @@ void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t 
 
 // Whether gemv_from_float takes a single matrix of type t (gemv_from_float_takes_t), and the
 // GEMV at one activation row of floats x, quantized inside the kernel (bit for bit what
-// quantize_q8 and gemv_q8 give).
+// quantize_q8 and gemv_q8 give): launched, true; false, nothing launched, where it does not
+// take the matrix.
 bool gemv_from_float_takes(GgmlType t, const void* w, int64_t rows, int64_t cols);
 // Whether matrices of type t and `cols` columns are of the shapes gemv_from_float takes (whose
 // rows it may still not: gemv_from_float_takes decides).
 bool gemv_from_float_cols(GgmlType t, int64_t cols);
-void gemv_from_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x,
+bool gemv_from_float(GgmlType t, const void* w, int64_t rows, int64_t cols, const float* x,
                      float* y, bool pdl, cudaStream_t stream);
 
 // The same for F32, F16 and BF16 weights with float activations (any cols).
