@@ -33,14 +33,9 @@
 #                                        # fence-free handoff could save at most
 #   bench/cuda/decode_device.sh fromfloat # 8B tg128 (AB_MODELS) by the types whose down projection quantizes
 #                                        # the pair's float output itself (NT_GEMV_FROM_FLOAT)
-#   bench/cuda/decode_device.sh l2       # 8B tg128 (AB_MODELS) with weights requested into L2 through the
-#                                        # latency-bound kernels (bench/cuda/l2_prefetch.patch, built in and
-#                                        # removed again): NT_L2_AHEAD and NT_L2_WARM by size
-#   bench/cuda/decode_device.sh vtma     # 8B tg128 (AB_MODELS) with Q4_K_M's Q6_K v in the TMA form
-#                                        # (bench/cuda/qkv_rest_tma.patch, built in and removed again)
-#   bench/cuda/decode_device.sh vtwo     # 8B tg128 (AB_MODELS) with Q4_K_M's q/k and v in one launch of two
-#                                        # types (bench/cuda/qkv_two_types.patch, built in and removed
-#                                        # again), after its bit-exactness test
+#   bench/cuda/decode_device.sh l2       # 8B tg128 (AB_MODELS) with the feed-forward's first weights requested
+#                                        # into L2 during the attention (bench/cuda/l2_warm.patch, built in and
+#                                        # removed again): NT_L2_WARM by size, against the binary before it
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -80,7 +75,13 @@ tg128_each() {
     local label=$1 t env
     shift
     for t in ${AB_MODELS:-q4_k_m}; do
-        for env in "$@"; do echo "$label: $t $env tg128 $(tg128 $t $env)"; done
+        for env in "$@"; do
+            if [ "$env" = shipped ]; then  # with_patch's copy of the binary before the patch
+                echo "$label: $t shipped tg128 $(NT_BIN=$build/ntransformer.shipped tg128 $t NT_AS_SHIPPED=1)"
+            else
+                echo "$label: $t $env tg128 $(tg128 $t $env)"
+            fi
+        done
     done
 }
 # pp512 of the 8B model of type $1 with the settings after it: bench's table row.
@@ -119,13 +120,15 @@ probe_patch() {
 
 # A patch under test (a probe or a candidate not yet measured): wait for the models, build the
 # patch in, run the GPU tests TESTS (a gtest filter; none if empty) with the settings TEST_ENV,
-# tg128 with each SETTING (tg128_each LABEL), then take the patch out and build again.
+# tg128 with each SETTING (tg128_each LABEL; "shipped": the binary built before the patch, in
+# the same run), then take the patch out and build again.
 #   with_patch PATCH LABEL TESTS TEST_ENV SETTING...
 with_patch() {
     local patch=$1 label=$2 tests=$3 test_env=$4 targets=ntransformer t
     shift 4
     [ -n "$tests" ] && targets="ntransformer nt_gpu_tests"
     for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
+    cp "$build/ntransformer" "$build/ntransformer.shipped" || return 1
     probe_patch "$patch" || return 1
     run cmake --build "$build" -j "$(nproc)" --target $targets 2>&1 | grep -E " error"
     if [ -n "$tests" ]; then
@@ -316,25 +319,12 @@ EOF
         tg128_each "fromfloat" NT_GEMV_FROM_FLOAT=2 NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=3 NT_GEMV_FROM_FLOAT=2
         ;;
     l2)
-        # Weights requested into L2 through the latency-bound kernels (bench/cuda/l2_prefetch.patch):
-        # the GEMVs' own groups beyond their rings, and the feed-forward's first bytes by o. The
-        # backend tests run with both on first (the requests are hints: the bits must not move).
-        with_patch l2_prefetch.patch l2 'CudaBackend*' "NT_L2_AHEAD=65536 NT_L2_WARM=16777216" \
-            NT_L2_AHEAD=0 NT_L2_AHEAD=16384 NT_L2_AHEAD=65536 NT_L2_WARM=8388608 \
-            NT_L2_WARM=16777216 NT_L2_WARM=25165824 NT_L2_WARM=33554432 NT_L2_AHEAD=0
-        ;;
-    vtma)
-        # Q4_K_M's Q6_K v alone in the TMA form instead of the staged kernel
-        # (bench/cuda/qkv_rest_tma.patch); the backend tests with it on first.
-        with_patch qkv_rest_tma.patch vtma 'CudaBackend*' NT_QKV_REST_TMA=1 \
-            NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1 NT_QKV_REST_TMA=0 NT_QKV_REST_TMA=1
-        ;;
-    vtwo)
-        # Q4_K_M's q/k (Q4_K) and v (Q6_K) in one launch of two types
-        # (bench/cuda/qkv_two_types.patch): its bit-exactness test and the backend tests with it
-        # on, then tg128 with it off and on.
-        with_patch qkv_two_types.patch vtwo 'MatmulStackTwo*:CudaBackend*' NT_QKV_TWO_TYPES=1 \
-            NT_QKV_TWO_TYPES=0 NT_QKV_TWO_TYPES=1 NT_QKV_TWO_TYPES=0 NT_QKV_TWO_TYPES=1
+        # The feed-forward's first weights requested into L2 by the o projection's warps during
+        # the attention (bench/cuda/l2_warm.patch), against the binary before the patch. The
+        # backend tests run with it on first (the requests are hints: the bits must not move).
+        with_patch l2_warm.patch l2 'CudaBackend*' NT_L2_WARM=16777216 \
+            shipped NT_L2_WARM=0 NT_L2_WARM=8388608 NT_L2_WARM=12582912 NT_L2_WARM=16777216 \
+            shipped NT_L2_WARM=8388608 NT_L2_WARM=16777216
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of
