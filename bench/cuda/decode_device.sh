@@ -34,8 +34,7 @@
 #   bench/cuda/decode_device.sh fromfloat # 8B tg128 (AB_MODELS) by the types whose down projection quantizes
 #                                        # the pair's float output itself (NT_GEMV_FROM_FLOAT)
 #   bench/cuda/decode_device.sh l2       # 8B tg128 (AB_MODELS) with the feed-forward's first weights requested
-#                                        # into L2 during the attention (bench/cuda/l2_warm.patch, built in and
-#                                        # removed again): NT_L2_WARM by size, against the binary before it
+#                                        # into L2 during the attention as shipped, none and by size (NT_L2_WARM)
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -320,11 +319,10 @@ EOF
         ;;
     l2)
         # The feed-forward's first weights requested into L2 by the o projection's warps during
-        # the attention (bench/cuda/l2_warm.patch), against the binary before the patch. The
-        # backend tests run with it on first (the requests are hints: the bits must not move).
-        with_patch l2_warm.patch l2 'CudaBackend*' NT_L2_WARM=16777216 \
-            shipped NT_L2_WARM=0 NT_L2_WARM=8388608 NT_L2_WARM=12582912 NT_L2_WARM=16777216 \
-            shipped NT_L2_WARM=8388608 NT_L2_WARM=16777216
+        # the attention (CudaBackend::warm_weights): as shipped (by type), none, and by size.
+        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
+        tg128_each l2 NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM=4194304 NT_L2_WARM=8388608 \
+            NT_L2_WARM=16777216 NT_AS_SHIPPED=1
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of

@@ -200,6 +200,9 @@ class Backend {
         matmul(w_up, x, n, up);
         swiglu(gate, up, int64_t(n) * w_gate.rows, gate);
     }
+    // A hint: the step reads a and b soon, after work that leaves memory bandwidth idle (the
+    // attention); a backend may start reading them into a cache with the next matmul.
+    virtual void warm_weights(const WeightView& /*a*/, const WeightView& /*b*/) {}
     // x += y, n elements.
     virtual void add(float* x, const float* y, int64_t n) = 0;
     // Copies the rows of x whose want_logits is set to the first rows of dst (compacting).

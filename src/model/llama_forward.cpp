@@ -24,6 +24,7 @@ void llama_forward(const LlamaHParams& hp, const ModelWeights& w, WeightSource& 
         be.add_rmsnorm(a.x, residual, L.attn_norm, B, s.n_embd, a.xn, L.wq.type);
         be.qkv(L.wq, L.wk, L.wv, a.xn, B, a.q, a.k, a.v);
         be.rope_attention(l, a.q, a.k, a.v, a.att, L.wo.type);
+        be.warm_weights(L.w1, L.w3);  // the feed-forward's first weights, while wo runs
         be.matmul(L.wo, a.att, B, a.xn);
         // feed-forward block (SwiGLU), after x += attention output
         be.add_rmsnorm(a.x, a.xn, L.ffn_norm, B, s.n_embd, a.xn, L.w1.type);

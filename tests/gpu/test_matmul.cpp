@@ -762,6 +762,50 @@ TEST(MatmulGraph, CapturedGemvReplaysIdentically) {
     }
 }
 
+// The feed-forward's first weights requested into L2 by the GEMV before them
+// (CudaBackend::warm_weights sets MatmulWorkspace::warm): the requests go out with the next
+// matmul's launch where it is the TMA form launched as a programmatic dependent (8B's o
+// projection, Q4_K 4096 x 4096), with that matmul only, and they are hints: no bit moves.
+TEST(MatmulL2Warm, RequestsGoWithOneLaunchAndMoveNoBit) {
+    SKIP_WITHOUT_GPU();
+    const GgmlType t = GgmlType::Q4_K;
+    const int64_t rows = 4096, cols = 4096;
+    const std::vector<uint8_t> w = random_weights(t, rows, cols, 11);
+    Rng rng(12);
+    std::vector<float> x(cols);
+    for (auto& v : x) v = rng.normal();
+    Dev<uint8_t> dw(w), next(w);  // next: the weights requested (a copy: any resident bytes)
+    Dev<float> dx(x), dy(rows);
+    cudaStream_t s;
+    ck(cudaStreamCreate(&s));
+    Workspace ws(ncu::matmul_workspace_bytes(cols, rows, 1), s);
+    const nt::WeightView wv{t, cols, rows, dw.p, w.size()};
+    const int64_t half = int64_t(w.size()) / 2 / 16 * 16;
+    auto run = [&](bool warm) {
+        if (warm) ws.ws.warm = {{next.p, next.p + half}, std::min<int64_t>(half, 1 << 20)};
+        ncu::matmul(wv, dx.p, 1, dy.p, ws.ws, s);
+        ck(cudaStreamSynchronize(s));
+        EXPECT_EQ(ws.ws.warm.bytes, 0) << "the matmul takes the requests, launched or not";
+        return dy.get();
+    };
+    // The launch takes them where its first stages go out before its wait.
+    const bool early = ws.ws.pdl && nt::env_switch("NT_PDL_PREFETCH") &&
+                       ncu::detail::gemv_stack_tma(t, rows, cols, 1);
+    const std::vector<float> plain = run(false);
+    EXPECT_EQ(ws.ws.warm_launches, 0);
+    const std::vector<float> warmed = run(true);
+    EXPECT_EQ(0, std::memcmp(plain.data(), warmed.data(), plain.size() * sizeof(float)));
+    EXPECT_EQ(ws.ws.warm_launches, early ? 1 : 0);
+    run(false);  // the next matmul carries none
+    EXPECT_EQ(ws.ws.warm_launches, early ? 1 : 0);
+    // Without programmatic launch nothing goes out before the wait: none carried, same bits.
+    ws.ws.pdl = false;
+    const std::vector<float> waited = run(true);
+    EXPECT_EQ(0, std::memcmp(plain.data(), waited.data(), plain.size() * sizeof(float)));
+    EXPECT_EQ(ws.ws.warm_launches, early ? 1 : 0);
+    cudaStreamDestroy(s);
+}
+
 // Rows too long for the pipe kernel's TMA form whole (70B's 28672 columns; Q4_K's and Q6_K's
 // 14336; Q6_K's 8192; Q8_0's 14336) go in column slices whose sums the CTA of each row range
 // adds in order: against the CPU reference, the same bits on every launch, with and without

@@ -64,6 +64,10 @@ class CudaBackend : public Backend {
     void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
     void ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, const float* x, int n,
                      float* gate, float* up, GgmlType next) override;
+    // The next matmul, where it is a TMA GEMV launched as a programmatic dependent (the o
+    // projection, during the attention), also requests the first bytes of a and b into L2
+    // (MatmulWorkspace::warm): NT_L2_WARM bytes of each (0 none), by default by a's type.
+    void warm_weights(const WeightView& a, const WeightView& b) override;
     void add(float* x, const float* y, int64_t n) override;
     void gather_logit_rows(const float* x, int dim, float* dst) override;
     void download(const float* src, float* host_dst, size_t n) override;
@@ -132,6 +136,7 @@ class CudaBackend : public Backend {
         Qkv,
         Add,
         Gather,
+        WarmWeights,  // w and w2 into L2 by the next GEMV (MatmulWorkspace::warm)
         Choose  // the step's token, drawn on the device (Batch::choose, Batch::draw)
     };
     // One backend op with its arguments: executed at once, recorded into a graph, or compared
@@ -252,6 +257,7 @@ class CudaBackend : public Backend {
     bool rope_fusion_ = true;
     // attn_decode's `alone`: 1 where it wins (o in Q6_K), 0 never, 2 for every o (NT_ATTN_ALONE)
     int attn_alone_ = 1;
+    int64_t l2_warm_ = -1;  // warm_weights' bytes (NT_L2_WARM), -1 by the weights' type
     // The prompt path's setting, which mm_->exact mirrors: the backend's own, because
     // matmul_free (release, before every init) resets the workspace.
     bool exact_prompt_ = false;

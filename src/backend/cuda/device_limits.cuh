@@ -14,6 +14,7 @@ struct DeviceLimits {
     int optin = 0;        // the most dynamic shared memory a block may ask for
     int smem_per_sm = 0;  // shared memory a multiprocessor holds
     int reserved = 0;     // shared memory the system takes a block
+    int l2 = 0;           // bytes of L2 cache
 };
 inline const DeviceLimits& device_limits() {
     static const DeviceLimits d = [] {
@@ -24,7 +25,8 @@ inline const DeviceLimits& device_limits() {
             {&v.sms, cudaDevAttrMultiProcessorCount},
             {&v.optin, cudaDevAttrMaxSharedMemoryPerBlockOptin},
             {&v.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
-            {&v.reserved, cudaDevAttrReservedSharedMemoryPerBlock}};
+            {&v.reserved, cudaDevAttrReservedSharedMemoryPerBlock},
+            {&v.l2, cudaDevAttrL2CacheSize}};
         for (auto [out, attr] : attrs)
             NT_CUDA_CHECK(cudaDeviceGetAttribute(out, attr, dev), "device attribute");
         return v;

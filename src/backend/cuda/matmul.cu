@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/arrival.cuh"
 #include "backend/cuda/cuda_check.cuh"
@@ -395,6 +396,20 @@ void matmul(const WeightView& w, const float* x, int n, float* y, MatmulWorkspac
     check_args(w, x, n, y);
     const int64_t rows = w.rows, cols = w.cols;
     auto* base = static_cast<uint8_t*>(ws.buf);
+    // ws.warm goes with this matmul's TMA GEMV launch, if it makes one as a programmatic
+    // dependent, and no further: detail::pending_l2_warm carries it down to the launch, which
+    // takes it.
+    struct WarmScope {
+        MatmulWorkspace& ws;
+        const bool offered;
+        explicit WarmScope(MatmulWorkspace& w) : ws(w), offered(w.warm.bytes > 0) {
+            detail::pending_l2_warm() = std::exchange(w.warm, {});
+        }
+        ~WarmScope() {
+            if (offered && detail::pending_l2_warm().bytes == 0) ++ws.warm_launches;
+            detail::pending_l2_warm() = {};
+        }
+    } warm_scope(ws);
 
     if (matmul_takes_gemv(w.type, n)) {
         if (is_float(w.type))  // (n <= kGemvMaxBatch: float types have no chunked path)

@@ -57,6 +57,12 @@ struct ActivationKey {
     float2* xd = nullptr;  // quantized output) the one after its input's
 };
 
+// Weights to request into L2 (MatmulWorkspace::warm): the first `bytes` of each of p[0], p[1].
+struct L2Warm {
+    const uint8_t* p[2] = {nullptr, nullptr};
+    int64_t bytes = 0;
+};
+
 // Scratch for one stream's matmuls. Calls sharing a workspace must be ordered (same stream).
 struct MatmulWorkspace {
     void* buf = nullptr;  // device memory, 256-byte aligned (cudaMalloc)
@@ -74,6 +80,11 @@ struct MatmulWorkspace {
     // Prompts (batches above kGemvMaxBatch) of quantized weights on the integer GEMM, the CPU's
     // bits: set by matmul_init from prompt_exact(), by CudaBackend from its own setting.
     bool exact = false;
+    // Weights that the next GEMV launched as a programmatic dependent launch requests into L2
+    // before its wait, spread over its warps (CudaBackend::warm_weights): the first `bytes`
+    // of each of p[0], p[1]. Taken (reset) by that matmul.
+    L2Warm warm;
+    int64_t warm_launches = 0;  // launches that carried a warm (tests)
 };
 
 // Bytes of workspace that let matmul() run on any weight with at most max_cols columns and

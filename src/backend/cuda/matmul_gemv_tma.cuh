@@ -57,6 +57,7 @@ struct TmaRing {
     int stages = 0;
     int row_bytes = 0;
     bool evict_first = false;
+    L2Warm warm;  // other weights the warps request into L2 early (MatmulWorkspace::warm)
 };
 
 // Shared memory of `warps` warps' rings of groups of kv rows, and their barriers (the layout
@@ -359,6 +360,16 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     if (!early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
         for (int j = 0; j < S && j < total; ++j) issue(j);
+    // The weights of what comes after (ring.warm: CudaBackend::warm_weights) into L2 while the
+    // kernel before, latency-bound (the attention), leaves HBM idle; the warps' shares in turn.
+    if (early && lane == 0 && ring.warm.bytes > 0) {
+        const int64_t nw = int64_t(gridDim.x) * W, gw = int64_t(blockIdx.x) * W + warp;
+        const int64_t share = (ring.warm.bytes / nw + 15) / 16 * 16;
+        const int64_t from = std::min(gw * share, ring.warm.bytes);
+        const int64_t n = std::min(share, ring.warm.bytes - from) / 16 * 16;
+        for (int m = 0; m < 2; ++m)
+            if (ring.warm.p[m] && n > 0) bulk_prefetch_l2(ring.warm.p[m] + from, uint32_t(n));
+    }
     if (early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
     if (lane == 0 && warp == 0) {
         NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
@@ -537,6 +548,8 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   TmaSplit sp = {}, const float* xf = nullptr) {
     using Q = Quant<T>;
     TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
+    const bool early = pdl && pdl_prefetch_enabled();  // its first stages before its wait
+    if (early) ring.warm = std::exchange(pending_l2_warm(), {});
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
     const int W = kSplit ? tma_split_warps(sp.slices) : kPipeWarps;
     const int64_t groups = kPair ? pr.rows() : pr.rows() / kV;
@@ -572,7 +585,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
     launch_kernel(pdl, gemv_q8_tma<T, kPair, kXU, kV, kSplit, kXF>, dim3(unsigned(grid)),
                   dim3(unsigned(W) * 32), smem, stream,
                   kSplit ? "gemv (pipe, tma ring, column slices)" : "gemv (pipe, tma ring)", pr, w2,
-                  nb, xq, xd, xf, q, pdl && pdl_prefetch_enabled(), ring, sp);
+                  nb, xq, xd, xf, q, early, ring, sp);
 }
 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;

@@ -136,6 +136,12 @@ struct PairQuant {
     int mode = -1;
     bool sc_fences = false;  // arrival_sc_fences(): fences instead of the acquire-release count
 };
+// The L2Warm that the next TMA GEMV launch on this thread carries (set by matmul() around its
+// dispatch, taken by the launch).
+inline L2Warm& pending_l2_warm() {
+    thread_local L2Warm w;
+    return w;
+}
 // The activation rows one GEMV pass handles (nx, GemvConfig) for a batch of n <= 8.
 constexpr int gemv_nx(int n) {
     return n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8;
