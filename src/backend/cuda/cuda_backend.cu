@@ -672,9 +672,9 @@ void CudaBackend::run(const Op& op) {
             if (!mm_->pdl || !aligned(op.w.data) || !aligned(op.w2.data)) return;
             const int64_t bytes = std::min<int64_t>(
                 {op.n, int64_t(op.w.nbytes) / 16 * 16, int64_t(op.w2.nbytes) / 16 * 16});
-            mm_->warm = {{static_cast<const uint8_t*>(op.w.data),
-                          static_cast<const uint8_t*>(op.w2.data)},
-                         bytes};
+            mm_->warm = {
+                {static_cast<const uint8_t*>(op.w.data), static_cast<const uint8_t*>(op.w2.data)},
+                bytes};
             return;
         }
         case OpKind::GateUp: {

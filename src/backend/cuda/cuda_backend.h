@@ -137,7 +137,7 @@ class CudaBackend : public Backend {
         Add,
         Gather,
         WarmWeights,  // w and w2 into L2 by the next GEMV (MatmulWorkspace::warm)
-        Choose  // the step's token, drawn on the device (Batch::choose, Batch::draw)
+        Choose        // the step's token, drawn on the device (Batch::choose, Batch::draw)
     };
     // One backend op with its arguments: executed at once, recorded into a graph, or compared
     // with the recorded sequence when a graph is replayed.
