@@ -69,11 +69,12 @@ tg128() {
     bench8b "$t" 0 128 "$@" | grep -E "tg128" | awk -F'|' '{print $7}'
 }
 # "LABEL: <type> <setting> tg128 <t/s>" for each model of AB_MODELS and each setting after the
-# label (VAR=VALUE), in that order.
+# label (VAR=VALUE), in that order, each model once the models stage has written it.
 tg128_each() {
     local label=$1 t env
     shift
     for t in ${AB_MODELS:-q4_k_m}; do
+        wait_model $t || return 1
         for env in "$@"; do
             if [ "$env" = shipped ]; then  # with_patch's copy of the binary before the patch
                 echo "$label: $t shipped tg128 $(NT_BIN=$build/ntransformer.shipped tg128 $t NT_AS_SHIPPED=1)"
@@ -117,16 +118,14 @@ probe_patch() {
     git apply "$@" "$p" 2>/dev/null || patch -p1 --forward "$@" <"$p" >/dev/null
 }
 
-# A patch under test (a probe or a candidate not yet measured): wait for the models, build the
-# patch in, run the GPU tests TESTS (a gtest filter; none if empty) with the settings TEST_ENV,
+# A patch under test (a probe or a candidate not yet measured): build the patch in, run the GPU tests TESTS (a gtest filter; none if empty) with the settings TEST_ENV,
 # tg128 with each SETTING (tg128_each LABEL; "shipped": the binary built before the patch, in
 # the same run), then take the patch out and build again.
 #   with_patch PATCH LABEL TESTS TEST_ENV SETTING...
 with_patch() {
-    local patch=$1 label=$2 tests=$3 test_env=$4 targets=ntransformer t
+    local patch=$1 label=$2 tests=$3 test_env=$4 targets=ntransformer
     shift 4
     [ -n "$tests" ] && targets="ntransformer nt_gpu_tests"
-    for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
     cp "$build/ntransformer" "$build/ntransformer.shipped" || return 1
     probe_patch "$patch" || return 1
     run cmake --build "$build" -j "$(nproc)" --target $targets 2>&1 | grep -E " error"
@@ -314,13 +313,11 @@ EOF
     fromfloat)
         # The down projection quantizing the SwiGLU pair's float output itself, by type
         # (NT_GEMV_FROM_FLOAT, a mask: 1 Q4_K, 2 Q6_K; the default 2).
-        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
         tg128_each "fromfloat" NT_GEMV_FROM_FLOAT=2 NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=3 NT_GEMV_FROM_FLOAT=2
         ;;
     l2)
         # The feed-forward's first weights requested into L2 by the o projection's warps during
         # the attention (CudaBackend::warm_weights): as shipped (by type), none, and by size.
-        for t in ${AB_MODELS:-q4_k_m}; do wait_model $t || return 1; done
         tg128_each l2 NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM=4194304 NT_L2_WARM=8388608 \
             NT_L2_WARM=16777216 NT_AS_SHIPPED=1
         ;;

@@ -665,11 +665,11 @@ void CudaBackend::run(const Op& op) {
             cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
             return;
         case OpKind::WarmWeights: {
-            // Only resident weights, read by programmatic dependent launches (the request goes
-            // out before the kernel's wait); 16-byte aligned, as the bulk requests need.
+            // 16-byte aligned, as the bulk requests need. Only a launch that goes out before its
+            // wait takes them (a programmatic dependent: resident layers, not streamed ones).
             auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
             after_matmul_ = x_unchanged;  // no kernel: the activations stay as they were
-            if (!mm_->pdl || !aligned(op.w.data) || !aligned(op.w2.data)) return;
+            if (!aligned(op.w.data) || !aligned(op.w2.data)) return;
             const int64_t bytes = std::min<int64_t>(
                 {op.n, int64_t(op.w.nbytes) / 16 * 16, int64_t(op.w2.nbytes) / 16 * 16});
             mm_->warm = {
