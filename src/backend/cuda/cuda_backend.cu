@@ -28,6 +28,11 @@ constexpr size_t kDrawInts = (sizeof(TokenDraw) + 3) / 4;  // a step's TokenDraw
 constexpr size_t kUploadChunk = size_t(16) << 20;
 // Left free after init() for the CUDA context's own growth, cuBLAS and graph instantiation.
 constexpr size_t kHeadroom = size_t(256) << 20;
+// What to do when an allocation does not fit (the end of the error's sentence).
+constexpr const char* kAdviceCache =
+    "reduce the context (-c), the number of sequences or the batch size, or use a smaller model.";
+constexpr const char* kAdviceWeights =
+    "use a smaller model or quantization, or a smaller context (-c).";
 // Runs of at least this many consecutive positions of one sequence go to the prefill kernel;
 // shorter runs (and every row of a step of at most kGraphMaxBatch rows) go to decode.
 constexpr int kMinPrefillRun = 16;
@@ -143,21 +148,8 @@ void CudaBackend::drop_graphs() {
     graphs_.clear();
 }
 
-void* CudaBackend::device_alloc(size_t bytes, const char* what) {
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, bytes);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
-        fail(
-            "not enough GPU memory: need %.2f GiB for %s, %.2f GiB free on %s; reduce the context "
-            "(-c), "
-            "the number of sequences or the batch size, or use a smaller model.",
-            gib(bytes), what, gib(free_b), dev_.name.c_str());
-    }
-    NT_CUDA_CHECK(e, "cudaMalloc");
-    return p;
+void* CudaBackend::device_alloc(size_t bytes, const char* what, const char* advice) {
+    return cuda::malloc_or_explain(bytes, what, dev_.name.c_str(), advice);
 }
 
 void CudaBackend::require_init(const char* op) const {
@@ -263,8 +255,8 @@ void CudaBackend::init(const ModelShape& shape, int max_batch, int n_seq, int n_
             gib(kv_bytes_), shape.n_layer, n_seq, n_ctx, gib(scratch_bytes), max_batch, gib(free_b),
             dev_.name.c_str());
 
-    kv_ = device_alloc(kv_bytes_, "the KV cache");
-    scratch_ = device_alloc(scratch_bytes, "activations and scratch");
+    kv_ = device_alloc(kv_bytes_, "the KV cache", kAdviceCache);
+    scratch_ = device_alloc(scratch_bytes, "activations and scratch", kAdviceCache);
     // Never-written cells are read only with zero weight, but 0 * NaN is NaN: start from zeros.
     NT_CUDA_CHECK(cudaMemsetAsync(kv_, 0, kv_bytes_, stream_), "cudaMemsetAsync KV cache");
 
@@ -1098,7 +1090,7 @@ void CudaBackend::reserve_weights(size_t total_bytes) {
     // a tensor past the end gets its own allocation.
     const size_t size = total_bytes + (size_t(1) << 20);
     Arena a;
-    a.base = static_cast<char*>(device_alloc(size, "the weights"));
+    a.base = static_cast<char*>(device_alloc(size, "the weights", kAdviceWeights));
     a.size = size;
     arenas_.push_back(a);
 }
@@ -1112,19 +1104,7 @@ void* CudaBackend::alloc_weight(size_t bytes) {
             return p;
         }
     }
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, need);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        size_t free_b = 0, total_b = 0;
-        cudaMemGetInfo(&free_b, &total_b);
-        fail(
-            "not enough GPU memory for the weights: a %.1f MiB tensor does not fit in the %.2f GiB "
-            "free on %s; use "
-            "a smaller model or quantization, or a smaller context (-c).",
-            double(bytes) / double(1 << 20), gib(free_b), dev_.name.c_str());
-    }
-    NT_CUDA_CHECK(e, "cudaMalloc weights");
+    void* p = device_alloc(need, "the weights", kAdviceWeights);
     weight_allocs_.push_back(p);
     return p;
 }

@@ -171,7 +171,8 @@ class CudaBackend : public Backend {
     void drop_graphs();
     void release();  // frees everything init() allocated
     void require_init(const char* op) const;
-    void* device_alloc(size_t bytes, const char* what);
+    // cudaMalloc, or one sentence naming `what` and the `advice` where memory is short.
+    void* device_alloc(size_t bytes, const char* what, const char* advice);
     void* alloc_weight(size_t bytes);
 
     CudaDeviceInfo dev_;

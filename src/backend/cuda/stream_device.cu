@@ -66,17 +66,8 @@ public:
     uint64_t resident_footprint(uint64_t n) const override { return CudaBackend::weight_footprint(n); }
 
     void* alloc_device(size_t bytes, const char* what) override {
-        void* p = nullptr;
-        const cudaError_t e = cudaMalloc(&p, bytes);
-        if (e == cudaErrorMemoryAllocation) {
-            (void)cudaGetLastError();
-            fail("not enough GPU memory for %s: need %s, %s free on %s; lower --vram-budget or "
-                 "--slots.",
-                 what, mem::format_gib(bytes).c_str(), mem::format_gib(free_bytes()).c_str(),
-                 be_.device().name.c_str());
-        }
-        NT_CUDA_CHECK(e, "cudaMalloc streaming slots");
-        return p;
+        return cuda::malloc_or_explain(bytes, what, be_.device().name.c_str(),
+                                       "lower --vram-budget or --slots.");
     }
     void free_device(void* p) override { cudaFree(p); }
     void* alloc_pinned(size_t bytes) override {
