@@ -35,6 +35,7 @@
 #                                        # the pair's float output itself (NT_GEMV_FROM_FLOAT)
 #   bench/cuda/decode_device.sh l2       # 8B tg128 (AB_MODELS) with the feed-forward's first weights requested
 #                                        # into L2 during the attention as shipped, none and by size (NT_L2_WARM)
+#   bench/cuda/decode_device.sh l2after  # the same after the o projection's wait (NT_L2_WARM_AFTER=1), by size
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -320,6 +321,13 @@ EOF
         # the attention (CudaBackend::warm_weights): as shipped (by type), none, and by size.
         tg128_each l2 NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM=4194304 NT_L2_WARM=8388608 \
             NT_L2_WARM=16777216 NT_AS_SHIPPED=1
+        ;;
+    l2after)
+        # The same requests after the o projection's wait (NT_L2_WARM_AFTER=1: the attention
+        # done, o's weights in flight, the norm after it) against before it (as shipped).
+        tg128_each l2after NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM_AFTER=1 \
+            "NT_L2_WARM_AFTER=1 NT_L2_WARM=4194304" "NT_L2_WARM_AFTER=1 NT_L2_WARM=8388608" \
+            "NT_L2_WARM_AFTER=1 NT_L2_WARM=16777216" NT_AS_SHIPPED=1 NT_L2_WARM_AFTER=1
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of

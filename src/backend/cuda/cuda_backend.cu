@@ -77,6 +77,7 @@ CudaBackend::CudaBackend(int device) {
     rope_fusion_ = env_switch("NT_ROPE_FUSION");
     attn_alone_ = int(env_int("NT_ATTN_ALONE", 1));
     l2_warm_ = env_int("NT_L2_WARM", -1);
+    l2_warm_after_ = env_int("NT_L2_WARM_AFTER", 0) != 0;
     exact_prompt_ = cuda::prompt_exact();
     mm_ = std::make_unique<cuda::MatmulWorkspace>();
 #ifdef NT_PHASE_TRACE
@@ -666,7 +667,7 @@ void CudaBackend::run(const Op& op) {
                 {op.n, int64_t(op.w.nbytes) / 16 * 16, int64_t(op.w2.nbytes) / 16 * 16});
             mm_->warm = {
                 {static_cast<const uint8_t*>(op.w.data), static_cast<const uint8_t*>(op.w2.data)},
-                bytes};
+                bytes, l2_warm_after_};
             return;
         }
         case OpKind::GateUp: {

@@ -259,6 +259,7 @@ class CudaBackend : public Backend {
     // attn_decode's `alone`: 1 where it wins (o in Q6_K), 0 never, 2 for every o (NT_ATTN_ALONE)
     int attn_alone_ = 1;
     int64_t l2_warm_ = -1;  // warm_weights' bytes (NT_L2_WARM), -1 by the weights' type
+    bool l2_warm_after_ = false;  // requested after the o projection's wait (NT_L2_WARM_AFTER)
     // The prompt path's setting, which mm_->exact mirrors: the backend's own, because
     // matmul_free (release, before every init) resets the workspace.
     bool exact_prompt_ = false;

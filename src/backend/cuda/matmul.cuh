@@ -61,6 +61,7 @@ struct ActivationKey {
 struct L2Warm {
     const uint8_t* p[2] = {nullptr, nullptr};
     int64_t bytes = 0;
+    bool after = false;  // requested after the launch's wait rather than before it
 };
 
 // Scratch for one stream's matmuls. Calls sharing a workspace must be ordered (same stream).

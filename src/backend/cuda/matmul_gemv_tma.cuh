@@ -360,17 +360,22 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     if (!early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
     if (lane == 0)
         for (int j = 0; j < S && j < total; ++j) issue(j);
-    // The weights of what comes after (ring.warm: CudaBackend::warm_weights) into L2 while the
-    // kernel before, latency-bound (the attention), leaves HBM idle; the warps' shares in turn.
-    if (early && lane == 0 && ring.warm.bytes > 0) {
+    // The weights of what comes after (ring.warm: CudaBackend::warm_weights) into L2 while HBM
+    // is idle: before the wait, during the kernel before (latency-bound, the attention), or
+    // with `after`, once it is done (this GEMV's weights already in flight, the norm after it);
+    // the warps' shares in turn.
+    auto warm_l2 = [&] {
         const int64_t nw = int64_t(gridDim.x) * W, gw = int64_t(blockIdx.x) * W + warp;
         const int64_t share = (ring.warm.bytes / nw + 15) / 16 * 16;
         const int64_t from = std::min(gw * share, ring.warm.bytes);
         const int64_t n = std::min(share, ring.warm.bytes - from) / 16 * 16;
         for (int m = 0; m < 2; ++m)
             if (ring.warm.p[m] && n > 0) bulk_prefetch_l2(ring.warm.p[m] + from, uint32_t(n));
-    }
+    };
+    const bool warm = early && lane == 0 && ring.warm.bytes > 0;
+    if (warm && !ring.warm.after) warm_l2();
     if (early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
+    if (warm && ring.warm.after) warm_l2();
     if (lane == 0 && warp == 0) {
         NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
         NT_PHASE_MARK(marks, phase::kWaited);
