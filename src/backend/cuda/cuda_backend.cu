@@ -667,7 +667,8 @@ void CudaBackend::run(const Op& op) {
                 {op.n, int64_t(op.w.nbytes) / 16 * 16, int64_t(op.w2.nbytes) / 16 * 16});
             mm_->warm = {
                 {static_cast<const uint8_t*>(op.w.data), static_cast<const uint8_t*>(op.w2.data)},
-                bytes, l2_warm_after_};
+                bytes,
+                l2_warm_after_};
             return;
         }
         case OpKind::GateUp: {
