@@ -765,7 +765,8 @@ TEST(MatmulGraph, CapturedGemvReplaysIdentically) {
 // The feed-forward's first weights requested into L2 by the GEMV before them
 // (CudaBackend::warm_weights sets MatmulWorkspace::warm): the requests go out with the next
 // matmul's launch where it is the TMA form launched as a programmatic dependent (8B's o
-// projection, Q4_K 4096 x 4096), with that matmul only, and they are hints: no bit moves.
+// projection, Q4_K 4096 x 4096), with that matmul only, before its wait or after it, and they
+// are hints: no bit moves.
 TEST(MatmulL2Warm, RequestsGoWithOneLaunchAndMoveNoBit) {
     SKIP_WITHOUT_GPU();
     const GgmlType t = GgmlType::Q4_K;
@@ -781,8 +782,8 @@ TEST(MatmulL2Warm, RequestsGoWithOneLaunchAndMoveNoBit) {
     Workspace ws(ncu::matmul_workspace_bytes(cols, rows, 1), s);
     const nt::WeightView wv{t, cols, rows, dw.p, w.size()};
     const int64_t half = int64_t(w.size()) / 2 / 16 * 16;
-    auto run = [&](bool warm) {
-        if (warm) ws.ws.warm = {{next.p, next.p + half}, std::min<int64_t>(half, 1 << 20)};
+    auto run = [&](bool warm, bool after = false) {
+        if (warm) ws.ws.warm = {{next.p, next.p + half}, std::min<int64_t>(half, 1 << 20), after};
         ncu::matmul(wv, dx.p, 1, dy.p, ws.ws, s);
         ck(cudaStreamSynchronize(s));
         EXPECT_EQ(ws.ws.warm.bytes, 0) << "the matmul takes the requests, launched or not";
@@ -798,11 +799,15 @@ TEST(MatmulL2Warm, RequestsGoWithOneLaunchAndMoveNoBit) {
     EXPECT_EQ(ws.ws.warm_launches, early ? 1 : 0);
     run(false);  // the next matmul carries none
     EXPECT_EQ(ws.ws.warm_launches, early ? 1 : 0);
+    // Sent after the launch's wait instead of before it (L2Warm::after): the same.
+    const std::vector<float> after = run(true, true);
+    EXPECT_EQ(0, std::memcmp(plain.data(), after.data(), plain.size() * sizeof(float)));
+    EXPECT_EQ(ws.ws.warm_launches, early ? 2 : 0);
     // Without programmatic launch nothing goes out before the wait: none carried, same bits.
     ws.ws.pdl = false;
     const std::vector<float> waited = run(true);
     EXPECT_EQ(0, std::memcmp(plain.data(), waited.data(), plain.size() * sizeof(float)));
-    EXPECT_EQ(ws.ws.warm_launches, early ? 1 : 0);
+    EXPECT_EQ(ws.ws.warm_launches, early ? 2 : 0);
     cudaStreamDestroy(s);
 }
 
