@@ -119,9 +119,10 @@ probe_patch() {
     git apply "$@" "$p" 2>/dev/null || patch -p1 --forward "$@" <"$p" >/dev/null
 }
 
-# A patch under test (a probe or a candidate not yet measured): build the patch in, run the GPU tests TESTS (a gtest filter; none if empty) with the settings TEST_ENV,
-# tg128 with each SETTING (tg128_each LABEL; "shipped": the binary built before the patch, in
-# the same run), then take the patch out and build again.
+# A patch under test (a probe or a candidate not yet measured): build the patch in, run the GPU
+# tests TESTS (a gtest filter; none if empty) with the settings TEST_ENV, tg128 with each
+# SETTING (tg128_each LABEL; "shipped": the binary built before the patch, in the same run),
+# then take the patch out and build again.
 #   with_patch PATCH LABEL TESTS TEST_ENV SETTING...
 with_patch() {
     local patch=$1 label=$2 tests=$3 test_env=$4 targets=ntransformer

@@ -19,6 +19,11 @@ std::string format_gib(uint64_t bytes) {
     return strfmt("%.2f GiB", double(bytes) / double(uint64_t(1) << 30));
 }
 
+std::string format_size(uint64_t bytes) {
+    if (bytes >= uint64_t(1) << 30) return format_gib(bytes);
+    return strfmt("%.1f MiB", double(bytes) / double(1 << 20));
+}
+
 std::vector<int> spread(int n, int count) {
     std::vector<int> out;
     if (n <= 0 || count <= 0) return out;

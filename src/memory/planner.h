@@ -67,6 +67,8 @@ std::string describe_plan(const TierPlan& p, const PlanInput& in);
 
 // "24.00 GiB"
 std::string format_gib(uint64_t bytes);
+// "12.3 MiB" below a GiB, else format_gib's "24.00 GiB"
+std::string format_size(uint64_t bytes);
 
 // Indices of `n` of `count` positions spread evenly (n <= count), in increasing order.
 std::vector<int> spread(int n, int count);

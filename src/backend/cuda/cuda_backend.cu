@@ -657,20 +657,15 @@ void CudaBackend::run(const Op& op) {
         case OpKind::Matmul:
             cuda::matmul(op.w, f(0), op.i0, f(1), *mm_, stream_, x_unchanged);
             return;
-        case OpKind::WarmWeights: {
-            // 16-byte aligned, as the bulk requests need. Only a launch that goes out before its
-            // wait takes them (a programmatic dependent: resident layers, not streamed ones).
-            auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+        case OpKind::WarmWeights:
+            // Sized by warm_weights. Only a launch that goes out before its wait takes them (a
+            // programmatic dependent: resident layers, not streamed ones).
             after_matmul_ = x_unchanged;  // no kernel: the activations stay as they were
-            if (!aligned(op.w.data) || !aligned(op.w2.data)) return;
-            const int64_t bytes = std::min<int64_t>(
-                {op.n, int64_t(op.w.nbytes) / 16 * 16, int64_t(op.w2.nbytes) / 16 * 16});
             mm_->warm = {
                 {static_cast<const uint8_t*>(op.w.data), static_cast<const uint8_t*>(op.w2.data)},
-                bytes,
+                op.n,
                 l2_warm_after_};
             return;
-        }
         case OpKind::GateUp: {
             // Decided on the host from the op's fields alone, like every matmul choice; with
             // `next` the pair also quantizes gate for the down projection.
@@ -923,12 +918,17 @@ void CudaBackend::ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, 
 // By default, as measured (H100, 8B tg128 against none, the same binary; forty-third session):
 // Q4_K gate and up 4 MiB each (+0.7%; 8 MiB +0.4%, 16 MiB -0.3%), Q6_K's 16 MiB (+1.7%; 4 MiB
 // +1.1%). Q8_0's o projection (4096 rows) is not in the TMA form, so nothing is requested there.
-// At most a third of the L2 cache each.
+// At most a third of the L2 cache each, and whole 16-byte units of 16-byte aligned weights, as
+// the bulk requests need.
 void CudaBackend::warm_weights(const WeightView& a, const WeightView& b) {
     require_init("warm_weights");
     constexpr int64_t MiB = int64_t(1) << 20;
-    int64_t bytes = l2_warm_ >= 0 ? l2_warm_ : a.type == GgmlType::Q6_K ? 16 * MiB : 4 * MiB;
-    bytes = std::min<int64_t>(bytes, cuda::detail::device_limits().l2 / 3) / 16 * 16;
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(a.data) || !aligned(b.data)) return;
+    const int64_t want = l2_warm_ >= 0 ? l2_warm_ : a.type == GgmlType::Q6_K ? 16 * MiB : 4 * MiB;
+    const int64_t bytes = std::min<int64_t>({want, cuda::detail::device_limits().l2 / 3,
+                                             int64_t(a.nbytes), int64_t(b.nbytes)}) /
+                          16 * 16;
     if (bytes <= 0) return;
     Op op;
     op.kind = OpKind::WarmWeights;

@@ -26,24 +26,7 @@ inline void check(cublasStatus_t s, const char* op) {
 // cudaMalloc of `bytes`, or where the GPU's memory is short one sentence that says what did not
 // fit and what to do: "not enough GPU memory for <what>: need <bytes>, <free> free on <device>;
 // <advice>". Any other failure as check() reports it.
-inline void* malloc_or_explain(size_t bytes, const char* what, const char* device,
-                               const char* advice) {
-    void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, bytes);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        size_t free_b = 0, total_b = 0;
-        (void)cudaMemGetInfo(&free_b, &total_b);
-        auto size = [](size_t n) {
-            return n < (size_t(1) << 30) ? nt::strfmt("%.1f MiB", double(n) / double(1 << 20))
-                                         : nt::strfmt("%.2f GiB", double(n) / double(1 << 30));
-        };
-        throw nt::Error(nt::strfmt("not enough GPU memory for %s: need %s, %s free on %s; %s", what,
-                                   size(bytes).c_str(), size(free_b).c_str(), device, advice));
-    }
-    check(e, "cudaMalloc");
-    return p;
-}
+void* malloc_or_explain(size_t bytes, const char* what, const char* device, const char* advice);
 
 }  // namespace nt::cuda
 

@@ -3,6 +3,7 @@
 #include "backend/cuda/cuda_check.cuh"
 #include "backend/cuda/device_info.h"
 #include "core/error.h"
+#include "memory/planner.h"
 
 namespace nt {
 
@@ -18,6 +19,21 @@ bool supported(const cudaDeviceProp& p) {
 }
 
 }  // namespace
+
+void* cuda::malloc_or_explain(size_t bytes, const char* what, const char* device,
+                              const char* advice) {
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        (void)cudaMemGetInfo(&free_b, &total_b);
+        fail("not enough GPU memory for %s: need %s, %s free on %s; %s", what,
+             mem::format_size(bytes).c_str(), mem::format_size(free_b).c_str(), device, advice);
+    }
+    cuda::check(e, "cudaMalloc");
+    return p;
+}
 
 int cuda_usable_device_count() {
     int n = 0;

@@ -82,8 +82,9 @@ struct MatmulWorkspace {
     // bits: set by matmul_init from prompt_exact(), by CudaBackend from its own setting.
     bool exact = false;
     // Weights that the next GEMV launched as a programmatic dependent launch requests into L2
-    // before its wait, spread over its warps (CudaBackend::warm_weights): the first `bytes`
-    // of each of p[0], p[1]. Taken (reset) by that matmul.
+    // before its wait (or with `after`, after it), spread over its warps
+    // (CudaBackend::warm_weights): the first `bytes` of each of p[0], p[1]. Taken (reset) by
+    // that matmul.
     L2Warm warm;
     int64_t warm_launches = 0;  // launches that carried a warm (tests)
 };
