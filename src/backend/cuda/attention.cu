@@ -435,261 +435,274 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     __shared__ int last;  // the merge: whether this slice finished last
 #pragma unroll 1
     for (int pass = a.warm_code && rope ? 0 : 1; pass < 2; ++pass) {
-    const bool real = pass == 1;
-    if (real) {
-        if (a.warm_code && rope) __syncthreads();  // every thread is past the dry pass
-        // q and the cache come from the kernels before (this may be a programmatic dependent
-        // launch)
-        pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new,
-                 a.v_new);
-        if (t == 0) {
-            NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
-            NT_PHASE_MARK(marks, phase::kWaited);
-        }
-        if (issued == 0) load_tile(issued++);
-    }
-    // The newest k and v and q are each a trip to L2 (or further): all are requested before any
-    // is used.
-    int first_newest = -1;  // the loaded tile that holds the newest position, if any
-    for (int i = 0; i < issued; i++)
-        if (holds_newest(i)) first_newest = i;
-    const bool put_first = first_newest >= 0 && t < CH;
-    Newest nkv;
-    if (put_first) nkv = load_newest(t);
-
-    // q, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
-    const float2* qrow =
-        reinterpret_cast<const float2*>(a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD);
-    for (int i = t; i < G * HD / 2; i += NT) {
-        float2 v = qrow[i];
-        if (rope) {
-            const int j = i % (HD / 2);
-            v = detail::rope_turn(v.x, v.y, rc[j], rc[HD / 2 + j]);
-        }
-        reinterpret_cast<float2*>(qs)[i] = v;
-    }
-    if (put_first) put_newest(first_newest, t, nkv, real);
-    if (t < G) {
-        ms[t] = -INFINITY;
-        ls[t] = 0.0;
-    }
-
-    const int sp = t % TP, sg = t / TP;              // score phase
-    const int d2 = t % (HD / 2), pg = t / (HD / 2);  // P*V phase
-    const int warp = t / 32, lane = t % 32;          // softmax phase
-    double2 acc[MAXJ_PV];
-#pragma unroll
-    for (int j = 0; j < MAXJ_PV; j++) acc[j] = make_double2(0.0, 0.0);
-
-    const int tiles = real ? n_tiles : 1;  // the dry pass issues no load
-    for (int tile = 0; tile < tiles; tile++) {
-        const int buf = tile & 1;
-        if (tile + 1 < tiles) {
-            if (issued == tile + 1) {
-                load_tile(issued++);
-                if (holds_newest(tile + 1) && t < CH) put_newest(tile + 1, t, load_newest(t), real);
+        const bool real = pass == 1;
+        if (real) {
+            if (a.warm_code && rope) __syncthreads();  // every thread is past the dry pass
+            // q and the cache come from the kernels before (this may be a programmatic dependent
+            // launch)
+            pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new,
+                     a.v_new);
+            if (t == 0) {
+                NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
+                NT_PHASE_MARK(marks, phase::kWaited);
             }
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
+            if (issued == 0) load_tile(issued++);
         }
-        __syncthreads();
-        if (real && tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kFirstData);
+        // The newest k and v and q are each a trip to L2 (or further): all are requested before any
+        // is used.
+        int first_newest = -1;  // the loaded tile that holds the newest position, if any
+        for (int i = 0; i < issued; i++)
+            if (holds_newest(i)) first_newest = i;
+        const bool put_first = first_newest >= 0 && t < CH;
+        Newest nkv;
+        if (put_first) nkv = load_newest(t);
 
-        const int np = min(TP, end - (start + tile * TP));  // positions of this tile
-        // scores
-        if (sp < np) {
-            const __half* kr = kbuf + (buf * TP + sp) * ROW;
-            // The CPU's order: one product after another, each rounded, dims in order.
-            float sc[MAXJ_S];
+        // q, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
+        const float2* qrow =
+            reinterpret_cast<const float2*>(a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD);
+        for (int i = t; i < G * HD / 2; i += NT) {
+            float2 v = qrow[i];
+            if (rope) {
+                const int j = i % (HD / 2);
+                v = detail::rope_turn(v.x, v.y, rc[j], rc[HD / 2 + j]);
+            }
+            reinterpret_cast<float2*>(qs)[i] = v;
+        }
+        if (put_first) put_newest(first_newest, t, nkv, real);
+        if (t < G) {
+            ms[t] = -INFINITY;
+            ls[t] = 0.0;
+        }
+
+        const int sp = t % TP, sg = t / TP;              // score phase
+        const int d2 = t % (HD / 2), pg = t / (HD / 2);  // P*V phase
+        const int warp = t / 32, lane = t % 32;          // softmax phase
+        double2 acc[MAXJ_PV];
 #pragma unroll
-            for (int j = 0; j < MAXJ_S; j++) sc[j] = 0.f;
+        for (int j = 0; j < MAXJ_PV; j++) acc[j] = make_double2(0.0, 0.0);
+
+        const int tiles = real ? n_tiles : 1;  // the dry pass issues no load
+        for (int tile = 0; tile < tiles; tile++) {
+            const int buf = tile & 1;
+            if (tile + 1 < tiles) {
+                if (issued == tile + 1) {
+                    load_tile(issued++);
+                    if (holds_newest(tile + 1) && t < CH)
+                        put_newest(tile + 1, t, load_newest(t), real);
+                }
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            if (real && tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kFirstData);
+
+            const int np = min(TP, end - (start + tile * TP));  // positions of this tile
+            // scores
+            if (sp < np) {
+                const __half* kr = kbuf + (buf * TP + sp) * ROW;
+                // The CPU's order: one product after another, each rounded, dims in order.
+                float sc[MAXJ_S];
+#pragma unroll
+                for (int j = 0; j < MAXJ_S; j++) sc[j] = 0.f;
 #pragma unroll 2
-            for (int c = 0; c < HD; c += 8) {
-                const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
-                float k[8];
-                *reinterpret_cast<float2*>(k) = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
-                *reinterpret_cast<float2*>(k + 2) = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
-                *reinterpret_cast<float2*>(k + 4) = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
-                *reinterpret_cast<float2*>(k + 6) = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+                for (int c = 0; c < HD; c += 8) {
+                    const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
+                    float k[8];
+                    *reinterpret_cast<float2*>(k) =
+                        __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+                    *reinterpret_cast<float2*>(k + 2) =
+                        __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+                    *reinterpret_cast<float2*>(k + 4) =
+                        __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
+                    *reinterpret_cast<float2*>(k + 6) =
+                        __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+#pragma unroll
+                    for (int j = 0; j < MAXJ_S; j++) {
+                        const int g = sg + C::SETS_S * j;
+                        if (g < G) {
+                            float q[8];
+                            *reinterpret_cast<float4*>(q) =
+                                *reinterpret_cast<const float4*>(qs + g * HD + c);
+                            *reinterpret_cast<float4*>(q + 4) =
+                                *reinterpret_cast<const float4*>(qs + g * HD + c + 4);
+#pragma unroll
+                            for (int e = 0; e < 8; e++)
+                                sc[j] = __fadd_rn(sc[j], __fmul_rn(q[e], k[e]));
+                        }
+                    }
+                }
 #pragma unroll
                 for (int j = 0; j < MAXJ_S; j++) {
                     const int g = sg + C::SETS_S * j;
-                    if (g < G) {
-                        float q[8];
-                        *reinterpret_cast<float4*>(q) = *reinterpret_cast<const float4*>(qs + g * HD + c);
-                        *reinterpret_cast<float4*>(q + 4) = *reinterpret_cast<const float4*>(qs + g * HD + c + 4);
+                    if (g < G) ps[g * TP + sp] = __fmul_rn(sc[j], a.scale);
+                }
+            } else {
 #pragma unroll
-                        for (int e = 0; e < 8; e++) sc[j] = __fadd_rn(sc[j], __fmul_rn(q[e], k[e]));
-                    }
+                for (int j = 0; j < MAXJ_S; j++) {
+                    const int g = sg + C::SETS_S * j;
+                    if (g < G) ps[g * TP + sp] = -INFINITY;
                 }
             }
-#pragma unroll
-            for (int j = 0; j < MAXJ_S; j++) {
-                const int g = sg + C::SETS_S * j;
-                if (g < G) ps[g * TP + sp] = __fmul_rn(sc[j], a.scale);
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < MAXJ_S; j++) {
-                const int g = sg + C::SETS_S * j;
-                if (g < G) ps[g * TP + sp] = -INFINITY;
-            }
-        }
-        __syncthreads();
+            __syncthreads();
 
-        // the tile's softmax per head (lane takes positions lane, lane + 32, ...), merged into
-        // the running (max, sum) in double
-        for (int g = warp; g < G; g += NT / 32) {
-            float s[PL], mx = -INFINITY;
+            // the tile's softmax per head (lane takes positions lane, lane + 32, ...), merged into
+            // the running (max, sum) in double
+            for (int g = warp; g < G; g += NT / 32) {
+                float s[PL], mx = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < PL; i++) {
-                s[i] = ps[g * TP + lane + 32 * i];
-                mx = fmaxf(mx, s[i]);
+                for (int i = 0; i < PL; i++) {
+                    s[i] = ps[g * TP + lane + 32 * i];
+                    mx = fmaxf(mx, s[i]);
+                }
+                mx = warp_max(mx);  // finite: the tile has a position
+                double e = 0.0;
+#pragma unroll
+                for (int i = 0; i < PL; i++) {
+                    s[i] = __double2float_rn(
+                        detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
+                    e += double(s[i]);
+                }
+                const double sum = warp_sum(e);
+#pragma unroll
+                for (int i = 0; i < PL; i++) ps[g * TP + lane + 32 * i] = s[i];
+                if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g]);
             }
-            mx = warp_max(mx);  // finite: the tile has a position
-            double e = 0.0;
-#pragma unroll
-            for (int i = 0; i < PL; i++) {
-                s[i] = __double2float_rn(detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
-                e += double(s[i]);
-            }
-            const double sum = warp_sum(e);
-#pragma unroll
-            for (int i = 0; i < PL; i++) ps[g * TP + lane + 32 * i] = s[i];
-            if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g]);
-        }
-        __syncthreads();
+            __syncthreads();
 
-        // the tile's P * V in float, positions in order; then acc = acc * c_old + PV * c_new
-        {
-            const __half* vr = vbuf + buf * TP * ROW + 2 * d2;
-            float2 pv[MAXJ_PV];
+            // the tile's P * V in float, positions in order; then acc = acc * c_old + PV * c_new
+            {
+                const __half* vr = vbuf + buf * TP * ROW + 2 * d2;
+                float2 pv[MAXJ_PV];
 #pragma unroll
-            for (int j = 0; j < MAXJ_PV; j++) pv[j] = make_float2(0.f, 0.f);
+                for (int j = 0; j < MAXJ_PV; j++) pv[j] = make_float2(0.f, 0.f);
 #pragma unroll 8
-            for (int p = 0; p < np; p++) {
-                const float2 vf = __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
+                for (int p = 0; p < np; p++) {
+                    const float2 vf =
+                        __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
+#pragma unroll
+                    for (int j = 0; j < MAXJ_PV; j++) {
+                        const int g = pg + C::SETS_PV * j;
+                        if (g < G) {
+                            const float w = ps[g * TP + p];
+                            pv[j].x = __fadd_rn(pv[j].x, __fmul_rn(w, vf.x));
+                            pv[j].y = __fadd_rn(pv[j].y, __fmul_rn(w, vf.y));
+                        }
+                    }
+                }
 #pragma unroll
                 for (int j = 0; j < MAXJ_PV; j++) {
                     const int g = pg + C::SETS_PV * j;
                     if (g < G) {
-                        const float w = ps[g * TP + p];
-                        pv[j].x = __fadd_rn(pv[j].x, __fmul_rn(w, vf.x));
-                        pv[j].y = __fadd_rn(pv[j].y, __fmul_rn(w, vf.y));
+                        const double c_old = co[g], c_new = cn[g];
+                        acc[j].x = acc[j].x * c_old + double(pv[j].x) * c_new;
+                        acc[j].y = acc[j].y * c_old + double(pv[j].y) * c_new;
                     }
                 }
             }
-#pragma unroll
-            for (int j = 0; j < MAXJ_PV; j++) {
-                const int g = pg + C::SETS_PV * j;
-                if (g < G) {
-                    const double c_old = co[g], c_new = cn[g];
-                    acc[j].x = acc[j].x * c_old + double(pv[j].x) * c_new;
-                    acc[j].y = acc[j].y * c_old + double(pv[j].y) * c_new;
-                }
-            }
+            __syncthreads();  // the next iteration's load overwrites the buffer just read
         }
-        __syncthreads();  // the next iteration's load overwrites the buffer just read
-    }
 
 #pragma unroll
-    for (int j = 0; j < MAXJ_PV; j++) {
-        const int g = pg + C::SETS_PV * j;
-        if (g >= G) continue;
-        const int h = h0 + g;
-        if (live == 1) {  // the whole context in this slice: its softmax is complete
-            const double l = ls[g];
-            const float2 o = make_float2(float(acc[j].x / l), float(acc[j].y / l));
-            if (real)
-                *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h) * HD +
-                                           2 * d2) = o;
-            if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + 2 * d2) = o;
-        } else if (real) {
-            const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
-            *reinterpret_cast<double2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
-            if (d2 == 0) a.part_ml[idx] = make_double2(ms[g], ls[g]);
+        for (int j = 0; j < MAXJ_PV; j++) {
+            const int g = pg + C::SETS_PV * j;
+            if (g >= G) continue;
+            const int h = h0 + g;
+            if (live == 1) {  // the whole context in this slice: its softmax is complete
+                const double l = ls[g];
+                const float2 o = make_float2(float(acc[j].x / l), float(acc[j].y / l));
+                if (real)
+                    *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD +
+                                               size_t(h) * HD + 2 * d2) = o;
+                if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + 2 * d2) = o;
+            } else if (real) {
+                const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
+                *reinterpret_cast<double2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
+                if (d2 == 0) a.part_ml[idx] = make_double2(ms[g], ls[g]);
+            }
         }
-    }
-    if (live == 1) {
+        if (live == 1) {
+            if (a.qmode >= 0) {
+                __syncthreads();
+                quantize_heads<HD, NT>(qs, G, row, h0, a, real);
+            }
+            if (!real) continue;
+            if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
+            return;
+        }
+
+        // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
+        // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
+        // The slices count themselves as arrival.cuh describes.
+        if (a.sc_fences) __threadfence();
+        __syncthreads();  // this slice's partials are written before thread 0 counts them
+        if (t == 0) {
+            int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
+            if (!real)
+                last = 1;  // the dry pass merges whatever the partials hold, and counts nothing
+            else
+                last = (a.sc_fences ? atomicAdd(done, 1) : arrive_acq_rel(done, 1)) == live - 1;
+            if (real && last)
+                *done = 0;  // every other slice has counted: ready for the next launch
+        }
+        __syncthreads();  // and thread 0's acquire is before any thread reads the others' partials
+        if (!last) {
+            if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
+            return;
+        }
+        if (a.sc_fences) __threadfence();
+        static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
+                      "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
+        // Every read here comes from L2 and waits on the one before it unless issued together:
+        // each (m, l) is read once, and the partials are read eight slices at a time. In double,
+        // as the CPU merges its chunks.
+        for (int g = warp; g < G; g += NT / 32) {
+            const double2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
+            const double2 none = make_double2(-INFINITY, 0.0);
+            const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
+            const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
+            const double M =
+                warp_max(fmax(ml0.x, ml1.x));  // finite: every live slice has positions
+            const double w0 = detail::exp_lean(ml0.x - M),
+                         w1 = detail::exp_lean(ml1.x - M);  // 0 past `live`
+            const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
+            if (lane < live) wts[g * TP + lane] = w0;
+            if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
+            if (lane == 0) ls[g] = L;
+        }
+        __syncthreads();
+        constexpr int kBatch = 4;  // slices in flight (each a double2: 64 registers a thread)
+        for (int u = t; u < G * HD / 2; u += NT) {  // 2 consecutive dims of one head
+            const int g = u / (HD / 2), d = (u % (HD / 2)) * 2;
+            const double2* pa = reinterpret_cast<const double2*>(
+                a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
+            const double* w = wts + g * TP;
+            double2 o = make_double2(0.0, 0.0);
+            for (int s0 = 0; s0 < live; s0 += kBatch) {
+                double2 v[kBatch];
+#pragma unroll
+                for (int i = 0; i < kBatch; i++)
+                    if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 2));
+#pragma unroll
+                for (int i = 0; i < kBatch; i++)
+                    if (s0 + i < live) {
+                        const double ws = w[s0 + i];
+                        o.x += v[i].x * ws;
+                        o.y += v[i].y * ws;
+                    }
+            }
+            const double L = ls[g];
+            const float2 of = make_float2(float(o.x / L), float(o.y / L));
+            if (real)
+                *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD +
+                                           size_t(h0 + g) * HD + d) = of;
+            if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + d) = of;
+        }
         if (a.qmode >= 0) {
             __syncthreads();
             quantize_heads<HD, NT>(qs, G, row, h0, a, real);
         }
-        if (!real) continue;
-        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
-        return;
-    }
-
-    // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
-    // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
-    // The slices count themselves as arrival.cuh describes.
-    if (a.sc_fences) __threadfence();
-    __syncthreads();  // this slice's partials are written before thread 0 counts them
-    if (t == 0) {
-        int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
-        if (!real)
-            last = 1;  // the dry pass merges whatever the partials hold, and counts nothing
-        else
-            last = (a.sc_fences ? atomicAdd(done, 1) : arrive_acq_rel(done, 1)) == live - 1;
-        if (real && last) *done = 0;  // every other slice has counted: ready for the next launch
-    }
-    __syncthreads();  // and thread 0's acquire is before any thread reads the others' partials
-    if (!last) {
-        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
-        return;
-    }
-    if (a.sc_fences) __threadfence();
-    static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
-                  "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
-    // Every read here comes from L2 and waits on the one before it unless issued together:
-    // each (m, l) is read once, and the partials are read eight slices at a time. In double,
-    // as the CPU merges its chunks.
-    for (int g = warp; g < G; g += NT / 32) {
-        const double2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
-        const double2 none = make_double2(-INFINITY, 0.0);
-        const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
-        const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
-        const double M = warp_max(fmax(ml0.x, ml1.x));  // finite: every live slice has positions
-        const double w0 = detail::exp_lean(ml0.x - M), w1 = detail::exp_lean(ml1.x - M);  // 0 past `live`
-        const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
-        if (lane < live) wts[g * TP + lane] = w0;
-        if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
-        if (lane == 0) ls[g] = L;
-    }
-    __syncthreads();
-    constexpr int kBatch = 4;  // slices in flight (each a double2: 64 registers a thread)
-    for (int u = t; u < G * HD / 2; u += NT) {  // 2 consecutive dims of one head
-        const int g = u / (HD / 2), d = (u % (HD / 2)) * 2;
-        const double2* pa = reinterpret_cast<const double2*>(
-            a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
-        const double* w = wts + g * TP;
-        double2 o = make_double2(0.0, 0.0);
-        for (int s0 = 0; s0 < live; s0 += kBatch) {
-            double2 v[kBatch];
-#pragma unroll
-            for (int i = 0; i < kBatch; i++)
-                if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 2));
-#pragma unroll
-            for (int i = 0; i < kBatch; i++)
-                if (s0 + i < live) {
-                    const double ws = w[s0 + i];
-                    o.x += v[i].x * ws;
-                    o.y += v[i].y * ws;
-                }
-        }
-        const double L = ls[g];
-        const float2 of = make_float2(float(o.x / L), float(o.y / L));
-        if (real)
-            *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h0 + g) * HD +
-                                       d) = of;
-        if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + d) = of;
-    }
-    if (a.qmode >= 0) {
-        __syncthreads();
-        quantize_heads<HD, NT>(qs, G, row, h0, a, real);
-    }
-    if (real && t == 0) NT_PHASE_MARK(marks, phase::kDone);
+        if (real && t == 0) NT_PHASE_MARK(marks, phase::kDone);
     }  // the passes
 }
 
