@@ -123,7 +123,8 @@ struct DecodeArgs {
     float2* xd;
     int qmode;
     bool sc_fences;  // tiled: arrival_sc_fences(), the merge's fences instead of its acquire-release count
-    bool warm_code;  // tiled, with the rope: the body once dry before the wait (warm_code_enabled)
+    bool warm_code;  // tiled, with the rope only: the body once dry before the wait
+                     // (warm_code_enabled)
     // tiled, optional (RopeIn): q, k and v as the GEMVs left them; the kernel turns q, and the
     // slice that holds a row's newest position turns k and stores that position's k and v in
     // the caches. inv_freq null: q turned and the cache filled before.
@@ -275,7 +276,7 @@ constexpr int decode_min_blocks(int nt) {
 // full row: they are whole blocks of it (G * HD a multiple of 256 for Q8_K, checked on the host).
 template <int HD, int NT>
 __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row, int h0,
-                                               const DecodeArgs& a, bool real = true) {
+                                               const DecodeArgs& a, bool real) {
     const int t = threadIdx.x, lane = t % 32;
     const size_t e0 = size_t(row) * a.n_head * HD + size_t(h0) * HD;  // first element in the row
     int8_t* xq = a.xq + e0;
@@ -425,19 +426,19 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             detail::rope_angle(newest, a.inv_freq[j], rc[j], rc[HD / 2 + j]);
         __syncthreads();
     }
-    // With warm_code (and the rope: the first tiles are in flight before the wait) what follows
-    // runs twice: once before the wait, dry, on whatever q, k and v hold then and on the first
-    // tile only, storing nothing outside shared memory and counting nothing, so that its
-    // instructions are in this multiprocessor's instruction cache when it runs for real after
-    // the wait. One copy of the code (a loop, not unrolled): the dry pass warms the very
+    // With warm_code (set with the rope only: the first tiles are in flight before the wait)
+    // what follows runs twice: once before the wait, dry, on whatever q, k and v hold then and
+    // on the first tile only, storing nothing outside shared memory and counting nothing, so
+    // that its instructions are in this multiprocessor's instruction cache when it runs for real
+    // after the wait. One copy of the code (a loop, not unrolled): the dry pass warms the very
     // instructions the real one runs. Shared memory the dry pass wrote is written again before
     // it is read.
     __shared__ int last;  // the merge: whether this slice finished last
 #pragma unroll 1
-    for (int pass = a.warm_code && rope ? 0 : 1; pass < 2; ++pass) {
+    for (int pass = a.warm_code ? 0 : 1; pass < 2; ++pass) {
         const bool real = pass == 1;
         if (real) {
-            if (a.warm_code && rope) __syncthreads();  // every thread is past the dry pass
+            if (a.warm_code) __syncthreads();  // every thread is past the dry pass
             // q and the cache come from the kernels before (this may be a programmatic dependent
             // launch)
             pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new,
@@ -1324,7 +1325,7 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.xd = nullptr;
     a.qmode = -1;
     a.sc_fences = arrival_sc_fences();
-    a.warm_code = pdl && warm_code_enabled(kWarmCodeAttention);
+    a.warm_code = false;
     a.k_new = a.v_new = a.inv_freq = nullptr;
     // The wide tiled form: version 3, or version 0 unless NT_ATTN_WIDE=0.
     const bool wide =
@@ -1335,6 +1336,7 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
         a.k_new = rope->k;
         a.v_new = rope->v;
         a.inv_freq = rope->inv_freq;
+        a.warm_code = pdl && warm_code_enabled(kWarmCodeAttention);
     }
     const bool tiled = version == 2 || wide || (version == 0 && attn_has_fast_decode(s));
     if (tiled && !attn_has_fast_decode(s))
