@@ -18,10 +18,6 @@ NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
   --gtest_filter='*Matmul*:CudaBackend*:CudaKernels*'; result[exact-prompt]=$?
 NT_MMQ_WGMMA=0 NT_EXACT_PROMPT=1 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
   --gtest_filter='MatmulParity.*'; result[exact-gemm-sync]=$?
-# The decode step's attention and norms with their body run once dry before the wait
-# (NT_WARM_CODE, an A/B switch): the same bits.
-NT_WARM_CODE=3 "$build/tests/nt_gpu_tests" --gtest_brief=1 \
-  --gtest_filter='CudaBackend*:CudaKernels*'; result[warm-code]=$?
 "$build/tests/nt_unit_tests" --gtest_brief=1; result[unit]=$?
 # Default and exact prompt paths and the decode path, against one CPU run a model.
 python3 tests/gpu/compare_devices.py "$build" "$model"; result[whole-model]=$?

@@ -36,8 +36,6 @@
 #   bench/cuda/decode_device.sh l2       # 8B tg128 (AB_MODELS) with the feed-forward's first weights requested
 #                                        # into L2 during the attention as shipped, none and by size (NT_L2_WARM)
 #   bench/cuda/decode_device.sh l2after  # the same after the o projection's wait (NT_L2_WARM_AFTER=1), by size
-#   bench/cuda/decode_device.sh warmcode # 8B tg128 (AB_MODELS) with the attention's and norms' body run once dry
-#                                        # before their wait (NT_WARM_CODE 1, 2, 3) against as shipped
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -331,13 +329,6 @@ EOF
         tg128_each l2after NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM_AFTER=1 \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=4194304" "NT_L2_WARM_AFTER=1 NT_L2_WARM=8388608" \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=16777216" NT_AS_SHIPPED=1 NT_L2_WARM_AFTER=1
-        ;;
-    warmcode)
-        # The attention's (1) and the norms' (2) body run once dry before their programmatic
-        # wait (NT_WARM_CODE, a mask), so that their instructions are cached on the
-        # multiprocessor when they run for real, against as shipped (0).
-        tg128_each warmcode NT_AS_SHIPPED=1 NT_WARM_CODE=1 NT_WARM_CODE=2 NT_WARM_CODE=3 \
-            NT_AS_SHIPPED=1 NT_WARM_CODE=3
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of

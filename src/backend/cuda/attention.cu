@@ -123,8 +123,6 @@ struct DecodeArgs {
     float2* xd;
     int qmode;
     bool sc_fences;  // tiled: arrival_sc_fences(), the merge's fences instead of its acquire-release count
-    bool warm_code;  // tiled, with the rope only: the body once dry before the wait
-                     // (warm_code_enabled)
     // tiled, optional (RopeIn): q, k and v as the GEMVs left them; the kernel turns q, and the
     // slice that holds a row's newest position turns k and stores that position's k and v in
     // the caches. inv_freq null: q turned and the cache filled before.
@@ -276,7 +274,7 @@ constexpr int decode_min_blocks(int nt) {
 // full row: they are whole blocks of it (G * HD a multiple of 256 for Q8_K, checked on the host).
 template <int HD, int NT>
 __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row, int h0,
-                                               const DecodeArgs& a, bool real) {
+                                               const DecodeArgs& a) {
     const int t = threadIdx.x, lane = t % 32;
     const size_t e0 = size_t(row) * a.n_head * HD + size_t(h0) * HD;  // first element in the row
     int8_t* xq = a.xq + e0;
@@ -289,7 +287,6 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
             for (int i = 0; i < 8; i++) v[i] = vals[b * 256 + lane * 8 + i];
             int q[8];
             const float2 dq = detail::q8k_block(v, lane, q);
-            if (!real) continue;  // a dry pass (attn_decode_tiled's warm_code)
             detail::store_q8(xq + b * 256 + lane * 8, q);
             if ((lane & 3) == 0) xd[b * 8 + (lane >> 2)] = dq;
         }
@@ -305,7 +302,7 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
             for (int i = 0; i < 4; i++) v[i] = vals[b * 32 + sub * 4 + i];
         int q[4];
         const float2 dq = q81 ? detail::q8_block<4, true>(v, q) : detail::q8_block<4, false>(v, q);
-        if (live && real) {
+        if (live) {
             detail::store_q8(xq + b * 32 + sub * 4, q);
             if (sub == 0) xd[b] = dq;
         }
@@ -376,7 +373,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         }
         return n;
     };
-    auto put_newest = [&](int tile, int cc, const Newest& n, bool real) {
+    auto put_newest = [&](int tile, int cc, const Newest& n) {
         const int r = newest - (start + tile * TP), buf = tile & 1;
         uint4 kh, vh;
         __half2* k2 = reinterpret_cast<__half2*>(&kh);
@@ -389,7 +386,6 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         }
         *reinterpret_cast<uint4*>(kbuf + (buf * TP + r) * ROW + cc * 8) = kh;
         *reinterpret_cast<uint4*>(vbuf + (buf * TP + r) * ROW + cc * 8) = vh;
-        if (!real) return;
         const size_t off = size_t(newest) * a.kv_dim + cc * 8;
         *reinterpret_cast<uint4*>(a.kc + base + off) = kh;
         *reinterpret_cast<uint4*>(a.vc + base + off) = vh;
@@ -426,285 +422,249 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             detail::rope_angle(newest, a.inv_freq[j], rc[j], rc[HD / 2 + j]);
         __syncthreads();
     }
-    // With warm_code (set with the rope only: the first tiles are in flight before the wait)
-    // what follows runs twice: once before the wait, dry, on whatever q, k and v hold then and
-    // on the first tile only, storing nothing outside shared memory and counting nothing, so
-    // that its instructions are in this multiprocessor's instruction cache when it runs for real
-    // after the wait. One copy of the code (a loop, not unrolled): the dry pass warms the very
-    // instructions the real one runs. Shared memory the dry pass wrote is written again before
-    // it is read.
-    __shared__ int last;  // the merge: whether this slice finished last
-#pragma unroll 1
-    for (int pass = a.warm_code ? 0 : 1; pass < 2; ++pass) {
-        const bool real = pass == 1;
-        if (real) {
-            if (a.warm_code) __syncthreads();  // every thread is past the dry pass
-            // q and the cache come from the kernels before (this may be a programmatic dependent
-            // launch)
-            pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new,
-                     a.v_new);
-            if (t == 0) {
-                NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
-                NT_PHASE_MARK(marks, phase::kWaited);
-            }
-            if (issued == 0) load_tile(issued++);
-        }
-        // The newest k and v and q are each a trip to L2 (or further): all are requested before any
-        // is used.
-        int first_newest = -1;  // the loaded tile that holds the newest position, if any
-        for (int i = 0; i < issued; i++)
-            if (holds_newest(i)) first_newest = i;
-        const bool put_first = first_newest >= 0 && t < CH;
-        Newest nkv;
-        if (put_first) nkv = load_newest(t);
+    // q and the cache come from the kernels before (this may be a programmatic dependent launch)
+    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
+    if (t == 0) {
+        NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
+        NT_PHASE_MARK(marks, phase::kWaited);
+    }
+    if (issued == 0) load_tile(issued++);
+    // The newest k and v and q are each a trip to L2 (or further): all are requested before any
+    // is used.
+    int first_newest = -1;  // the loaded tile that holds the newest position, if any
+    for (int i = 0; i < issued; i++)
+        if (holds_newest(i)) first_newest = i;
+    const bool put_first = first_newest >= 0 && t < CH;
+    Newest nkv;
+    if (put_first) nkv = load_newest(t);
 
-        // q, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
-        const float2* qrow =
-            reinterpret_cast<const float2*>(a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD);
-        for (int i = t; i < G * HD / 2; i += NT) {
-            float2 v = qrow[i];
-            if (rope) {
-                const int j = i % (HD / 2);
-                v = detail::rope_turn(v.x, v.y, rc[j], rc[HD / 2 + j]);
-            }
-            reinterpret_cast<float2*>(qs)[i] = v;
+    // q, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
+    const float2* qrow =
+        reinterpret_cast<const float2*>(a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD);
+    for (int i = t; i < G * HD / 2; i += NT) {
+        float2 v = qrow[i];
+        if (rope) {
+            const int j = i % (HD / 2);
+            v = detail::rope_turn(v.x, v.y, rc[j], rc[HD / 2 + j]);
         }
-        if (put_first) put_newest(first_newest, t, nkv, real);
-        if (t < G) {
-            ms[t] = -INFINITY;
-            ls[t] = 0.0;
-        }
+        reinterpret_cast<float2*>(qs)[i] = v;
+    }
+    if (put_first) put_newest(first_newest, t, nkv);
+    if (t < G) {
+        ms[t] = -INFINITY;
+        ls[t] = 0.0;
+    }
 
-        const int sp = t % TP, sg = t / TP;              // score phase
-        const int d2 = t % (HD / 2), pg = t / (HD / 2);  // P*V phase
-        const int warp = t / 32, lane = t % 32;          // softmax phase
-        double2 acc[MAXJ_PV];
+    const int sp = t % TP, sg = t / TP;              // score phase
+    const int d2 = t % (HD / 2), pg = t / (HD / 2);  // P*V phase
+    const int warp = t / 32, lane = t % 32;          // softmax phase
+    double2 acc[MAXJ_PV];
 #pragma unroll
-        for (int j = 0; j < MAXJ_PV; j++) acc[j] = make_double2(0.0, 0.0);
+    for (int j = 0; j < MAXJ_PV; j++) acc[j] = make_double2(0.0, 0.0);
 
-        const int tiles = real ? n_tiles : 1;  // the dry pass issues no load
-        for (int tile = 0; tile < tiles; tile++) {
-            const int buf = tile & 1;
-            if (tile + 1 < tiles) {
-                if (issued == tile + 1) {
-                    load_tile(issued++);
-                    if (holds_newest(tile + 1) && t < CH)
-                        put_newest(tile + 1, t, load_newest(t), real);
-                }
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int buf = tile & 1;
+        if (tile + 1 < n_tiles) {
+            if (issued == tile + 1) {
+                load_tile(issued++);
+                if (holds_newest(tile + 1) && t < CH) put_newest(tile + 1, t, load_newest(t));
             }
-            __syncthreads();
-            if (real && tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kFirstData);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kFirstData);
 
-            const int np = min(TP, end - (start + tile * TP));  // positions of this tile
-            // scores
-            if (sp < np) {
-                const __half* kr = kbuf + (buf * TP + sp) * ROW;
-                // The CPU's order: one product after another, each rounded, dims in order.
-                float sc[MAXJ_S];
+        const int np = min(TP, end - (start + tile * TP));  // positions of this tile
+        // scores
+        if (sp < np) {
+            const __half* kr = kbuf + (buf * TP + sp) * ROW;
+            // The CPU's order: one product after another, each rounded, dims in order.
+            float sc[MAXJ_S];
 #pragma unroll
-                for (int j = 0; j < MAXJ_S; j++) sc[j] = 0.f;
+            for (int j = 0; j < MAXJ_S; j++) sc[j] = 0.f;
 #pragma unroll 2
-                for (int c = 0; c < HD; c += 8) {
-                    const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
-                    float k[8];
-                    *reinterpret_cast<float2*>(k) =
-                        __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
-                    *reinterpret_cast<float2*>(k + 2) =
-                        __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
-                    *reinterpret_cast<float2*>(k + 4) =
-                        __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
-                    *reinterpret_cast<float2*>(k + 6) =
-                        __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+            for (int c = 0; c < HD; c += 8) {
+                const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
+                float k[8];
+                *reinterpret_cast<float2*>(k) = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+                *reinterpret_cast<float2*>(k + 2) = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+                *reinterpret_cast<float2*>(k + 4) = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
+                *reinterpret_cast<float2*>(k + 6) = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
 #pragma unroll
-                    for (int j = 0; j < MAXJ_S; j++) {
-                        const int g = sg + C::SETS_S * j;
-                        if (g < G) {
-                            float q[8];
-                            *reinterpret_cast<float4*>(q) =
-                                *reinterpret_cast<const float4*>(qs + g * HD + c);
-                            *reinterpret_cast<float4*>(q + 4) =
-                                *reinterpret_cast<const float4*>(qs + g * HD + c + 4);
+                for (int j = 0; j < MAXJ_S; j++) {
+                    const int g = sg + C::SETS_S * j;
+                    if (g < G) {
+                        float q[8];
+                        *reinterpret_cast<float4*>(q) = *reinterpret_cast<const float4*>(qs + g * HD + c);
+                        *reinterpret_cast<float4*>(q + 4) = *reinterpret_cast<const float4*>(qs + g * HD + c + 4);
 #pragma unroll
-                            for (int e = 0; e < 8; e++)
-                                sc[j] = __fadd_rn(sc[j], __fmul_rn(q[e], k[e]));
-                        }
+                        for (int e = 0; e < 8; e++) sc[j] = __fadd_rn(sc[j], __fmul_rn(q[e], k[e]));
                     }
                 }
-#pragma unroll
-                for (int j = 0; j < MAXJ_S; j++) {
-                    const int g = sg + C::SETS_S * j;
-                    if (g < G) ps[g * TP + sp] = __fmul_rn(sc[j], a.scale);
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < MAXJ_S; j++) {
-                    const int g = sg + C::SETS_S * j;
-                    if (g < G) ps[g * TP + sp] = -INFINITY;
-                }
             }
-            __syncthreads();
-
-            // the tile's softmax per head (lane takes positions lane, lane + 32, ...), merged into
-            // the running (max, sum) in double
-            for (int g = warp; g < G; g += NT / 32) {
-                float s[PL], mx = -INFINITY;
 #pragma unroll
-                for (int i = 0; i < PL; i++) {
-                    s[i] = ps[g * TP + lane + 32 * i];
-                    mx = fmaxf(mx, s[i]);
-                }
-                mx = warp_max(mx);  // finite: the tile has a position
-                double e = 0.0;
-#pragma unroll
-                for (int i = 0; i < PL; i++) {
-                    s[i] = __double2float_rn(
-                        detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
-                    e += double(s[i]);
-                }
-                const double sum = warp_sum(e);
-#pragma unroll
-                for (int i = 0; i < PL; i++) ps[g * TP + lane + 32 * i] = s[i];
-                if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g]);
+            for (int j = 0; j < MAXJ_S; j++) {
+                const int g = sg + C::SETS_S * j;
+                if (g < G) ps[g * TP + sp] = __fmul_rn(sc[j], a.scale);
             }
-            __syncthreads();
-
-            // the tile's P * V in float, positions in order; then acc = acc * c_old + PV * c_new
-            {
-                const __half* vr = vbuf + buf * TP * ROW + 2 * d2;
-                float2 pv[MAXJ_PV];
+        } else {
 #pragma unroll
-                for (int j = 0; j < MAXJ_PV; j++) pv[j] = make_float2(0.f, 0.f);
+            for (int j = 0; j < MAXJ_S; j++) {
+                const int g = sg + C::SETS_S * j;
+                if (g < G) ps[g * TP + sp] = -INFINITY;
+            }
+        }
+        __syncthreads();
+
+        // the tile's softmax per head (lane takes positions lane, lane + 32, ...), merged into
+        // the running (max, sum) in double
+        for (int g = warp; g < G; g += NT / 32) {
+            float s[PL], mx = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < PL; i++) {
+                s[i] = ps[g * TP + lane + 32 * i];
+                mx = fmaxf(mx, s[i]);
+            }
+            mx = warp_max(mx);  // finite: the tile has a position
+            double e = 0.0;
+#pragma unroll
+            for (int i = 0; i < PL; i++) {
+                s[i] = __double2float_rn(detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
+                e += double(s[i]);
+            }
+            const double sum = warp_sum(e);
+#pragma unroll
+            for (int i = 0; i < PL; i++) ps[g * TP + lane + 32 * i] = s[i];
+            if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g]);
+        }
+        __syncthreads();
+
+        // the tile's P * V in float, positions in order; then acc = acc * c_old + PV * c_new
+        {
+            const __half* vr = vbuf + buf * TP * ROW + 2 * d2;
+            float2 pv[MAXJ_PV];
+#pragma unroll
+            for (int j = 0; j < MAXJ_PV; j++) pv[j] = make_float2(0.f, 0.f);
 #pragma unroll 8
-                for (int p = 0; p < np; p++) {
-                    const float2 vf =
-                        __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
-#pragma unroll
-                    for (int j = 0; j < MAXJ_PV; j++) {
-                        const int g = pg + C::SETS_PV * j;
-                        if (g < G) {
-                            const float w = ps[g * TP + p];
-                            pv[j].x = __fadd_rn(pv[j].x, __fmul_rn(w, vf.x));
-                            pv[j].y = __fadd_rn(pv[j].y, __fmul_rn(w, vf.y));
-                        }
-                    }
-                }
+            for (int p = 0; p < np; p++) {
+                const float2 vf = __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
 #pragma unroll
                 for (int j = 0; j < MAXJ_PV; j++) {
                     const int g = pg + C::SETS_PV * j;
                     if (g < G) {
-                        const double c_old = co[g], c_new = cn[g];
-                        acc[j].x = acc[j].x * c_old + double(pv[j].x) * c_new;
-                        acc[j].y = acc[j].y * c_old + double(pv[j].y) * c_new;
+                        const float w = ps[g * TP + p];
+                        pv[j].x = __fadd_rn(pv[j].x, __fmul_rn(w, vf.x));
+                        pv[j].y = __fadd_rn(pv[j].y, __fmul_rn(w, vf.y));
                     }
                 }
             }
-            __syncthreads();  // the next iteration's load overwrites the buffer just read
+#pragma unroll
+            for (int j = 0; j < MAXJ_PV; j++) {
+                const int g = pg + C::SETS_PV * j;
+                if (g < G) {
+                    const double c_old = co[g], c_new = cn[g];
+                    acc[j].x = acc[j].x * c_old + double(pv[j].x) * c_new;
+                    acc[j].y = acc[j].y * c_old + double(pv[j].y) * c_new;
+                }
+            }
         }
+        __syncthreads();  // the next iteration's load overwrites the buffer just read
+    }
 
 #pragma unroll
-        for (int j = 0; j < MAXJ_PV; j++) {
-            const int g = pg + C::SETS_PV * j;
-            if (g >= G) continue;
-            const int h = h0 + g;
-            if (live == 1) {  // the whole context in this slice: its softmax is complete
-                const double l = ls[g];
-                const float2 o = make_float2(float(acc[j].x / l), float(acc[j].y / l));
-                if (real)
-                    *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD +
-                                               size_t(h) * HD + 2 * d2) = o;
-                if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + 2 * d2) = o;
-            } else if (real) {
-                const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
-                *reinterpret_cast<double2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
-                if (d2 == 0) a.part_ml[idx] = make_double2(ms[g], ls[g]);
-            }
+    for (int j = 0; j < MAXJ_PV; j++) {
+        const int g = pg + C::SETS_PV * j;
+        if (g >= G) continue;
+        const int h = h0 + g;
+        if (live == 1) {  // the whole context in this slice: its softmax is complete
+            const double l = ls[g];
+            const float2 o = make_float2(float(acc[j].x / l), float(acc[j].y / l));
+            *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h) * HD +
+                                       2 * d2) = o;
+            if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + 2 * d2) = o;
+        } else {
+            const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
+            *reinterpret_cast<double2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
+            if (d2 == 0) a.part_ml[idx] = make_double2(ms[g], ls[g]);
         }
-        if (live == 1) {
-            if (a.qmode >= 0) {
-                __syncthreads();
-                quantize_heads<HD, NT>(qs, G, row, h0, a, real);
-            }
-            if (!real) continue;
-            if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
-            return;
-        }
-
-        // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
-        // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
-        // The slices count themselves as arrival.cuh describes.
-        if (a.sc_fences) __threadfence();
-        __syncthreads();  // this slice's partials are written before thread 0 counts them
-        if (t == 0) {
-            int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
-            if (!real)
-                last = 1;  // the dry pass merges whatever the partials hold, and counts nothing
-            else
-                last = (a.sc_fences ? atomicAdd(done, 1) : arrive_acq_rel(done, 1)) == live - 1;
-            if (real && last)
-                *done = 0;  // every other slice has counted: ready for the next launch
-        }
-        __syncthreads();  // and thread 0's acquire is before any thread reads the others' partials
-        if (!last) {
-            if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
-            return;
-        }
-        if (a.sc_fences) __threadfence();
-        static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
-                      "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
-        // Every read here comes from L2 and waits on the one before it unless issued together:
-        // each (m, l) is read once, and the partials are read eight slices at a time. In double,
-        // as the CPU merges its chunks.
-        for (int g = warp; g < G; g += NT / 32) {
-            const double2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
-            const double2 none = make_double2(-INFINITY, 0.0);
-            const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
-            const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
-            const double M =
-                warp_max(fmax(ml0.x, ml1.x));  // finite: every live slice has positions
-            const double w0 = detail::exp_lean(ml0.x - M),
-                         w1 = detail::exp_lean(ml1.x - M);  // 0 past `live`
-            const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
-            if (lane < live) wts[g * TP + lane] = w0;
-            if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
-            if (lane == 0) ls[g] = L;
-        }
-        __syncthreads();
-        constexpr int kBatch = 4;  // slices in flight (each a double2: 64 registers a thread)
-        for (int u = t; u < G * HD / 2; u += NT) {  // 2 consecutive dims of one head
-            const int g = u / (HD / 2), d = (u % (HD / 2)) * 2;
-            const double2* pa = reinterpret_cast<const double2*>(
-                a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
-            const double* w = wts + g * TP;
-            double2 o = make_double2(0.0, 0.0);
-            for (int s0 = 0; s0 < live; s0 += kBatch) {
-                double2 v[kBatch];
-#pragma unroll
-                for (int i = 0; i < kBatch; i++)
-                    if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 2));
-#pragma unroll
-                for (int i = 0; i < kBatch; i++)
-                    if (s0 + i < live) {
-                        const double ws = w[s0 + i];
-                        o.x += v[i].x * ws;
-                        o.y += v[i].y * ws;
-                    }
-            }
-            const double L = ls[g];
-            const float2 of = make_float2(float(o.x / L), float(o.y / L));
-            if (real)
-                *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD +
-                                           size_t(h0 + g) * HD + d) = of;
-            if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + d) = of;
-        }
+    }
+    if (live == 1) {
         if (a.qmode >= 0) {
             __syncthreads();
-            quantize_heads<HD, NT>(qs, G, row, h0, a, real);
+            quantize_heads<HD, NT>(qs, G, row, h0, a);
         }
-        if (real && t == 0) NT_PHASE_MARK(marks, phase::kDone);
-    }  // the passes
+        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
+        return;
+    }
+
+    // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
+    // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
+    // The slices count themselves as arrival.cuh describes.
+    __shared__ int last;
+    if (a.sc_fences) __threadfence();
+    __syncthreads();  // this slice's partials are written before thread 0 counts them
+    if (t == 0) {
+        int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
+        last = (a.sc_fences ? atomicAdd(done, 1) : arrive_acq_rel(done, 1)) == live - 1;
+        if (last) *done = 0;  // every other slice has counted: ready for the next launch
+    }
+    __syncthreads();  // and thread 0's acquire is before any thread reads the others' partials
+    if (!last) {
+        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
+        return;
+    }
+    if (a.sc_fences) __threadfence();
+    static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
+                  "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
+    // Every read here comes from L2 and waits on the one before it unless issued together:
+    // each (m, l) is read once, and the partials are read eight slices at a time. In double,
+    // as the CPU merges its chunks.
+    for (int g = warp; g < G; g += NT / 32) {
+        const double2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
+        const double2 none = make_double2(-INFINITY, 0.0);
+        const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
+        const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
+        const double M = warp_max(fmax(ml0.x, ml1.x));  // finite: every live slice has positions
+        const double w0 = detail::exp_lean(ml0.x - M), w1 = detail::exp_lean(ml1.x - M);  // 0 past `live`
+        const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
+        if (lane < live) wts[g * TP + lane] = w0;
+        if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
+        if (lane == 0) ls[g] = L;
+    }
+    __syncthreads();
+    constexpr int kBatch = 4;  // slices in flight (each a double2: 64 registers a thread)
+    for (int u = t; u < G * HD / 2; u += NT) {  // 2 consecutive dims of one head
+        const int g = u / (HD / 2), d = (u % (HD / 2)) * 2;
+        const double2* pa = reinterpret_cast<const double2*>(
+            a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
+        const double* w = wts + g * TP;
+        double2 o = make_double2(0.0, 0.0);
+        for (int s0 = 0; s0 < live; s0 += kBatch) {
+            double2 v[kBatch];
+#pragma unroll
+            for (int i = 0; i < kBatch; i++)
+                if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 2));
+#pragma unroll
+            for (int i = 0; i < kBatch; i++)
+                if (s0 + i < live) {
+                    const double ws = w[s0 + i];
+                    o.x += v[i].x * ws;
+                    o.y += v[i].y * ws;
+                }
+        }
+        const double L = ls[g];
+        const float2 of = make_float2(float(o.x / L), float(o.y / L));
+        *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d) =
+            of;
+        if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + d) = of;
+    }
+    if (a.qmode >= 0) {
+        __syncthreads();
+        quantize_heads<HD, NT>(qs, G, row, h0, a);
+    }
+    if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
 }
 
 // Merges the slices of one (row, head), in double as the tiled kernel's last slice does:
@@ -1325,7 +1285,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.xd = nullptr;
     a.qmode = -1;
     a.sc_fences = arrival_sc_fences();
-    a.warm_code = false;
     a.k_new = a.v_new = a.inv_freq = nullptr;
     // The wide tiled form: version 3, or version 0 unless NT_ATTN_WIDE=0.
     const bool wide =
@@ -1336,7 +1295,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
         a.k_new = rope->k;
         a.v_new = rope->v;
         a.inv_freq = rope->inv_freq;
-        a.warm_code = pdl && warm_code_enabled(kWarmCodeAttention);
     }
     const bool tiled = version == 2 || wide || (version == 0 && attn_has_fast_decode(s));
     if (tiled && !attn_has_fast_decode(s))

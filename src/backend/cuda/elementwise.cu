@@ -284,7 +284,7 @@ constexpr int kQ80 = int(detail::ActQuant::Q8_0), kQ81 = int(detail::ActQuant::Q
 template <GgmlType WT, int MODE>
 __global__ void __launch_bounds__(1024)
     add_rmsnorm_kernel(float* x, const float* y, const uint8_t* w, int dim, float eps, float* out,
-                       int8_t* xq, float2* xd, bool warm_code) {
+                       int8_t* xq, float2* xd) {
     NT_PHASE_TIME(t_entry);
     NT_PHASE_SLOTS(marks);
     __shared__ double red[32];
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(1024)
     const int t = threadIdx.x;
     if (t == 0) NT_PHASE_RESERVE(marks, phase::kNorm, w, 3);
     const int64_t e0 = int64_t(blockIdx.x) * dim + t * 8;  // this thread's first element
-    float wv[8];
+    float v[8], wv[8];
     // The norm's weights before the wait (nothing in the stream writes them; their latency
     // hides behind the kernel before when this one is a programmatic dependent launch).
     if constexpr (WT == GgmlType::F32) {
@@ -306,59 +306,41 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
         for (int i = 0; i < 8; ++i) wv[i] = elem<WT>(w, t * 8 + i);
     }
-    // With warm_code (warm_code_enabled) the body runs twice: once before the wait on whatever
-    // x and y hold then, storing nothing, so that its instructions are in this multiprocessor's
-    // instruction cache when it runs for real after the wait. One copy of the body (a loop, not
-    // unrolled): the dry pass warms the very instructions the real one runs.
-#pragma unroll 1
-    for (int pass = warm_code ? 0 : 1; pass < 2; ++pass) {
-        const bool real = pass == 1;
-        if (real) {
-            if (warm_code) __syncthreads();  // the dry pass's reads of `red` are done
-            pdl_wait(x, y, out, xq, xd);
-            if (t == 0) {
-                NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
-                NT_PHASE_MARK(marks, phase::kWaited);
-            }
-        }
-        float v[8];
-        {
-            const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
-            const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
-            v[7] = b.w;
-        }
-        if (y) {
-            const float4 a = reinterpret_cast<const float4*>(y + e0)[0];
-            const float4 b = reinterpret_cast<const float4*>(y + e0)[1];
-            v[0] = addf(v[0], a.x), v[1] = addf(v[1], a.y), v[2] = addf(v[2], a.z),
-            v[3] = addf(v[3], a.w), v[4] = addf(v[4], b.x), v[5] = addf(v[5], b.y),
-            v[6] = addf(v[6], b.z), v[7] = addf(v[7], b.w);
-            if (real) {
-                reinterpret_cast<float4*>(x + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
-                reinterpret_cast<float4*>(x + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
-            }
-        }
-        double s = 0;
+    pdl_wait(x, y, out, xq, xd);
+    if (t == 0) {
+        NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
+        NT_PHASE_MARK(marks, phase::kWaited);
+    }
+    {
+        const float4 a = reinterpret_cast<const float4*>(x + e0)[0];
+        const float4 b = reinterpret_cast<const float4*>(x + e0)[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+        v[7] = b.w;
+    }
+    if (y) {
+        const float4 a = reinterpret_cast<const float4*>(y + e0)[0];
+        const float4 b = reinterpret_cast<const float4*>(y + e0)[1];
+        v[0] = addf(v[0], a.x), v[1] = addf(v[1], a.y), v[2] = addf(v[2], a.z),
+        v[3] = addf(v[3], a.w), v[4] = addf(v[4], b.x), v[5] = addf(v[5], b.y),
+        v[6] = addf(v[6], b.z), v[7] = addf(v[7], b.w);
+        reinterpret_cast<float4*>(x + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        reinterpret_cast<float4*>(x + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    double s = 0;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) s += double(v[i]) * double(v[i]);
-        const float scale = norm_scale(block_sum(s, red), dim, eps);
+    for (int i = 0; i < 8; ++i) s += double(v[i]) * double(v[i]);
+    const float scale = norm_scale(block_sum(s, red), dim, eps);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = mul(mul(v[i], scale), wv[i]);
-        if (real) {
-            reinterpret_cast<float4*>(out + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
-            reinterpret_cast<float4*>(out + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
-        }
-        if constexpr (MODE != kNoQuant) {
-            int q[8];
-            const float2 dq = MODE == kQ8K ? detail::q8k_block(v, t & 31, q)
-                                           : detail::q8_block<8, MODE == kQ81>(v, q);
-            if (real) {
-                detail::store_q8(xq + e0, q);
-                // Both layouts keep one pair per 32 elements, and 4 threads cover 32.
-                if ((t & 3) == 0) xd[e0 / 32] = dq;
-            }
-        }
+    for (int i = 0; i < 8; ++i) v[i] = mul(mul(v[i], scale), wv[i]);
+    reinterpret_cast<float4*>(out + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(out + e0)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    if constexpr (MODE != kNoQuant) {
+        int q[8];
+        const float2 dq = MODE == kQ8K ? detail::q8k_block(v, t & 31, q)
+                                       : detail::q8_block<8, MODE == kQ81>(v, q);
+        detail::store_q8(xq + e0, q);
+        // Both layouts keep one pair per 32 elements, and 4 threads cover 32.
+        if ((t & 3) == 0) xd[e0 / 32] = dq;
     }
     if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
 }
@@ -529,7 +511,7 @@ void launch_add_rmsnorm(int mode, float* x, const float* y, const uint8_t* w, in
     const dim3 grid{unsigned(n)}, threads{unsigned(dim / 8)};
     auto go = [&](auto kernel) {
         launch_kernel(pdl, kernel, grid, threads, 0, stream, "add_rmsnorm kernel", x, y, w, dim,
-                      eps, out, xq, xd, pdl && warm_code_enabled(kWarmCodeNorm));
+                      eps, out, xq, xd);
     };
     switch (mode) {
         case kNoQuant:

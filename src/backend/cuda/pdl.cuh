@@ -47,17 +47,6 @@ inline bool pdl_prefetch_enabled() {
     return on;
 }
 
-// Kernels whose body may run once before their programmatic wait, dry (storing nothing), so
-// that its instructions are in the multiprocessor's instruction cache when it runs for real
-// (NT_WARM_CODE, a mask of these; 0 unless set, for A/B runs). The latency-bound kernels of a
-// decode step (the attention, the norms) run a long stretch of code once, on a multiprocessor
-// where six other kernels ran since they last did.
-constexpr int kWarmCodeAttention = 1, kWarmCodeNorm = 2;
-inline bool warm_code_enabled(int kernel) {
-    static const int mask = int(env_int("NT_WARM_CODE", 0));
-    return (mask & kernel) != 0;
-}
-
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent launch when
 // `pdl`; `what` names the kernel in the error.
 template <typename... Params, typename... Args>
