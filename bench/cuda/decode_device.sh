@@ -36,8 +36,6 @@
 #   bench/cuda/decode_device.sh l2       # 8B tg128 (AB_MODELS) with the feed-forward's first weights requested
 #                                        # into L2 during the attention as shipped, none and by size (NT_L2_WARM)
 #   bench/cuda/decode_device.sh l2after  # the same after the o projection's wait (NT_L2_WARM_AFTER=1), by size
-#   bench/cuda/decode_device.sh qkvwarm  # 8B Q4_K_M tg128 with the Q6_K v requested into L2 by the q/k stack
-#                                        # before its wait (NT_QKV_WARM=1) against without
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -331,12 +329,6 @@ EOF
         tg128_each l2after NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM_AFTER=1 \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=4194304" "NT_L2_WARM_AFTER=1 NT_L2_WARM=8388608" \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=16777216" NT_AS_SHIPPED=1 NT_L2_WARM_AFTER=1
-        ;;
-    qkvwarm)
-        # Q4_K_M's Q6_K v (the half of the layers where it does not stack with q and k) asked
-        # of L2 by the q/k stack's launch before its wait (NT_QKV_WARM=1), against as shipped.
-        AB_MODELS=q4_k_m tg128_each qkvwarm NT_AS_SHIPPED=1 NT_QKV_WARM=1 NT_AS_SHIPPED=1 \
-            NT_QKV_WARM=1 NT_AS_SHIPPED=1 NT_QKV_WARM=1
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of

@@ -811,66 +811,6 @@ TEST(MatmulL2Warm, RequestsGoWithOneLaunchAndMoveNoBit) {
     cudaStreamDestroy(s);
 }
 
-// Q4_K_M's layers whose v is Q6_K: q and k go as one stacked launch and v after it; with
-// MatmulWorkspace::qkv_warm the stack's launch requests v's weights into L2 before its wait
-// (when it goes out early). The requests are hints: q, k and v keep the bits of three matmuls,
-// and a q/k/v that stacks whole (nothing left over) carries none.
-TEST(MatmulL2Warm, QkvLeftoverRequestedByTheStack) {
-    SKIP_WITHOUT_GPU();
-    const int64_t cols = 4096, nq = 4096, nkv = 1024;
-    cudaStream_t s, side[2];
-    cudaEvent_t fork, join[2];
-    ck(cudaStreamCreate(&s));
-    for (int i = 0; i < 2; ++i) {
-        ck(cudaStreamCreate(&side[i]));
-        ck(cudaEventCreateWithFlags(&join[i], cudaEventDisableTiming));
-    }
-    ck(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    const ncu::Fork3 f{{side[0], side[1]}, fork, {join[0], join[1]}};
-    Workspace ws(ncu::matmul_workspace_bytes(cols, nq, 1), s);
-    Rng rng(31);
-    std::vector<float> x(cols);
-    for (auto& v : x) v = rng.normal();
-    Dev<float> dx(x), dq(nq), dk(nkv), dv(nkv);
-    const bool early = ws.ws.pdl && nt::env_switch("NT_PDL_PREFETCH") &&
-                       ncu::detail::gemv_stack_tma(GgmlType::Q4_K, nq + nkv, cols, 1);
-    for (GgmlType vt : {GgmlType::Q6_K, GgmlType::Q4_K}) {
-        const std::vector<uint8_t> hq = random_weights(GgmlType::Q4_K, nq, cols, 32),
-                                   hk = random_weights(GgmlType::Q4_K, nkv, cols, 33),
-                                   hv = random_weights(vt, nkv, cols, 34);
-        Dev<uint8_t> wq(hq), wk(hk), wv(hv);
-        const nt::WeightView w[3] = {{GgmlType::Q4_K, cols, nq, wq.p, hq.size()},
-                                     {GgmlType::Q4_K, cols, nkv, wk.p, hk.size()},
-                                     {vt, cols, nkv, wv.p, hv.size()}};
-        float* const y[3] = {dq.p, dk.p, dv.p};
-        std::vector<float> want[3];
-        for (int i = 0; i < 3; ++i) {
-            ncu::matmul(w[i], dx.p, 1, y[i], ws.ws, s);
-            ck(cudaStreamSynchronize(s));
-            want[i] = i == 0 ? dq.get() : i == 1 ? dk.get() : dv.get();
-        }
-        for (bool warm : {false, true}) {
-            ws.ws.qkv_warm = warm;
-            const int64_t before = ws.ws.warm_launches;
-            ASSERT_TRUE(ncu::matmul_qkv(w, dx.p, 1, y, ws.ws, s, f));
-            ck(cudaStreamSynchronize(s));
-            const std::string what = std::string(nt::type_name(vt)) + (warm ? " warm" : "");
-            EXPECT_EQ(0, std::memcmp(dq.get().data(), want[0].data(), nq * sizeof(float))) << what;
-            EXPECT_EQ(0, std::memcmp(dk.get().data(), want[1].data(), nkv * sizeof(float))) << what;
-            EXPECT_EQ(0, std::memcmp(dv.get().data(), want[2].data(), nkv * sizeof(float))) << what;
-            const bool carried = warm && early && vt != GgmlType::Q4_K;
-            EXPECT_EQ(ws.ws.warm_launches - before, carried ? 1 : 0) << what;
-            EXPECT_EQ(ncu::detail::pending_l2_warm().bytes, 0) << what;
-        }
-    }
-    for (int i = 0; i < 2; ++i) {
-        cudaEventDestroy(join[i]);
-        cudaStreamDestroy(side[i]);
-    }
-    cudaEventDestroy(fork);
-    cudaStreamDestroy(s);
-}
-
 // Rows too long for the pipe kernel's TMA form whole (70B's 28672 columns; Q4_K's and Q6_K's
 // 14336; Q6_K's 8192; Q8_0's 14336) go in column slices whose sums the CTA of each row range
 // adds in order: against the CPU reference, the same bits on every launch, with and without

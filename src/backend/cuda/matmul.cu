@@ -6,7 +6,6 @@
 
 #include "backend/cuda/arrival.cuh"
 #include "backend/cuda/cuda_check.cuh"
-#include "backend/cuda/device_limits.cuh"
 #include "backend/cuda/matmul.cuh"
 #include "backend/cuda/matmul_gemv.cuh"
 #include "backend/cuda/matmul_kernels.cuh"
@@ -149,7 +148,6 @@ void matmul_init(MatmulWorkspace& ws, void* buf, size_t bytes, cudaStream_t stre
     NT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
                   "cudaDeviceGetAttribute");
     ws.pdl = major >= 9 && env_switch("NT_PDL");
-    ws.qkv_warm = env_int("NT_QKV_WARM", 0) != 0;
     ws.exact = prompt_exact();
     NT_CUDA_CHECK(cublasCreate(&ws.cublas), "cublasCreate");
     NT_CUDA_CHECK(cublasSetStream(ws.cublas, stream), "cublasSetStream");
@@ -311,23 +309,6 @@ int qkv_stack_mode() {
     return mode;
 }
 
-// The L2 requests for the matrices that do not stack (at most two; the first `bytes` of each,
-// whole 16-byte units of 16-byte aligned weights, at most a third of L2 each, as
-// CudaBackend::warm_weights sizes its own); none where one is not aligned.
-L2Warm qkv_leftovers_warm(const WeightView (&w)[3], const bool (&stacked)[3]) {
-    L2Warm warm;
-    int64_t bytes = detail::device_limits().l2 / 3;
-    int m = 0;
-    for (int i = 0; i < 3; ++i) {
-        if (stacked[i]) continue;
-        if (reinterpret_cast<uintptr_t>(w[i].data) % 16 != 0 || m == 2) return {};
-        warm.p[m++] = static_cast<const uint8_t*>(w[i].data);
-        bytes = std::min(bytes, int64_t(w[i].nbytes));
-    }
-    warm.bytes = m > 0 ? bytes / 16 * 16 : 0;
-    return warm;
-}
-
 // The stacked path of matmul_qkv: false (nothing launched) where no two matrices stack.
 bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float* const (&y)[3],
                  MatmulWorkspace& ws, cudaStream_t stream) {
@@ -351,31 +332,22 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
                    (mode == 2 && detail::gemv_stack_tma(w[i].type, rows, cols, n));
     }
     // The stacks first (one per type), then the matrices left over.
-    detail::GemvStack stacks[3];
-    GgmlType stack_type[3];
-    int n_stacks = 0;
+    bool any = false;
     for (int i = 0; i < 3; ++i) {
         if (!joins[i] || stacked[i]) continue;
         int same[3], count = 0;
         for (int j = i; j < 3; ++j)
             if (joins[j] && w[j].type == w[i].type) same[count++] = j;
         if (count < 2) continue;
+        detail::GemvStack st;
         for (int k = 0; k < count; ++k) {
-            stacks[n_stacks].add(w[same[k]].data, w[same[k]].rows, y[same[k]]);
+            st.add(w[same[k]].data, w[same[k]].rows, y[same[k]]);
             stacked[same[k]] = true;
         }
-        stack_type[n_stacks++] = w[i].type;
+        detail::gemv_stack(w[i].type, st, cols, a.xq, a.xd, n, ws.pdl, stream);
+        any = true;
     }
-    if (n_stacks == 0) return false;
-    // With ws.qkv_warm the first stack's launch asks L2 for the leftovers' weights before its
-    // wait (detail::pending_l2_warm, taken by a TMA launch that goes out early): they are read
-    // from L2 when their GEMV runs after the stack, where the attention waits on it.
-    detail::pending_l2_warm() = ws.qkv_warm ? qkv_leftovers_warm(w, stacked) : L2Warm{};
-    const bool offered = detail::pending_l2_warm().bytes > 0;
-    for (int i = 0; i < n_stacks; ++i)
-        detail::gemv_stack(stack_type[i], stacks[i], cols, a.xq, a.xd, n, ws.pdl, stream);
-    if (offered && detail::pending_l2_warm().bytes == 0) ++ws.warm_launches;
-    detail::pending_l2_warm() = {};
+    if (!any) return false;
     for (int i = 0; i < 3; ++i) {
         if (stacked[i]) continue;
         GemvConfig c = detail::gemv_default(w[i].type, w[i].rows, cols, n, ws.sm_count);

@@ -87,10 +87,6 @@ struct MatmulWorkspace {
     // that matmul.
     L2Warm warm;
     int64_t warm_launches = 0;  // launches that carried a warm (tests)
-    // matmul_qkv: a matrix that runs after the q/k/v stack (Q4_K_M's Q6_K v) requested into
-    // L2 by the stack's launch before its wait, while the norm before it holds the chain: set by
-    // matmul_init unless NT_QKV_WARM=0.
-    bool qkv_warm = false;
 };
 
 // Bytes of workspace that let matmul() run on any weight with at most max_cols columns and
