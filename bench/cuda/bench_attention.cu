@@ -7,6 +7,10 @@
 //                   [--fp32-tops X]
 //                   [--ctx N] [--rows N]   (decode at that context / row count only, no prefill)
 //
+// The fused-rope decode (one row, as a decode step launches it) is timed twice: launched again
+// and again (its code cached on the multiprocessors), and after a kernel whose code evicts it
+// from their instruction caches (as in a decode step, where other kernels ran in between).
+//
 // Versions: decode v1 = generic kernel (a warp per position), v2 = tiled (cp.async double-
 // buffered K/V tiles, all heads of a GQA group per block); prefill v1 = the decode kernel run
 // on every row, v2 = flash attention on tensor cores (mma.sync m16n8k16), v3 = the prefill
@@ -185,6 +189,20 @@ double time_us(int iters, F&& launch) {
     return double(ms) * 1e3 / iters;
 }
 
+// About 200 KB of straight-line code (12288 rounds of an xor and an add with immediates of
+// their own, which the compiler cannot fold; its SASS on sm_90 is one 196 KB pass), run by one
+// warp on every multiprocessor: afterwards no instruction of the kernel timed next is in a
+// multiprocessor's instruction caches, as in a decode step, where six other kernels of 11-59 KB
+// of code each ran there since the attention did. Its code is still in L2, as a decode step's
+// is (the weights stream with the evict-first policy).
+constexpr int kFlushRounds = 12288;
+__global__ void icache_flush_kernel(uint32_t* sink, uint32_t seed) {
+    uint32_t u = seed + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < kFlushRounds; ++i) u = (u ^ (0x9e3779b9u * uint32_t(i + 1))) + uint32_t(i);
+    if (u == 0x12345678u) *sink = u;  // the chain is live; practically never stored
+}
+
 // Decode: `rows` sequences, each one query row at position ctx - 1. Sequences rotate across
 // iterations so that the KV read comes from HBM, not L2.
 void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
@@ -296,6 +314,35 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
                 }
                 std::printf("\n");
             }
+            // The wide form as a decode step runs it: after other kernels' code has filled the
+            // multiprocessors' instruction caches. Each attention follows a flush kernel; its
+            // time is the pair's less the flush's alone.
+            uint32_t* sink = dev_zeros<uint32_t>(1);
+            auto flush = [&] {
+                icache_flush_kernel<<<dev.sm_count, 32, 0, stream>>>(sink, 1);
+                NT_CUDA_CHECK(cudaGetLastError(), "icache_flush_kernel");
+            };
+            const int reps = std::max(1, o.iters / 20);
+            const double flush_us = bench::time_graph_us(stream, 20, reps, [&](int) { flush(); });
+            std::printf("rope fused (one row, wide form), instruction caches cold, graph us:");
+            for (int ctx : {8, 64, 128, 512}) {
+                if (o.ctx && ctx != o.ctx) continue;
+                int32_t* dpos = dev_copy(std::vector<int32_t>(1, ctx - 1));
+                const int splits = attn_decode_splits(s, rows, dev.sm_count);
+                float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
+                int* done = dev_zeros<int>(size_t(s.n_head_kv));
+                const double pair_us = bench::time_graph_us(stream, 20, reps, [&](int i) {
+                    flush();
+                    attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots), drows, 1,
+                                splits, scratch, done, dout, stream, 3, nullptr, true, &rope);
+                });
+                std::printf("  %d: %.1f", ctx, pair_us - flush_us);
+                cudaFree(dpos);
+                cudaFree(scratch);
+                cudaFree(done);
+            }
+            std::printf("  (the flush alone %.1f)\n", flush_us);
+            cudaFree(sink);
             cudaFree(kn);
             cudaFree(vn);
             cudaFree(dfreq);
