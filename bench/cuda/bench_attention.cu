@@ -195,22 +195,15 @@ double time_us(int iters, F&& launch) {
 // multiprocessor's instruction caches, as in a decode step, where six other kernels of 11-59 KB
 // of code each ran there since the attention did. Its code is still in L2, as a decode step's
 // is (the weights stream with the evict-first policy).
-// kUnroll 1 is its control: the same rounds in a loop of a few instructions, so that the
-// kernel timed after it has its code cached but follows a kernel just the same (no overlap
-// with the launch before, as a back-to-back run of the attention has).
+// Without kUnroll it is its own control: the same rounds in a loop of a few instructions, so that
+// the kernel timed after it has its code cached but follows a kernel just the same (no overlap with
+// the launch before, as a back-to-back run of the attention has).
 constexpr int kFlushRounds = 12288;
 template <bool kUnroll>
 __global__ void icache_flush_kernel(uint32_t* sink, uint32_t seed) {
     uint32_t u = seed + threadIdx.x;
-    if constexpr (kUnroll) {
-#pragma unroll
-        for (int i = 0; i < kFlushRounds; ++i)
-            u = (u ^ (0x9e3779b9u * uint32_t(i + 1))) + uint32_t(i);
-    } else {
-#pragma unroll 1
-        for (int i = 0; i < kFlushRounds; ++i)
-            u = (u ^ (0x9e3779b9u * uint32_t(i + 1))) + uint32_t(i);
-    }
+#pragma unroll(kUnroll ? kFlushRounds : 1)
+    for (int i = 0; i < kFlushRounds; ++i) u = (u ^ (0x9e3779b9u * uint32_t(i + 1))) + uint32_t(i);
     if (u == 0x12345678u) *sink = u;  // the chain is live; practically never stored
 }
 
@@ -303,26 +296,30 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
                 freq[j] = std::pow(500000.f, -2.f * float(j) / float(s.head_dim));
             float* dfreq = dev_copy(freq);
             const RopeIn rope{kn, vn, dfreq};
+            // One launch a graph node (with `before` ahead of it, timed alone and taken off) at
+            // ctx positions.
+            const int reps = std::max(1, o.iters / 20);
+            auto rope_us = [&](int ctx, int version, auto&& before) {
+                int32_t* dpos = dev_copy(std::vector<int32_t>(1, ctx - 1));
+                const int splits = attn_decode_splits(s, rows, dev.sm_count);
+                float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
+                int* done = dev_zeros<int>(size_t(s.n_head_kv));
+                const double us = bench::time_graph_us(stream, 20, reps, [&](int i) {
+                    before();
+                    attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots), drows, 1,
+                                splits, scratch, done, dout, stream, version, nullptr, true, &rope);
+                });
+                cudaFree(dpos);
+                cudaFree(scratch);
+                cudaFree(done);
+                return us;
+            };
             for (int version : {2, 3}) {
                 std::printf("rope fused (one row, %s form), graph us:",
                             version == 2 ? "full" : "wide");
-                for (int ctx : {8, 64, 128, 256, 512, 1024, 4096}) {
-                    if (o.ctx && ctx != o.ctx) continue;
-                    int32_t* dpos = dev_copy(std::vector<int32_t>(1, ctx - 1));
-                    const int splits = attn_decode_splits(s, rows, dev.sm_count);
-                    float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
-                    int* done = dev_zeros<int>(size_t(s.n_head_kv));
-                    const double g_us =
-                        bench::time_graph_us(stream, 20, std::max(1, o.iters / 20), [&](int i) {
-                            attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots), drows,
-                                        1, splits, scratch, done, dout, stream, version, nullptr,
-                                        true, &rope);
-                        });
-                    std::printf("  %d: %.1f", ctx, g_us);
-                    cudaFree(dpos);
-                    cudaFree(scratch);
-                    cudaFree(done);
-                }
+                for (int ctx : {8, 64, 128, 256, 512, 1024, 4096})
+                    if (!o.ctx || ctx == o.ctx)
+                        std::printf("  %d: %.1f", ctx, rope_us(ctx, version, [] {}));
                 std::printf("\n");
             }
             // The wide form as a decode step runs it: after other kernels' code has filled the
@@ -331,13 +328,10 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
             // loop of a few instructions) the attention's code stays cached: cold less control
             // is what its code costs it.
             uint32_t* sink = dev_zeros<uint32_t>(1);
-            const int reps = std::max(1, o.iters / 20);
             for (bool cold : {true, false}) {
+                auto* kernel = cold ? icache_flush_kernel<true> : icache_flush_kernel<false>;
                 auto flush = [&] {
-                    if (cold)
-                        icache_flush_kernel<true><<<dev.sm_count, 32, 0, stream>>>(sink, 1);
-                    else
-                        icache_flush_kernel<false><<<dev.sm_count, 32, 0, stream>>>(sink, 1);
+                    kernel<<<dev.sm_count, 32, 0, stream>>>(sink, 1);
                     NT_CUDA_CHECK(cudaGetLastError(), "icache_flush_kernel");
                 };
                 const double flush_us =
@@ -346,22 +340,9 @@ void bench_decode(const Opts& o, const CudaDeviceInfo& dev, double hbm) {
                     "rope fused (one row, wide form), after a kernel, instruction caches "
                     "%s, graph us:",
                     cold ? "cold" : "warm (control)");
-                for (int ctx : {8, 64, 128, 512}) {
-                    if (o.ctx && ctx != o.ctx) continue;
-                    int32_t* dpos = dev_copy(std::vector<int32_t>(1, ctx - 1));
-                    const int splits = attn_decode_splits(s, rows, dev.sm_count);
-                    float* scratch = dev_alloc<float>(attn_decode_scratch_floats(s, rows, splits));
-                    int* done = dev_zeros<int>(size_t(s.n_head_kv));
-                    const double pair_us = bench::time_graph_us(stream, 20, reps, [&](int i) {
-                        flush();
-                        attn_decode(s, dq, cache.k, cache.v, dpos, dseq + (i % n_slots), drows, 1,
-                                    splits, scratch, done, dout, stream, 3, nullptr, true, &rope);
-                    });
-                    std::printf("  %d: %.1f", ctx, pair_us - flush_us);
-                    cudaFree(dpos);
-                    cudaFree(scratch);
-                    cudaFree(done);
-                }
+                for (int ctx : {8, 64, 128, 512})
+                    if (!o.ctx || ctx == o.ctx)
+                        std::printf("  %d: %.1f", ctx, rope_us(ctx, 3, flush) - flush_us);
                 std::printf("  (the kernel before alone %.1f)\n", flush_us);
             }
             cudaFree(sink);
