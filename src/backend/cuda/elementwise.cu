@@ -19,7 +19,6 @@
 #include "backend/cuda/rope.cuh"
 #include "backend/cuda/swiglu.cuh"
 #include "backend/cuda/warp_reduce.cuh"
-#include "core/env.h"
 #include "core/error.h"
 #include "quant/types.h"
 
@@ -285,7 +284,7 @@ constexpr int kQ80 = int(detail::ActQuant::Q8_0), kQ81 = int(detail::ActQuant::Q
 template <GgmlType WT, int MODE>
 __global__ void __launch_bounds__(1024)
     add_rmsnorm_kernel(float* x, const float* y, const uint8_t* w, int dim, float eps, float* out,
-                       int8_t* xq, float2* xd, bool prefetch_x) {
+                       int8_t* xq, float2* xd) {
     NT_PHASE_TIME(t_entry);
     NT_PHASE_SLOTS(marks);
     __shared__ double red[32];
@@ -307,10 +306,6 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
         for (int i = 0; i < 8; ++i) wv[i] = elem<WT>(w, t * 8 + i);
     }
-    // The residual row into L2 before the wait (a request, not a read: L2 is where global
-    // memory is coherent, so it holds whatever the kernels before leave there), one request a
-    // 128-byte line.
-    if (prefetch_x && (t & 3) == 0) asm volatile("prefetch.global.L2 [%0];" ::"l"(x + e0));
     pdl_wait(x, y, out, xq, xd);
     if (t == 0) {
         NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
@@ -514,10 +509,9 @@ void launch_add_rmsnorm(int mode, float* x, const float* y, const uint8_t* w, in
                         float eps, float* out, int8_t* xq, float2* xd, bool pdl,
                         cudaStream_t stream) {
     const dim3 grid{unsigned(n)}, threads{unsigned(dim / 8)};
-    static const bool prefetch_x = env_int("NT_NORM_PREFETCH", 0) != 0;
     auto go = [&](auto kernel) {
         launch_kernel(pdl, kernel, grid, threads, 0, stream, "add_rmsnorm kernel", x, y, w, dim,
-                      eps, out, xq, xd, prefetch_x);
+                      eps, out, xq, xd);
     };
     switch (mode) {
         case kNoQuant:
