@@ -13,6 +13,10 @@ all in us against the end of the kernel before (its last CTA's done mark):
   done       its last CTA done, against its first wait: the work after the handoff
   advance    its last CTA done against the kernel before's (the layer's time is their sum)
 
+Kernels that mark steps inside their work (phase_trace.cuh's kStep1..kStep4) get a second line:
+each step's last CTA against the first wait, like `done` (the attention: its first tile
+scored, weighted, summed, its output written; the norm: its sum of squares reduced).
+
     phase_timeline.py FILE [--layers N]
 """
 import argparse
@@ -27,6 +31,8 @@ ATTENTION = 4  # phase_trace.cuh's Kind
 KINDS = {1: "gemv", 2: "gemv pair", 3: "gemv slices", ATTENTION: "attention", 5: "norm"}
 TYPES = {0: "", 4: " Q4_K", 6: " Q6_K", 8: " Q8_0"}
 ENTRY, WAITED, FIRST, DONE = range(4)
+STEPS = range(4, 8)  # kStep1..kStep4
+MARKS = 8
 SPLIT_NS = 100_000  # one launch's marks lie closer together than this; a token takes ms
 
 
@@ -44,7 +50,7 @@ def launches(recs):
     for part in np.split(recs, cuts):
         if len(part) == 0:
             continue
-        marks = {m: part["t"][part["mark"] == m].astype(np.int64) for m in range(4)}
+        marks = {m: part["t"][part["mark"] == m].astype(np.int64) for m in range(MARKS)}
         if len(marks[DONE]) == 0 or len(marks[WAITED]) == 0:
             continue
         kind = collections.Counter(part["kind"].tolist()).most_common(1)[0][0]
@@ -100,11 +106,16 @@ def main():
                 st["done"].append(l["done"] - l["waited"])
                 st["adv"].append(l["done"] - prev)
                 st["ctas"].append(len(m[WAITED]))
+                for j in STEPS:
+                    st[f"s{j}"].append(m[j].max() - l["waited"] if len(m[j]) else np.nan)
             f = {key: np.nanmean(v) / 1000.0 if key != "ctas" else np.mean(v) for key, v in st.items()}
             total += f["adv"]
             first = f"{f['first']:7.2f}" if not np.isnan(f["first"]) else f"{'':7}"
             print(f"{name(kinds[k]):<18} {f['ctas']:5.0f} {f['start']:7.2f} {f['w0']:7.2f}-{f['w1']:<7.2f} "
                   f"{first} {f['done']:7.2f} {f['adv']:8.2f}")
+            steps = [f[f"s{j}"] for j in STEPS if not np.isnan(f[f"s{j}"])]
+            if steps:
+                print(f"{'  steps':<18} " + " ".join(f"{v:6.2f}" for v in steps))
         print(f"{'the layer':<18} {'':5} {'':7} {'':15} {'':7} {'':7} {total:8.2f}\n")
 
 

@@ -517,6 +517,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             }
         }
         __syncthreads();
+        if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep1);
 
         // the tile's softmax per head (lane takes positions lane, lane + 32, ...), merged into
         // the running (max, sum) in double
@@ -540,6 +541,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g]);
         }
         __syncthreads();
+        if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep2);
 
         // the tile's P * V in float, positions in order; then acc = acc * c_old + PV * c_new
         {
@@ -571,6 +573,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             }
         }
         __syncthreads();  // the next iteration's load overwrites the buffer just read
+        if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep3);
     }
 
 #pragma unroll
@@ -591,6 +594,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
         }
     }
     if (live == 1) {
+        if (t == 0) NT_PHASE_MARK(marks, phase::kStep4);
         if (a.qmode >= 0) {
             __syncthreads();
             quantize_heads<HD, NT>(qs, G, row, h0, a);

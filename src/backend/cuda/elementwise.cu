@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(1024)
     // weights now; it waits for this grid to finish before it reads the activations.
     pdl_trigger();
     const int t = threadIdx.x;
-    if (t == 0) NT_PHASE_RESERVE(marks, phase::kNorm, w, 3);
+    if (t == 0) NT_PHASE_RESERVE(marks, phase::kNorm, w, 4);
     const int64_t e0 = int64_t(blockIdx.x) * dim + t * 8;  // this thread's first element
     float v[8], wv[8];
     // The norm's weights before the wait (nothing in the stream writes them; their latency
@@ -330,6 +330,7 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
     for (int i = 0; i < 8; ++i) s += double(v[i]) * double(v[i]);
     const float scale = norm_scale(block_sum(s, red), dim, eps);
+    if (t == 0) NT_PHASE_MARK(marks, phase::kStep1);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = mul(mul(v[i], scale), wv[i]);
     reinterpret_cast<float4*>(out + e0)[0] = make_float4(v[0], v[1], v[2], v[3]);

@@ -22,7 +22,20 @@
 namespace nt::cuda::phase {
 
 // The marks of a kernel (Record::mark).
-enum Mark : uint8_t { kEntry = 0, kWaited = 1, kFirstData = 2, kDone = 3, kMarks = 4 };
+// kStep1..kStep4: points inside a kernel's work after its wait, the kernel's own (the decode
+// attention: its first tile scored, weighted by the softmax, summed (P*V), its output written;
+// the fused add + norm: its sum of squares reduced).
+enum Mark : uint8_t {
+    kEntry = 0,
+    kWaited = 1,
+    kFirstData = 2,
+    kDone = 3,
+    kStep1 = 4,
+    kStep2 = 5,
+    kStep3 = 6,
+    kStep4 = 7,
+    kMarks = 8
+};
 // What ran (Record::kind's low 4 bits; the high 4 bits carry the weights' quant type where there
 // are weights, 0 otherwise).
 enum Kind : uint8_t { kGemv = 1, kGemvPair = 2, kGemvSplit = 3, kAttention = 4, kNorm = 5 };
