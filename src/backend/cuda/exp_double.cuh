@@ -42,7 +42,7 @@ __device__ __forceinline__ double exp_lean(double x) {
 
 // exp_lean out of line: one copy of its code however many places call it (a kernel on the
 // critical path fetches each instruction it runs once per launch, from L2 or further).
-static __device__ __noinline__ double exp_lean_call(double x) {
+__device__ __noinline__ double exp_lean_call(double x) {
     return exp_lean(x);
 }
 
