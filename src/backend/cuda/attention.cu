@@ -131,7 +131,6 @@ struct DecodeArgs {
     const float* inv_freq;
     int n_head, head_dim, n_ctx, kv_dim, group, splits;
     float scale;  // 1/sqrt(head_dim)
-    int exp_call;  // PROBE: 1 the softmax's exp out of line, 2 also called once before the wait
 };
 
 // The decode kernels compute the CPU backend's arithmetic (CpuBackend::attention), so that
@@ -145,15 +144,11 @@ static_assert(kAttnChunk == 64, "the tiles are the CPU's chunks");
 
 // The chunk (tile) just scored, merged into a running (max m, sum l) in double: returns the
 // factors for the running P*V (c_old) and the chunk's (c_new), as the CPU merges its chunks.
-__device__ __forceinline__ double attn_exp(double x, bool call) {  // PROBE
-    return call ? detail::exp_lean_call(x) : detail::exp_lean(x);
-}
 __device__ __forceinline__ void attn_merge_chunk(double& m, double& l, float chunk_max,
-                                                 double chunk_sum, double& c_old, double& c_new,
-                                                 bool call = false) {
+                                                 double chunk_sum, double& c_old, double& c_new) {
     const double mn = fmax(m, double(chunk_max));
-    c_old = attn_exp(m - mn, call);
-    c_new = attn_exp(double(chunk_max) - mn, call);
+    c_old = detail::exp_lean(m - mn);
+    c_new = detail::exp_lean(double(chunk_max) - mn);
     l = l * c_old + chunk_sum * c_new;
     m = mn;
 }
@@ -420,8 +415,6 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     int issued = 0;
     if (rope)
         for (; issued < min(2, n_tiles); issued++) load_tile(issued);
-    // PROBE: the out-of-line exp's code fetched before the wait (rc is written just below).
-    if (a.exp_call == 2 && t == 0 && detail::exp_lean_call(-double(newest)) == 2.0) rc[0] = 0.f;
     // The rope's angles need only the step's positions: computed before the wait, as the rope
     // kernel does.
     if (rope) {
@@ -539,13 +532,13 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             double e = 0.0;
 #pragma unroll
             for (int i = 0; i < PL; i++) {
-                s[i] = __double2float_rn(attn_exp(double(s[i]) - double(mx), a.exp_call));  // 0 past the tile's end
+                s[i] = __double2float_rn(detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
                 e += double(s[i]);
             }
             const double sum = warp_sum(e);
 #pragma unroll
             for (int i = 0; i < PL; i++) ps[g * TP + lane + 32 * i] = s[i];
-            if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g], a.exp_call);
+            if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g]);
         }
         __syncthreads();
         if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep2);
@@ -1297,8 +1290,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.qmode = -1;
     a.sc_fences = arrival_sc_fences();
     a.k_new = a.v_new = a.inv_freq = nullptr;
-    static const int exp_call = int(env_int("NT_ATTN_EXP_CALL", 0));  // PROBE
-    a.exp_call = exp_call;
     // The wide tiled form: version 3, or version 0 unless NT_ATTN_WIDE=0.
     const bool wide =
         version == 3 || (version == 0 && attn_has_fast_decode(s) && attn_wide_enabled());

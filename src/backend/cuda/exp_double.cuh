@@ -40,10 +40,4 @@ __device__ __forceinline__ double exp_lean(double x) {
     return p * __hiloint2double((k1 + 1023) << 20, 0) * __hiloint2double((k2 + 1023) << 20, 0);
 }
 
-// exp_lean out of line: one copy of its code however many places call it (a kernel on the
-// critical path fetches each instruction it runs once per launch, from L2 or further).
-__device__ __noinline__ double exp_lean_call(double x) {
-    return exp_lean(x);
-}
-
 }  // namespace nt::cuda::detail
