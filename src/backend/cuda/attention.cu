@@ -528,22 +528,17 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
                 s[i] = ps[g * TP + lane + 32 * i];
                 mx = fmaxf(mx, s[i]);
             }
-            const bool pm = tile == 0 && t == 0;  // PROBE
-            if (pm && !(s[0] != s[0])) NT_PHASE_MARK(marks, phase::kStep5);
             mx = warp_max(mx);  // finite: the tile has a position
-            if (pm && !(mx != mx)) NT_PHASE_MARK(marks, phase::kStep6);
             double e = 0.0;
 #pragma unroll
             for (int i = 0; i < PL; i++) {
                 s[i] = __double2float_rn(detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
                 e += double(s[i]);
             }
-            if (pm && !(e != e)) NT_PHASE_MARK(marks, phase::kStep7);
             const double sum = warp_sum(e);
 #pragma unroll
             for (int i = 0; i < PL; i++) ps[g * TP + lane + 32 * i] = s[i];
             if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g]);
-            if (pm && !(co[g] != co[g])) NT_PHASE_MARK(marks, phase::kStep8);
         }
         __syncthreads();
         if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep2);

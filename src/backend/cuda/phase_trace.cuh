@@ -34,11 +34,7 @@ enum Mark : uint8_t {
     kStep2 = 5,
     kStep3 = 6,
     kStep4 = 7,
-    kStep5 = 8,  // PROBE: inside the attention's softmax (thread 0)
-    kStep6 = 9,
-    kStep7 = 10,
-    kStep8 = 11,
-    kMarks = 12
+    kMarks = 8
 };
 // What ran (Record::kind's low 4 bits; the high 4 bits carry the weights' quant type where there
 // are weights, 0 otherwise).
