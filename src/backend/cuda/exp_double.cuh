@@ -19,13 +19,7 @@ __device__ __forceinline__ double exp_lean(double x) {
     if (x > 709.782712893384) return __longlong_as_double(0x7ff0000000000000LL);  // +inf
     constexpr double kLog2e = 1.4426950408889634, kLn2Hi = 6.93147180369123816490e-01,
                      kLn2Lo = 1.90821492927058770002e-10;
-    // k = rint(x * log2e) on the FMA pipe rather than the conversion unit: adding and taking
-    // away 1.5 * 2^52 rounds to an integer, to nearest even as rint does (|x log2e| < 1100, so
-    // the sum's ulp is 1), and leaves k in the sum's low word. The _rn forms keep the three
-    // steps from being contracted into one fused multiply-add.
-    constexpr double kShift = 6755399441055744.0;  // 1.5 * 2^52
-    const double shifted = __dadd_rn(__dmul_rn(x, kLog2e), kShift);
-    const double k = __dsub_rn(shifted, kShift);
+    const double k = rint(x * kLog2e);
     const double r = fma(-k, kLn2Lo, fma(-k, kLn2Hi, x));  // x - k ln2, |r| <= ln2 / 2 + tiny
     // e^r = sum r^n / n!, n <= 12, by Horner
     double p = 1.0 / 479001600.0;
@@ -42,7 +36,7 @@ __device__ __forceinline__ double exp_lean(double x) {
     p = fma(p, r, 1.0);
     p = fma(p, r, 1.0);
     // times 2^k in two factors, each a normal double for |k| <= 1024
-    const int ki = __double2loint(shifted), k1 = ki / 2, k2 = ki - k1;
+    const int ki = int(k), k1 = ki / 2, k2 = ki - k1;
     return p * __hiloint2double((k1 + 1023) << 20, 0) * __hiloint2double((k2 + 1023) << 20, 0);
 }
 
