@@ -1,6 +1,7 @@
 """bench/cuda/phase_timeline.py on made-up marks whose handoffs are known: each kernel's start,
 wait, first data and work against the kernel before's last CTA, a layer's time as the sum of
-advances, and the layers that are not attention to attention in seven kernels left out."""
+advances, the steps a kernel marks inside its work, and the layers that are not attention to
+attention in seven kernels left out."""
 import pathlib
 import re
 import subprocess
@@ -26,6 +27,8 @@ LAYER = [
     (1 | Q4K, "gemv Q4_K", 396, -8.0, 1.25, 1.5, 0.75, 2.0),
 ]
 HEAD = (1 | Q6K, "gemv Q6_K", 528, -5.0, 1.0, 1.5, 0.5, 120.0)  # the output matrix, a token's end
+# Steps inside a kernel's work (phase_trace.cuh's kStep1..), by kind: µs after the first wait.
+STEPS = {4: [0.5, 1.25, 2.0, 3.5], 5: [2.25]}
 
 
 def write_marks(path, tokens=3, layers=4):
@@ -41,6 +44,8 @@ def write_marks(path, tokens=3, layers=4):
             recs.append((done + (w0 + (w1 - w0) * f) * 1000, tag, c % 132, kind, 1))
             if first is not None:
                 recs.append((wait0 + first * 1000 * f, tag, c % 132, kind, 2))
+            for j, step in enumerate(STEPS.get(kind, [])):
+                recs.append((wait0 + step * 1000 * f, tag, c % 132, kind, 4 + j))
             recs.append((wait0 + work * 1000 * (0.5 + 0.5 * f), tag, c % 132, kind, 3))
         done = wait0 + work * 1000
 
@@ -68,8 +73,14 @@ def test_handoffs_and_work(tmp_path):
     # Three tokens of four layers: 11 spans from one attention to the next. The two that take in
     # the output matrix have eight kernels, and the first has no kernel before it: 8 are left.
     assert lines[0].startswith("a layer, 8 alike"), out
-    rows = [ROW.match(l) for l in lines[2:2 + len(LAYER)]]
-    assert all(rows), out
+    body = lines[2:2 + len(LAYER) + len([k for k in LAYER if k[0] in STEPS])]
+    rows = [ROW.match(l) for l in body if not l.startswith("  steps")]
+    assert all(rows) and len(rows) == len(LAYER), out
+    steps = {i: l for i, l in enumerate(body) if l.startswith("  steps")}
+    for i, l in steps.items():  # under the kernel that marks them, last CTA against first wait
+        kind = LAYER[len([j for j in range(i) if j not in steps]) - 1][0]
+        assert [float(v) for v in l.split()[1:]] == STEPS[kind], out
+    assert len(steps) == len([k for k in LAYER if k[0] in STEPS]), out
     for kernel, row in zip(LAYER, rows):
         _, name, ctas, start, w0, w1, first, work = kernel
         assert row["name"].strip() == name
@@ -82,7 +93,7 @@ def test_handoffs_and_work(tmp_path):
             assert abs(float(row["first"]) - first) < 0.01
         assert abs(float(row["done"]) - work) < 0.01
         assert abs(float(row["adv"]) - (w0 + work)) < 0.01
-    total = float(lines[2 + len(LAYER)].split()[-1])
+    total = float(lines[2 + len(body)].split()[-1])
     assert abs(total - sum(k[4] + k[7] for k in LAYER)) < 0.02
 
 
