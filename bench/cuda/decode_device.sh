@@ -23,6 +23,9 @@
 #                                        # time, DRAM throughput, occupancy and top stall reasons
 #   bench/cuda/decode_device.sh timeline # 8B decode tokens (AB_MODELS) traced kernel by kernel in place
 #                                        # (kernel_trace.cpp, CUPTI): each kernel's time and gaps
+#   bench/cuda/decode_device.sh stalls   # 8B decode tokens (AB_MODELS) with every warp's PC sampled, kernels
+#                                        # left concurrent (pc_stalls.cpp, CUPTI): each kernel's samples by
+#                                        # stall reason, and the attention's PCs (PC_DETAIL) one by one
 #   bench/cuda/decode_device.sh phases   # 8B decode tokens (AB_MODELS) with each CTA's phases marked on the GPU clock
 #                                        # (a second build, -DNT_PHASE_TRACE=ON, in build-phase): per kernel
 #                                        # of a layer, the handoff from the kernel before and the work after it
@@ -292,6 +295,22 @@ EOF
             CUDA_INJECTION64_PATH="$PWD/$build/libnt_kernel_trace.so" NT_TRACE_OUT="$out/trace_$t.csv" \
                 "$nt" bench -m "$(model $t)" --device cuda -p 0 -n "${TL_TOKENS:-24}" -r 1 2>&1 | grep -E "\| tg"
             python3 bench/cuda/kernel_timeline.py "$out/trace_$t.csv" --tokens 8
+        done
+        ;;
+    stalls)
+        local cuda=${CUDA_HOME:-/usr/local/cuda} lib hdr
+        lib=$(find -L "$cuda/" -name 'libcupti.so' 2>/dev/null | head -1)
+        hdr=$(find -L "$cuda/" -name 'cupti_pcsampling.h' 2>/dev/null | head -1)
+        [ -n "$lib" ] && [ -n "$hdr" ] || { echo "no CUPTI under $cuda"; return 1; }
+        run g++ -shared -fPIC -O2 -I"$(dirname "$hdr")" -I"$cuda/include" bench/cuda/pc_stalls.cpp \
+            -L"$(dirname "$lib")" -Wl,-rpath,"$(dirname "$lib")" -lcupti -o "$build/libnt_pc_stalls.so" || return 1
+        for t in ${AB_MODELS:-q4_k_m}; do
+            wait_model $t || return 1
+            echo "stalls: $t"
+            CUDA_INJECTION64_PATH="$PWD/$build/libnt_pc_stalls.so" NT_PC_OUT="$out/stalls_$t.csv" \
+                NT_PC_DETAIL="${PC_DETAIL:-attn_decode_tiled}" \
+                "$nt" bench -m "$(model $t)" --device cuda -p 0 -n "${TL_TOKENS:-64}" -r 1 2>&1 |
+                grep -vE "^\s*$|^\| (model|---)"
         done
         ;;
     phases)
