@@ -77,6 +77,11 @@ void enable(CUcontext ctx) {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.enabled) return;  // the first context only (the engine uses one)
     s.ctx = ctx;
+    // Enabled first: the stall reasons and the configuration are the enabled context's.
+    CUpti_PCSamplingEnableParams ep{};
+    ep.size = CUpti_PCSamplingEnableParamsSize;
+    ep.ctx = ctx;
+    if (!ok(cuptiPCSamplingEnable(&ep), "PCSamplingEnable")) return;
     size_t n = 0;
     CUpti_PCSamplingGetNumStallReasonsParams np{};
     np.size = CUpti_PCSamplingGetNumStallReasonsParamsSize;
@@ -127,10 +132,6 @@ void enable(CUcontext ctx) {
     cfg[5].attributeType = CUPTI_PC_SAMPLING_CONFIGURATION_ATTR_TYPE_SAMPLING_DATA_BUFFER;
     cfg[5].attributeData.samplingDataBufferData.samplingDataBuffer = &s.data;
 
-    CUpti_PCSamplingEnableParams ep{};
-    ep.size = CUpti_PCSamplingEnableParamsSize;
-    ep.ctx = ctx;
-    if (!ok(cuptiPCSamplingEnable(&ep), "PCSamplingEnable")) return;
     CUpti_PCSamplingConfigurationInfoParams cp{};
     cp.size = CUpti_PCSamplingConfigurationInfoParamsSize;
     cp.ctx = ctx;
