@@ -245,6 +245,12 @@ void report() {
 
 void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id,
                           const void* data) {
+    // The engine's backend destroys its streams as it closes, while the context is alive: the
+    // report goes out then (at exit the context may be gone).
+    if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+        if (static_cast<const CUpti_CallbackData*>(data)->callbackSite == CUPTI_API_ENTER) report();
+        return;
+    }
     if (domain != CUPTI_CB_DOMAIN_RESOURCE) return;
     const auto* r = static_cast<const CUpti_ResourceData*>(data);
     if (id == CUPTI_CBID_RESOURCE_CONTEXT_CREATED) enable(r->context);
@@ -261,8 +267,10 @@ extern "C" int InitializeInjection(void) {
             "EnableCallback") ||
         !ok(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RESOURCE,
                                 CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING),
+            "EnableCallback") ||
+        !ok(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API,
+                                CUPTI_RUNTIME_TRACE_CBID_cudaStreamDestroy_v5050),
             "EnableCallback"))
         return 0;
-    std::atexit(report);
     return 1;
 }
