@@ -270,6 +270,9 @@ extern "C" int InitializeInjection(void) {
             "EnableCallback") ||
         !ok(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API,
                                 CUPTI_RUNTIME_TRACE_CBID_cudaStreamDestroy_v5050),
+            "EnableCallback") ||
+        !ok(cuptiEnableCallback(1, sub, CUPTI_CB_DOMAIN_RUNTIME_API,
+                                CUPTI_RUNTIME_TRACE_CBID_cudaStreamDestroy_v3020),
             "EnableCallback"))
         return 0;
     return 1;
