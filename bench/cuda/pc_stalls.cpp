@@ -41,6 +41,9 @@ struct State {
     CUpti_PCSamplingData data{};
     std::vector<CUpti_PCSamplingPCData> pcs;
     std::vector<CUpti_PCSamplingStallReason> reasons;  // kMaxPcs x reason count
+    // What the collections so far brought: (kernel, PC) -> samples by reason slot.
+    std::map<std::pair<std::string, uint64_t>, std::vector<uint64_t>> got;
+    uint64_t dropped = 0, other = 0;
 };
 State& st() {
     static State s;
@@ -171,21 +174,47 @@ void print_table(const char* title, const std::vector<std::pair<std::string, Sum
     }
 }
 
+// Moves what CUPTI has gathered so far into `got` (CUPTI hands each PC's samples over once).
+void collect(State& s) {
+    const size_t nr = s.reason_name.size();
+    std::map<uint32_t, size_t> slot;  // CUPTI's reason index -> its slot in reason_name
+    for (size_t i = 0; i < nr; i++) slot[s.reason_index[i]] = i;
+    for (int round = 0; round < 64; round++) {
+        for (auto& pc : s.pcs) pc.stallReasonCount = nr;  // room for every reason
+        s.data.totalNumPcs = s.data.remainingNumPcs = 0;
+        CUpti_PCSamplingGetDataParams gp{};
+        gp.size = CUpti_PCSamplingGetDataParamsSize;
+        gp.ctx = s.ctx;
+        gp.pcSamplingData = &s.data;
+        if (!ok(cuptiPCSamplingGetData(&gp), "GetData")) return;
+        s.dropped += s.data.droppedSamples;
+        s.other += s.data.nonUsrKernelsTotalSamples;
+        for (size_t i = 0; i < s.data.totalNumPcs && i < kMaxPcs; i++) {
+            const CUpti_PCSamplingPCData& pc = s.pcs[i];
+            auto& v = s.got[{demangle(pc.functionName), pc.pcOffset}];
+            v.resize(nr);
+            for (size_t r = 0; r < pc.stallReasonCount && r < nr; r++) {
+                const auto it = slot.find(pc.stallReason[r].pcSamplingStallReasonIndex);
+                if (it != slot.end()) v[it->second] += pc.stallReason[r].samples;
+            }
+        }
+        if (s.data.remainingNumPcs == 0) return;
+    }
+}
+
+void collect_now() {
+    State& s = st();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.enabled) collect(s);
+}
+
+// At exit, from what was collected (no CUPTI call: the context may be gone by then).
 void report() {
     State& s = st();
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.enabled || s.reported) return;
     s.reported = true;
-    // Disable joins CUPTI's workers and leaves every PC record in the configured buffer.
-    CUpti_PCSamplingDisableParams dp{};
-    dp.size = CUpti_PCSamplingDisableParamsSize;
-    dp.ctx = s.ctx;
-    ok(cuptiPCSamplingDisable(&dp), "PCSamplingDisable");
     const size_t nr = s.reason_name.size();
-    // The buffer's reason slots are indexed by CUPTI's reason index: map them to names.
-    std::map<uint32_t, size_t> slot;
-    for (size_t i = 0; i < nr; i++) slot[s.reason_index[i]] = i;
-
     std::map<std::string, Sum> by_kernel;
     const char* detail = std::getenv("NT_PC_DETAIL");
     std::vector<std::pair<std::string, Sum>> detail_rows;
@@ -193,39 +222,33 @@ void report() {
     FILE* csv = out ? std::fopen(out, "w") : nullptr;
     if (csv) std::fprintf(csv, "kernel,pc,reason,samples\n");
     uint64_t all = 0;
-    for (size_t i = 0; i < s.data.totalNumPcs && i < kMaxPcs; i++) {
-        const CUpti_PCSamplingPCData& pc = s.pcs[i];
-        const std::string name = demangle(pc.functionName);
+    for (const auto& [key, v] : s.got) {
+        const std::string& name = key.first;
         Sum& k = by_kernel[name];
         k.by_reason.resize(nr);
         Sum here;
-        here.by_reason.resize(nr);
-        for (size_t r = 0; r < pc.stallReasonCount; r++) {
-            const auto it = slot.find(pc.stallReason[r].pcSamplingStallReasonIndex);
-            if (it == slot.end()) continue;
-            const uint64_t n = pc.stallReason[r].samples;
-            k.by_reason[it->second] += n;
-            k.total += n;
-            here.by_reason[it->second] += n;
-            here.total += n;
-            all += n;
-            if (csv && n)
+        here.by_reason = v;
+        for (size_t r = 0; r < nr; r++) {
+            k.by_reason[r] += v[r];
+            k.total += v[r];
+            here.total += v[r];
+            all += v[r];
+            if (csv && v[r])
                 std::fprintf(csv, "\"%s\",0x%llx,%s,%llu\n", name.c_str(),
-                             (unsigned long long)pc.pcOffset, s.reason_name[it->second].c_str(),
-                             (unsigned long long)n);
+                             (unsigned long long)key.second, s.reason_name[r].c_str(),
+                             (unsigned long long)v[r]);
         }
         if (detail && name.find(detail) != std::string::npos && here.total) {
             char label[64];
-            std::snprintf(label, sizeof label, "pc 0x%05llx", (unsigned long long)pc.pcOffset);
+            std::snprintf(label, sizeof label, "pc 0x%05llx", (unsigned long long)key.second);
             detail_rows.emplace_back(name.substr(0, 40) + " " + label, here);
         }
     }
     if (csv) std::fclose(csv);
     std::printf("pc_stalls: %llu samples in %zu PCs (%llu dropped by the hardware, %llu in "
                 "kernels not the program's)\n",
-                (unsigned long long)all, s.data.totalNumPcs,
-                (unsigned long long)s.data.droppedSamples,
-                (unsigned long long)s.data.nonUsrKernelsTotalSamples);
+                (unsigned long long)all, s.got.size(), (unsigned long long)s.dropped,
+                (unsigned long long)s.other);
     std::vector<std::pair<std::string, Sum>> rows(by_kernel.begin(), by_kernel.end());
     std::sort(rows.begin(), rows.end(),
               [](const auto& a, const auto& b) { return a.second.total > b.second.total; });
@@ -245,16 +268,17 @@ void report() {
 
 void CUPTIAPI on_callback(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id,
                           const void* data) {
-    // The engine's backend destroys its streams as it closes, while the context is alive: the
-    // report goes out then (at exit the context may be gone).
+    // The engine's backend destroys its streams as it closes, while the context is alive:
+    // what CUPTI holds is collected then (and at every other stream's end: collections add up).
     if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-        if (static_cast<const CUpti_CallbackData*>(data)->callbackSite == CUPTI_API_ENTER) report();
+        if (static_cast<const CUpti_CallbackData*>(data)->callbackSite == CUPTI_API_ENTER)
+            collect_now();
         return;
     }
     if (domain != CUPTI_CB_DOMAIN_RESOURCE) return;
     const auto* r = static_cast<const CUpti_ResourceData*>(data);
     if (id == CUPTI_CBID_RESOURCE_CONTEXT_CREATED) enable(r->context);
-    if (id == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) report();
+    if (id == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) collect_now();
 }
 
 }  // namespace
@@ -275,5 +299,6 @@ extern "C" int InitializeInjection(void) {
                                 CUPTI_RUNTIME_TRACE_CBID_cudaStreamDestroy_v3020),
             "EnableCallback"))
         return 0;
+    std::atexit(report);
     return 1;
 }
