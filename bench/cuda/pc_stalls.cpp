@@ -187,6 +187,9 @@ void collect(State& s) {
         gp.ctx = s.ctx;
         gp.pcSamplingData = &s.data;
         if (!ok(cuptiPCSamplingGetData(&gp), "GetData")) return;
+        if (std::getenv("NT_PC_VERBOSE"))
+            std::fprintf(stderr, "pc_stalls: collected %zu PCs, %zu remaining\n",
+                         s.data.totalNumPcs, s.data.remainingNumPcs);
         s.dropped += s.data.droppedSamples;
         s.other += s.data.nonUsrKernelsTotalSamples;
         for (size_t i = 0; i < s.data.totalNumPcs && i < kMaxPcs; i++) {
@@ -205,7 +208,11 @@ void collect(State& s) {
 void collect_now() {
     State& s = st();
     std::lock_guard<std::mutex> lock(s.mu);
-    if (s.enabled) collect(s);
+    try {
+        if (s.enabled) collect(s);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "pc_stalls: collecting failed: %s\n", e.what());
+    }
 }
 
 // At exit, from what was collected (no CUPTI call: the context may be gone by then).
