@@ -45,9 +45,10 @@ struct State {
     std::map<std::pair<std::string, uint64_t>, std::vector<uint64_t>> got;
     uint64_t dropped = 0, other = 0;
 };
+// Never destroyed: report() runs at exit, after function-local statics made later are gone.
 State& st() {
-    static State s;
-    return s;
+    static State* s = new State;
+    return *s;
 }
 
 bool ok(CUptiResult r, const char* what) {
