@@ -253,10 +253,11 @@ void report() {
         }
     }
     if (csv) std::fclose(csv);
-    std::printf("pc_stalls: %llu samples in %zu PCs (%llu dropped by the hardware, %llu in "
-                "kernels not the program's)\n",
-                (unsigned long long)all, s.got.size(), (unsigned long long)s.dropped,
-                (unsigned long long)s.other);
+    std::printf(
+        "pc_stalls: %llu samples in %zu PCs (%llu dropped by the hardware, %llu in "
+        "kernels not the program's)\n",
+        (unsigned long long)all, s.got.size(), (unsigned long long)s.dropped,
+        (unsigned long long)s.other);
     std::vector<std::pair<std::string, Sum>> rows(by_kernel.begin(), by_kernel.end());
     std::sort(rows.begin(), rows.end(),
               [](const auto& a, const auto& b) { return a.second.total > b.second.total; });
