@@ -113,6 +113,23 @@ build_base() {
     echo "$bin"
 }
 
+# Builds bench/cuda/NAME.cpp, a CUPTI injection library, as $build/libnt_NAME.so.
+cupti_library() {
+    local cuda=${CUDA_HOME:-/usr/local/cuda} lib hdr
+    lib=$(find -L "$cuda/" -name 'libcupti.so' 2>/dev/null | head -1)
+    hdr=$(find -L "$cuda/" -name 'cupti_pcsampling.h' 2>/dev/null | head -1)
+    [ -n "$lib" ] && [ -n "$hdr" ] || { echo "no CUPTI under $cuda"; return 1; }
+    run g++ -shared -fPIC -O2 -I"$(dirname "$hdr")" -I"$cuda/include" "bench/cuda/$1.cpp" \
+        -L"$(dirname "$lib")" -Wl,-rpath,"$(dirname "$lib")" -lcupti -o "$build/libnt_$1.so"
+}
+
+# Decodes TOKENS tokens of model TYPE with the injection library NAME loaded (its settings come
+# from the caller's environment): bench's output, stderr included.
+injected_decode() {
+    CUDA_INJECTION64_PATH="$PWD/$build/libnt_$1.so" "$nt" bench -m "$(model "$2")" --device cuda \
+        -p 0 -n "$3" -r 1 2>&1
+}
+
 # Applies (or with -R after it, takes out) a patch of bench/cuda (a probe, or a candidate not
 # yet measured): git where the tree is a checkout, else patch.
 probe_patch() {
@@ -283,33 +300,22 @@ EOF
         python3 bench/cuda/ncu_sections.py "$out/ncu_sections.csv"
         ;;
     timeline)
-        local cuda=${CUDA_HOME:-/usr/local/cuda} lib hdr
-        lib=$(find -L "$cuda/" -name 'libcupti.so' 2>/dev/null | head -1)
-        hdr=$(find -L "$cuda/" -name 'cupti.h' 2>/dev/null | head -1)
-        [ -n "$lib" ] && [ -n "$hdr" ] || { echo "no CUPTI under $cuda"; return 1; }
-        run g++ -shared -fPIC -O2 -I"$(dirname "$hdr")" -I"$cuda/include" bench/cuda/kernel_trace.cpp \
-            -L"$(dirname "$lib")" -Wl,-rpath,"$(dirname "$lib")" -lcupti -o "$build/libnt_kernel_trace.so" || return 1
+        cupti_library kernel_trace || return 1
         for t in ${AB_MODELS:-q4_k_m}; do
             wait_model $t || return 1
             echo "timeline: $t"
-            CUDA_INJECTION64_PATH="$PWD/$build/libnt_kernel_trace.so" NT_TRACE_OUT="$out/trace_$t.csv" \
-                "$nt" bench -m "$(model $t)" --device cuda -p 0 -n "${TL_TOKENS:-24}" -r 1 2>&1 | grep -E "\| tg"
+            NT_TRACE_OUT="$out/trace_$t.csv" injected_decode kernel_trace $t "${TL_TOKENS:-24}" |
+                grep -E "\| tg"
             python3 bench/cuda/kernel_timeline.py "$out/trace_$t.csv" --tokens 8
         done
         ;;
     stalls)
-        local cuda=${CUDA_HOME:-/usr/local/cuda} lib hdr
-        lib=$(find -L "$cuda/" -name 'libcupti.so' 2>/dev/null | head -1)
-        hdr=$(find -L "$cuda/" -name 'cupti_pcsampling.h' 2>/dev/null | head -1)
-        [ -n "$lib" ] && [ -n "$hdr" ] || { echo "no CUPTI under $cuda"; return 1; }
-        run g++ -shared -fPIC -O2 -I"$(dirname "$hdr")" -I"$cuda/include" bench/cuda/pc_stalls.cpp \
-            -L"$(dirname "$lib")" -Wl,-rpath,"$(dirname "$lib")" -lcupti -o "$build/libnt_pc_stalls.so" || return 1
+        cupti_library pc_stalls || return 1
         for t in ${AB_MODELS:-q4_k_m}; do
             wait_model $t || return 1
             echo "stalls: $t"
-            CUDA_INJECTION64_PATH="$PWD/$build/libnt_pc_stalls.so" NT_PC_OUT="$out/stalls_$t.csv" \
-                NT_PC_DETAIL="${PC_DETAIL:-attn_decode_tiled}" \
-                "$nt" bench -m "$(model $t)" --device cuda -p 0 -n "${TL_TOKENS:-64}" -r 1 2>&1 |
+            NT_PC_OUT="$out/stalls_$t.csv" NT_PC_DETAIL="${PC_DETAIL:-attn_decode_tiled}" \
+                injected_decode pc_stalls $t "${TL_TOKENS:-64}" |
                 grep -vE "^\s*$|^\| (model|---)"
         done
         ;;
