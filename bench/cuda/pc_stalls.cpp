@@ -68,6 +68,30 @@ std::string demangle(const char* name) {
     return s;
 }
 
+// A kernel's name without its return type, namespaces and parameters, its template arguments
+// kept: "void nt::cuda::(anonymous namespace)::attn_decode_tiled<128, 4, 256>(...)" gives
+// "attn_decode_tiled<128, 4, 256>".
+std::string short_kernel(std::string s) {
+    for (const std::string anon = "(anonymous namespace)::";;) {
+        const size_t at = s.find(anon);
+        if (at == std::string::npos) break;
+        s.erase(at, anon.size());
+    }
+    if (s.rfind("void ", 0) == 0) s.erase(0, 5);
+    int depth = 0;  // cut at the parameter list: the first '(' outside template arguments
+    for (size_t i = 0; i < s.size(); i++) {
+        if (s[i] == '<') depth++;
+        if (s[i] == '>') depth--;
+        if (s[i] == '(' && depth == 0) {
+            s.resize(i);
+            break;
+        }
+    }
+    const size_t tmpl = s.find('<');
+    const size_t ns = s.rfind("::", tmpl == std::string::npos ? std::string::npos : tmpl);
+    return ns == std::string::npos ? s : s.substr(ns + 2);
+}
+
 // The common prefix of CUPTI's reason names (smsp__pcsamp_warps_issue_stalled_...) dropped.
 std::string short_reason(const char* n) {
     std::string s = n ? n : "?";
@@ -249,7 +273,7 @@ void report() {
         if (detail && name.find(detail) != std::string::npos && here.total) {
             char label[64];
             std::snprintf(label, sizeof label, "pc 0x%05llx", (unsigned long long)key.second);
-            detail_rows.emplace_back(name.substr(0, 40) + " " + label, here);
+            detail_rows.emplace_back(short_kernel(name) + " " + label, here);
         }
     }
     if (csv) std::fclose(csv);
@@ -261,8 +285,7 @@ void report() {
     std::vector<std::pair<std::string, Sum>> rows(by_kernel.begin(), by_kernel.end());
     std::sort(rows.begin(), rows.end(),
               [](const auto& a, const auto& b) { return a.second.total > b.second.total; });
-    for (auto& r : rows)
-        if (r.first.size() > 110) r.first = r.first.substr(0, 110) + "...";
+    for (auto& r : rows) r.first = short_kernel(r.first);
     print_table("samples by kernel, then its stall reasons (selected: issuing):", rows,
                 s.reason_name, all);
     if (!detail_rows.empty()) {
