@@ -10,7 +10,8 @@
 // NT_PC_PERIOD: the sampling period, 2^N cycles of each multiprocessor (5..31; default 14).
 // NT_PC_DETAIL: kernels whose name contains this get a second table, PC by PC (offsets as
 //   cuobjdump -sass prints them), the most sampled first.
-// NT_PC_OUT: every (kernel, PC, reason, samples) as CSV, for other cuts.
+// NT_PC_OUT: every (kernel, PC, reason, samples) as CSV, for other cuts (pc_sections.py).
+// NT_PC_VERBOSE: each collection's PC counts on stderr.
 //
 // A sample is one warp's state at one instant: `selected` means it issued, every other reason
 // is a stall (no_instructions: waiting for its code; long_scoreboard: for global memory or
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -256,15 +258,13 @@ void report() {
     uint64_t all = 0;
     for (const auto& [key, v] : s.got) {
         const std::string& name = key.first;
+        const Sum here{std::accumulate(v.begin(), v.end(), uint64_t(0)), v};
         Sum& k = by_kernel[name];
         k.by_reason.resize(nr);
-        Sum here;
-        here.by_reason = v;
+        k.total += here.total;
+        all += here.total;
         for (size_t r = 0; r < nr; r++) {
             k.by_reason[r] += v[r];
-            k.total += v[r];
-            here.total += v[r];
-            all += v[r];
             if (csv && v[r])
                 std::fprintf(csv, "\"%s\",0x%llx,%s,%llu\n", name.c_str(),
                              (unsigned long long)key.second, s.reason_name[r].c_str(),

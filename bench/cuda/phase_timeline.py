@@ -31,8 +31,8 @@ ATTENTION = 4  # phase_trace.cuh's Kind
 KINDS = {1: "gemv", 2: "gemv pair", 3: "gemv slices", ATTENTION: "attention", 5: "norm"}
 TYPES = {0: "", 4: " Q4_K", 6: " Q6_K", 8: " Q8_0"}
 ENTRY, WAITED, FIRST, DONE = range(4)
-STEPS = range(4, 8)  # kStep1..kStep4
-MARKS = 8
+MARKS = 8  # phase_trace.cuh's kMarks
+STEPS = range(DONE + 1, MARKS)  # kStep1..kStep4
 SPLIT_NS = 100_000  # one launch's marks lie closer together than this; a token takes ms
 
 
