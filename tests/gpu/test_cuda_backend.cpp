@@ -982,95 +982,85 @@ void gpu_attention_step(CudaBackend& gpu, const ModelShape& s, KvMirror& kv, con
 // context slice (the decode kernel's own merge); partial rotation takes the unfused path. Then the
 // output projection: at decode the attention kernel quantizes the output for it (Q8_K, Q8_0 and
 // Q8_1 by the weight's type), which must be bit for bit what the matmul's own quantization of the
-// same floats gives. Both with and without the decode kernel's dry pass before its wait
-// (attn_set_warm_code), which must change no bit.
+// same floats gives.
 TEST(CudaBackend, RopeAttention) {
     NT_REQUIRE_GPU();
-    struct Restore {
-        ~Restore() { cuda::attn_set_warm_code(-1); }
-    } restore;
-    for (const int warm : {0, 1})
-        for (const RopeCase& c :
-             {RopeCase{128, 8, 2, 128, 1.f, false}, RopeCase{64, 4, 1, 64, 1.f, true},
-              RopeCase{64, 6, 3, 32, 1.f, false}, RopeCase{128, 16, 4, 128, 1.f, false}}) {
-            cuda::attn_set_warm_code(warm);
-            ModelShape s = make_shape(c.head_dim, c.n_head, c.n_head_kv);
-            s.rope.n_rot = c.n_rot;
-            if (c.factors) s.rope.freq_factors = random_floats(size_t(c.n_rot / 2), 5, 1.f, 8.f);
-            Pair p(s, 128, 2, 256);
-            const int qd = s.n_head * s.head_dim;  // == n_embd: wo is qd x qd
-            std::vector<GgmlType> next = {GgmlType::Q8_0, GgmlType::Q4_1};
-            // Q6_K: a decode row's attention then has its multiprocessors to itself (alone).
-            if (qd % 256 == 0) next.insert(next.end(), {GgmlType::Q4_K, GgmlType::Q6_K});
-            std::vector<HostWeight> wo;
-            std::vector<WeightView> gwo;
-            for (GgmlType t : next) {
-                wo.push_back(random_weight(t, qd, qd, 71 + uint32_t(t)));
-                gwo.push_back(on_gpu(p.gpu, wo.back()));
-            }
-            int pos = 0;
-            for (int step = 0; step < 7; step++) {
-                const int n = step == 0 ? 100 : 1;  // decode then reads 101.. positions: two slices
-                const size_t o = size_t(step) % next.size();
-                Batch b;
-                for (int i = 0; i < n; i++) b.add(1, pos++, 1, true);
-                const size_t nq = size_t(n) * size_t(s.n_head) * size_t(s.head_dim);
-                const size_t nk = size_t(n) * size_t(s.n_head_kv) * size_t(s.head_dim);
-                const std::vector<float> q = random_floats(nq, 41 + uint32_t(step), -3.f, 3.f),
-                                         k = random_floats(nk, 51 + uint32_t(step)),
-                                         v = random_floats(nk, 61 + uint32_t(step));
-                p.set(&Activations::q, q);
-                p.set(&Activations::k, k);
-                p.set(&Activations::v, v);
-                p.begin(b);
-                Activations& ca = p.cpu.acts();
-                Activations& ga = p.gpu.acts();
-                p.cpu.rope_attention(0, ca.q, ca.k, ca.v, ca.att, next[o]);
-                const std::string what = "warm " + std::to_string(warm) + " hd " +
-                                         std::to_string(c.head_dim) + " n_rot " +
-                                         std::to_string(c.n_rot) + " step " + std::to_string(step) +
-                                         " then " + type_name(next[o]);
-                // First with the rope in its own kernel (q and k then turned in place, as on the
-                // CPU); at one decode row again with the attention kernel doing it (leaving q and k
-                // as they were), which must give the same bits and store the same cache cell (the
-                // later steps read it).
-                p.gpu.set_rope_fusion(false);
-                p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att, next[o]);
-                p.gpu.end_step();
-                // Bit for bit: the same float angle, sin and cos in double rounded to float, and
-                // every product and sum rounded on its own on both sides.
-                expect_equal(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq),
-                             what + " q");
-                expect_equal(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk),
-                             what + " k");
-                const std::vector<float> unfused = p.get_gpu(&Activations::att, nq);
-                p.gpu.set_rope_fusion(true);
-                p.gpu.upload(ga.q, q.data(), q.size() * sizeof(float));
-                p.gpu.upload(ga.k, k.data(), k.size() * sizeof(float));
-                p.gpu.upload(ga.v, v.data(), v.size() * sizeof(float));
-                p.gpu.begin_step(b);
-                p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att, next[o]);
-                p.gpu.matmul(gwo[o], ga.att, n, ga.xn);
-                p.gpu.end_step();
-                expect_equal(p.get_gpu(&Activations::att, nq), unfused,
-                             what + " rope in attention");
-                if (n == 1 && c.n_rot == c.head_dim)  // the fused path ran: q and k left alone
-                    expect_equal(p.get_gpu(&Activations::q, nq), q, what + " q untouched");
-                if (step == 0 && !nt::cuda::prompt_exact())
-                    expect_close(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq),
-                                 kPrefillTol, 0.f, what + " attention");
-                else  // decode, or a prompt with the CPU's arithmetic
-                    expect_equal(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq),
-                                 what + " attention");
-                // The projection again, on the attention output's floats quantized by the matmul
-                // itself (a new step forgets any quantization): the same bits.
-                const std::vector<float> fused = p.get_gpu(&Activations::xn, nq);
-                p.gpu.begin_step(b);
-                p.gpu.matmul(gwo[o], ga.att, n, ga.xn);
-                p.gpu.end_step();
-                expect_equal(fused, p.get_gpu(&Activations::xn, nq), what + " output projection");
-            }
+    for (const RopeCase& c :
+         {RopeCase{128, 8, 2, 128, 1.f, false}, RopeCase{64, 4, 1, 64, 1.f, true},
+          RopeCase{64, 6, 3, 32, 1.f, false}}) {
+        ModelShape s = make_shape(c.head_dim, c.n_head, c.n_head_kv);
+        s.rope.n_rot = c.n_rot;
+        if (c.factors) s.rope.freq_factors = random_floats(size_t(c.n_rot / 2), 5, 1.f, 8.f);
+        Pair p(s, 128, 2, 256);
+        const int qd = s.n_head * s.head_dim;  // == n_embd: wo is qd x qd
+        std::vector<GgmlType> next = {GgmlType::Q8_0, GgmlType::Q4_1};
+        // Q6_K: a decode row's attention then has its multiprocessors to itself (alone).
+        if (qd % 256 == 0) next.insert(next.end(), {GgmlType::Q4_K, GgmlType::Q6_K});
+        std::vector<HostWeight> wo;
+        std::vector<WeightView> gwo;
+        for (GgmlType t : next) {
+            wo.push_back(random_weight(t, qd, qd, 71 + uint32_t(t)));
+            gwo.push_back(on_gpu(p.gpu, wo.back()));
         }
+        int pos = 0;
+        for (int step = 0; step < 7; step++) {
+            const int n = step == 0 ? 100 : 1;  // decode then reads 101.. positions: two slices
+            const size_t o = size_t(step) % next.size();
+            Batch b;
+            for (int i = 0; i < n; i++) b.add(1, pos++, 1, true);
+            const size_t nq = size_t(n) * size_t(s.n_head) * size_t(s.head_dim);
+            const size_t nk = size_t(n) * size_t(s.n_head_kv) * size_t(s.head_dim);
+            const std::vector<float> q = random_floats(nq, 41 + uint32_t(step), -3.f, 3.f),
+                                     k = random_floats(nk, 51 + uint32_t(step)),
+                                     v = random_floats(nk, 61 + uint32_t(step));
+            p.set(&Activations::q, q);
+            p.set(&Activations::k, k);
+            p.set(&Activations::v, v);
+            p.begin(b);
+            Activations& ca = p.cpu.acts();
+            Activations& ga = p.gpu.acts();
+            p.cpu.rope_attention(0, ca.q, ca.k, ca.v, ca.att, next[o]);
+            const std::string what = "hd " + std::to_string(c.head_dim) + " n_rot " +
+                                     std::to_string(c.n_rot) + " step " + std::to_string(step) +
+                                     " then " + type_name(next[o]);
+            // First with the rope in its own kernel (q and k then turned in place, as on the
+            // CPU); at one decode row again with the attention kernel doing it (leaving q and k
+            // as they were), which must give the same bits and store the same cache cell (the
+            // later steps read it).
+            p.gpu.set_rope_fusion(false);
+            p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att, next[o]);
+            p.gpu.end_step();
+            // Bit for bit: the same float angle, sin and cos in double rounded to float, and
+            // every product and sum rounded on its own on both sides.
+            expect_equal(p.get_gpu(&Activations::q, nq), p.get_cpu(&Activations::q, nq), what + " q");
+            expect_equal(p.get_gpu(&Activations::k, nk), p.get_cpu(&Activations::k, nk), what + " k");
+            const std::vector<float> unfused = p.get_gpu(&Activations::att, nq);
+            p.gpu.set_rope_fusion(true);
+            p.gpu.upload(ga.q, q.data(), q.size() * sizeof(float));
+            p.gpu.upload(ga.k, k.data(), k.size() * sizeof(float));
+            p.gpu.upload(ga.v, v.data(), v.size() * sizeof(float));
+            p.gpu.begin_step(b);
+            p.gpu.rope_attention(0, ga.q, ga.k, ga.v, ga.att, next[o]);
+            p.gpu.matmul(gwo[o], ga.att, n, ga.xn);
+            p.gpu.end_step();
+            expect_equal(p.get_gpu(&Activations::att, nq), unfused, what + " rope in attention");
+            if (n == 1 && c.n_rot == c.head_dim)  // the fused path ran: q and k left alone
+                expect_equal(p.get_gpu(&Activations::q, nq), q, what + " q untouched");
+            if (step == 0 && !nt::cuda::prompt_exact())
+                expect_close(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq),
+                             kPrefillTol, 0.f, what + " attention");
+            else  // decode, or a prompt with the CPU's arithmetic
+                expect_equal(p.get_gpu(&Activations::att, nq), p.get_cpu(&Activations::att, nq),
+                             what + " attention");
+            // The projection again, on the attention output's floats quantized by the matmul
+            // itself (a new step forgets any quantization): the same bits.
+            const std::vector<float> fused = p.get_gpu(&Activations::xn, nq);
+            p.gpu.begin_step(b);
+            p.gpu.matmul(gwo[o], ga.att, n, ga.xn);
+            p.gpu.end_step();
+            expect_equal(fused, p.get_gpu(&Activations::xn, nq), what + " output projection");
+        }
+    }
 }
 
 TEST(CudaBackend, AttentionLongContext) {

@@ -123,7 +123,6 @@ struct DecodeArgs {
     float2* xd;
     int qmode;
     bool sc_fences;  // tiled: arrival_sc_fences(), the merge's fences instead of its acquire-release count
-    bool warm_code;  // tiled, with the rope only: the body's sections once dry before the wait
     // tiled, optional (RopeIn): q, k and v as the GEMVs left them; the kernel turns q, and the
     // slice that holds a row's newest position turns k and stores that position's k and v in
     // the caches. inv_freq null: q turned and the cache filled before.
@@ -259,61 +258,43 @@ struct DecodeTile {
     static constexpr int MAXJ_PV = kMaxGroup / SETS_PV;
     static_assert(NT % TP == 0 && NT % (HD / 2) == 0 && NT >= HD / 8,
                   "whole head sets in every phase; a thread per 16-byte chunk of a row");
-    // Where each section of the kernel's dry pass (attn_decode_tiled, warm_code) writes in the
-    // second V tile, in bytes: what it writes dry (its loops cut to head 0, or to one warp's
-    // lanes, where the real pass goes over every head) fits that tile for head size 128 (the 8B
-    // and 70B shapes); the other head sizes run no dry pass.
-    static constexpr int kDryQ = 0;                                      // 32 pairs of q, (m, l)
-    static constexpr int kDryScores = 512;                               // [G][TP] floats
-    static constexpr int kDrySoftmax = kDryScores + kMaxGroup * TP * 4;  // TP floats, 4 doubles
-    static constexpr int kDryOut = kDrySoftmax + 512;                    // [G][HD] floats
-    static constexpr int kDryMerge = kDryOut + kMaxGroup * HD * 4;       // TP doubles, 1 double
-    static constexpr int kDryMergeOut = kDryMerge + TP * 8 + 64;         // 64 floats
-    static constexpr bool kDryFits =
-        HD == 128 && kDryMergeOut + 64 * 4 <= int(TP * ROW * sizeof(__half));
     static size_t smem_bytes(int group) {  // (+ HD: the rope's cos and sin)
         return size_t(2 * 2 * TP * ROW) * sizeof(__half) + size_t(4 * group) * sizeof(double) +
                size_t(group * TP) * sizeof(double) + size_t(group * HD + HD) * sizeof(float);
     }
 };
-// The wide form runs at most 85 registers a thread (three blocks a multiprocessor, as many as
-// its shared memory allows; it uses 80): minimum blocks per multiprocessor for __launch_bounds__
-// (0 for the full form: no limit beyond the thread count). At 64 the loop of the dry pass
-// (warm_code) spilled the newest k and v, loaded before q, to local memory.
+// The wide form runs at most 64 registers a thread: minimum blocks per multiprocessor for
+// __launch_bounds__ (0 for the full form: no limit beyond the thread count).
 constexpr int decode_min_blocks(int nt) {
-    return nt == kThreads ? 0 : 3;
+    return nt == kThreads ? 0 : 65536 / (nt * 64);
 }
 
 // The G heads of a row one tiled block has finished (vals: G * HD floats in shared memory,
 // written before a __syncthreads), quantized as detail::quantize_q8 would quantize them in the
 // full row: they are whole blocks of it (G * HD a multiple of 256 for Q8_K, checked on the host).
-// Not `real` (attn_decode_tiled's dry pass): the same instructions, the first block only, nothing
-// stored.
 template <int HD, int NT>
 __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row, int h0,
-                                               const DecodeArgs& a, bool real) {
+                                               const DecodeArgs& a) {
     const int t = threadIdx.x, lane = t % 32;
     const size_t e0 = size_t(row) * a.n_head * HD + size_t(h0) * HD;  // first element in the row
     int8_t* xq = a.xq + e0;
     float2* xd = a.xd + e0 / 32;
     const int n = G * HD;
     if (a.qmode == int(detail::ActQuant::Q8_K)) {
-        for (int b = real ? t / 32 : 0; b < n / 256; b += NT / 32) {  // a warp per 256 elements
+        for (int b = t / 32; b < n / 256; b += NT / 32) {  // a warp per 256 elements
             float v[8];
 #pragma unroll
             for (int i = 0; i < 8; i++) v[i] = vals[b * 256 + lane * 8 + i];
             int q[8];
             const float2 dq = detail::q8k_block(v, lane, q);
-            if (real) {
-                detail::store_q8(xq + b * 256 + lane * 8, q);
-                if ((lane & 3) == 0) xd[b * 8 + (lane >> 2)] = dq;
-            }
+            detail::store_q8(xq + b * 256 + lane * 8, q);
+            if ((lane & 3) == 0) xd[b * 8 + (lane >> 2)] = dq;
         }
         return;
     }
     const bool q81 = a.qmode == int(detail::ActQuant::Q8_1);
     for (int b0 = 0; b0 < n / 32; b0 += NT / 8) {  // 8 threads per 32 elements
-        const int b = b0 + (real ? t / 8 : lane / 8), sub = t % 8;
+        const int b = b0 + t / 8, sub = t % 8;
         const bool live = b < n / 32;  // dead lanes still take part in the shuffles
         float v[4] = {0.f, 0.f, 0.f, 0.f};
         if (live)
@@ -321,7 +302,7 @@ __device__ __forceinline__ void quantize_heads(const float* vals, int G, int row
             for (int i = 0; i < 4; i++) v[i] = vals[b * 32 + sub * 4 + i];
         int q[4];
         const float2 dq = q81 ? detail::q8_block<4, true>(v, q) : detail::q8_block<4, false>(v, q);
-        if (live && real) {
+        if (live) {
             detail::store_q8(xq + b * 32 + sub * 4, q);
             if (sub == 0) xd[b] = dq;
         }
@@ -360,18 +341,17 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     NT_PHASE_TIME(t_entry);
     NT_PHASE_SLOTS(marks);
     pdl_trigger();
-    // (not const: the dry pass's loop below refreshes what it may not hoist)
-    int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
-    int t = threadIdx.x;
-    int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
-    int h0 = kvh * G;
+    const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
+    const int t = threadIdx.x;
+    const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
+    const int h0 = kvh * G;
     int start, end;
-    int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
+    const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
     if (start >= end) return;  // past the sequence's end: not counted, not merged
     if (t == 0) NT_PHASE_RESERVE(marks, phase::kAttention, a.kc, phase::kMarks);
-    size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
+    const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
     const bool rope = a.inv_freq != nullptr;
-    int newest = a.pos[row];
+    const int newest = a.pos[row];
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
     const int n_tiles = (end - start + TP - 1) / TP;
@@ -435,364 +415,260 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     int issued = 0;
     if (rope)
         for (; issued < min(2, n_tiles); issued++) load_tile(issued);
-    // With warm_code (set by the host with the rope only) and a slice of one tile, the body
-    // after the wait runs once dry before it, so that its instructions are in this
-    // multiprocessor's instruction cache when they run for real: in place, with the weights'
-    // traffic in L2, each miss after the wait waits behind it (BENCHMARKS, forty-seventh
-    // session). Warp w runs only section w dry (the sections below), all at once, so the
-    // sections' misses overlap; a serial dry pass of the whole body cost more than it saved. One
-    // copy of the code (a loop, not unrolled): the dry pass runs the very instructions of the
-    // real one. Dry, every section reads its own stand-ins from the second tile buffers (not
-    // loaded with one tile), filled with F16 1.0 so that every branch goes as with real data,
-    // and writes only its own part of them; it stores nothing to global memory, counts nothing
-    // and waits at no block barrier.
-    const bool warm = C::kDryFits && a.warm_code && n_tiles == 1;
-    __half* const dry_in = kbuf + TP * ROW;   // read by the dry sections
-    __half* const dry_out = vbuf + TP * ROW;  // written by them, each its own part
-    if (warm) {
-        const uint4 ones = make_uint4(0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u);
-        for (int i = t; i < TP * ROW / 8; i += NT) {
-            reinterpret_cast<uint4*>(dry_in)[i] = ones;
-            reinterpret_cast<uint4*>(dry_out)[i] = ones;
-        }
-    }
     // The rope's angles need only the step's positions: computed before the wait, as the rope
     // kernel does.
-    if (rope)
+    if (rope) {
         for (int j = t; j < HD / 2; j += NT)
             detail::rope_angle(newest, a.inv_freq[j], rc[j], rc[HD / 2 + j]);
-    if (rope || warm) __syncthreads();
+        __syncthreads();
+    }
+    // q and the cache come from the kernels before (this may be a programmatic dependent launch)
+    pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new, a.v_new);
+    if (t == 0) {
+        NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
+        NT_PHASE_MARK(marks, phase::kWaited);
+    }
+    if (issued == 0) load_tile(issued++);
+    // The newest k and v and q are each a trip to L2 (or further): all are requested before any
+    // is used.
+    int first_newest = -1;  // the loaded tile that holds the newest position, if any
+    for (int i = 0; i < issued; i++)
+        if (holds_newest(i)) first_newest = i;
+    const bool put_first = first_newest >= 0 && t < CH;
+    Newest nkv;
+    if (put_first) nkv = load_newest(t);
 
-    const int warp = t / 32, lane = t % 32;
-    // Dry stand-ins: floats and doubles read from dry_in (whatever the type, 1.0 in F16 reads as
-    // a finite normal number), each section's writes at its own offset in dry_out (DryOut).
-    float* const dry_f = reinterpret_cast<float*>(dry_in);
-    double* const dry_d = reinterpret_cast<double*>(dry_in);
-    auto dry_w = [&](int off) { return reinterpret_cast<unsigned char*>(dry_out) + off; };
-    __shared__ int last;  // the merge: whether this slice finished last
-#pragma unroll 1
-    for (int pass = warm ? 0 : 1; pass < 2; ++pass) {
-        const bool real = pass == 1;
-        // Nothing derived from these is computed once for both passes (held in registers across
-        // the dry pass, they spilled): an empty asm that "writes" each keeps it in the loop.
-        for (int* v : {&kvh, &split, &z, &t, &row, &h0, &start, &end, &live, &newest})
-            asm volatile("" : "+r"(*v));
-        asm volatile("" : "+l"(base));
-        // Whether this thread runs section s in this pass (dry: its warp's own section).
-        auto mine = [&](int s) { return real || warp == s % (NT / 32); };
-        if (real) {
-            // q and the cache come from the kernels before (this may be a programmatic
-            // dependent launch)
-            pdl_wait(a.q, a.kc, a.vc, a.out, a.part_acc, a.part_ml, a.done, a.xq, a.xd, a.k_new,
-                     a.v_new);
-            if (t == 0) {
-                NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
-                NT_PHASE_MARK(marks, phase::kWaited);
-            }
-            if (issued == 0) load_tile(issued++);
+    // q, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
+    const float2* qrow =
+        reinterpret_cast<const float2*>(a.q + size_t(row) * a.n_head * HD + size_t(h0) * HD);
+    for (int i = t; i < G * HD / 2; i += NT) {
+        float2 v = qrow[i];
+        if (rope) {
+            const int j = i % (HD / 2);
+            v = detail::rope_turn(v.x, v.y, rc[j], rc[HD / 2 + j]);
         }
-        // Section 0: the newest k and v and q are each a trip to L2 (or further): all are
-        // requested before any is used. Dry, they are read as they are (the kernel before may
-        // be writing them) and only qs and the running (max, sum) take them.
-        float* const qs_w = real ? qs : reinterpret_cast<float*>(dry_w(C::kDryQ));
-        double* const ms_w = real ? ms : reinterpret_cast<double*>(dry_w(C::kDryQ + 256));
-        double* const ls_w = real ? ls : ms_w + kMaxGroup;
-        if (mine(0)) {
-            int first_newest = -1;  // the loaded tile that holds the newest position, if any
-            for (int i = 0; i < issued; i++)
-                if (holds_newest(i)) first_newest = i;
-            const bool put_first = first_newest >= 0 && t < CH;
-            Newest nkv;
-            if (put_first) nkv = load_newest(t);
+        reinterpret_cast<float2*>(qs)[i] = v;
+    }
+    if (put_first) put_newest(first_newest, t, nkv);
+    if (t < G) {
+        ms[t] = -INFINITY;
+        ls[t] = 0.0;
+    }
 
-            // q, turned first where the kernel does the rope (pair (2j, 2j + 1) of a head).
-            const float2* qrow = reinterpret_cast<const float2*>(a.q + size_t(row) * a.n_head * HD +
-                                                                 size_t(h0) * HD);
-            for (int i = t; i < (real ? G * HD / 2 : 32); i += NT) {
-                float2 v = qrow[i];
-                if (rope) {
-                    const int j = i % (HD / 2);
-                    v = detail::rope_turn(v.x, v.y, rc[j], rc[HD / 2 + j]);
-                }
-                reinterpret_cast<float2*>(qs_w)[i] = v;
+    const int sp = t % TP, sg = t / TP;              // score phase
+    const int d2 = t % (HD / 2), pg = t / (HD / 2);  // P*V phase
+    const int warp = t / 32, lane = t % 32;          // softmax phase
+    double2 acc[MAXJ_PV];
+#pragma unroll
+    for (int j = 0; j < MAXJ_PV; j++) acc[j] = make_double2(0.0, 0.0);
+
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int buf = tile & 1;
+        if (tile + 1 < n_tiles) {
+            if (issued == tile + 1) {
+                load_tile(issued++);
+                if (holds_newest(tile + 1) && t < CH) put_newest(tile + 1, t, load_newest(t));
             }
-            if (put_first && real) put_newest(first_newest, t, nkv);
-            if (t < G) {
-                ms_w[t] = -INFINITY;
-                ls_w[t] = 0.0;
-            }
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
+        __syncthreads();
+        if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kFirstData);
 
-        const int sp = t % TP, sg = t / TP;  // score phase
-        // P*V phase (dry: the first head set, whatever the group)
-        const int d2 = t % (HD / 2), pg = real ? t / (HD / 2) : 0;
-        double2 acc[MAXJ_PV];
+        const int np = min(TP, end - (start + tile * TP));  // positions of this tile
+        // scores
+        if (sp < np) {
+            const __half* kr = kbuf + (buf * TP + sp) * ROW;
+            // The CPU's order: one product after another, each rounded, dims in order.
+            float sc[MAXJ_S];
 #pragma unroll
-        for (int j = 0; j < MAXJ_PV; j++) acc[j] = make_double2(0.0, 0.0);
-
-        for (int tile = 0; tile < n_tiles; tile++) {
-            const int buf = real ? tile & 1 : 1;
-            if (real) {
-                if (tile + 1 < n_tiles) {
-                    if (issued == tile + 1) {
-                        load_tile(issued++);
-                        if (holds_newest(tile + 1) && t < CH)
-                            put_newest(tile + 1, t, load_newest(t));
-                    }
-                    cp_async_wait<1>();
-                } else {
-                    cp_async_wait<0>();
-                }
-                __syncthreads();
-                if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kFirstData);
-            }
-
-            const int np = min(TP, end - (start + tile * TP));  // positions of this tile
-            // Section 1: scores
-            if (mine(1)) {
-                const float* qsr = real ? qs : dry_f;
-                float* const psw = real ? ps : reinterpret_cast<float*>(dry_w(C::kDryScores));
-                if (sp < np) {
-                    const __half* kr = kbuf + (buf * TP + sp) * ROW;
-                    // The CPU's order: one product after another, each rounded, dims in order.
-                    float sc[MAXJ_S];
-#pragma unroll
-                    for (int j = 0; j < MAXJ_S; j++) sc[j] = 0.f;
+            for (int j = 0; j < MAXJ_S; j++) sc[j] = 0.f;
 #pragma unroll 2
-                    for (int c = 0; c < HD; c += 8) {
-                        const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
-                        float k[8];
-                        *reinterpret_cast<float2*>(k) =
-                            __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
-                        *reinterpret_cast<float2*>(k + 2) =
-                            __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
-                        *reinterpret_cast<float2*>(k + 4) =
-                            __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
-                        *reinterpret_cast<float2*>(k + 6) =
-                            __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
+            for (int c = 0; c < HD; c += 8) {
+                const uint4 raw = *reinterpret_cast<const uint4*>(kr + c);
+                float k[8];
+                *reinterpret_cast<float2*>(k) = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+                *reinterpret_cast<float2*>(k + 2) = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+                *reinterpret_cast<float2*>(k + 4) = __half22float2(*reinterpret_cast<const __half2*>(&raw.z));
+                *reinterpret_cast<float2*>(k + 6) = __half22float2(*reinterpret_cast<const __half2*>(&raw.w));
 #pragma unroll
-                        for (int j = 0; j < MAXJ_S; j++) {
-                            const int g = sg + C::SETS_S * j;
-                            if (g < G) {
-                                float q[8];
-                                *reinterpret_cast<float4*>(q) =
-                                    *reinterpret_cast<const float4*>(qsr + g * HD + c);
-                                *reinterpret_cast<float4*>(q + 4) =
-                                    *reinterpret_cast<const float4*>(qsr + g * HD + c + 4);
+                for (int j = 0; j < MAXJ_S; j++) {
+                    const int g = sg + C::SETS_S * j;
+                    if (g < G) {
+                        float q[8];
+                        *reinterpret_cast<float4*>(q) = *reinterpret_cast<const float4*>(qs + g * HD + c);
+                        *reinterpret_cast<float4*>(q + 4) = *reinterpret_cast<const float4*>(qs + g * HD + c + 4);
 #pragma unroll
-                                for (int e = 0; e < 8; e++)
-                                    sc[j] = __fadd_rn(sc[j], __fmul_rn(q[e], k[e]));
-                            }
-                        }
-                    }
-#pragma unroll
-                    for (int j = 0; j < MAXJ_S; j++) {
-                        const int g = sg + C::SETS_S * j;
-                        if (g < G) psw[g * TP + sp] = __fmul_rn(sc[j], a.scale);
-                    }
-                } else {
-#pragma unroll
-                    for (int j = 0; j < MAXJ_S; j++) {
-                        const int g = sg + C::SETS_S * j;
-                        if (g < G) psw[g * TP + sp] = -INFINITY;
+                        for (int e = 0; e < 8; e++) sc[j] = __fadd_rn(sc[j], __fmul_rn(q[e], k[e]));
                     }
                 }
             }
-            if (real) {
-                __syncthreads();
-                if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep1);
+#pragma unroll
+            for (int j = 0; j < MAXJ_S; j++) {
+                const int g = sg + C::SETS_S * j;
+                if (g < G) ps[g * TP + sp] = __fmul_rn(sc[j], a.scale);
             }
+        } else {
+#pragma unroll
+            for (int j = 0; j < MAXJ_S; j++) {
+                const int g = sg + C::SETS_S * j;
+                if (g < G) ps[g * TP + sp] = -INFINITY;
+            }
+        }
+        __syncthreads();
+        if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep1);
 
-            // Section 2: the tile's softmax per head (lane takes positions lane, lane + 32, ...),
-            // merged into the running (max, sum) in double
-            if (mine(2)) {
-                float* const psw = real ? ps : reinterpret_cast<float*>(dry_w(C::kDrySoftmax));
-                double* const msw =
-                    real ? ms : reinterpret_cast<double*>(dry_w(C::kDrySoftmax + TP * 4));
-                double* const lsw = msw + (real ? G : 1);  // (dry: head 0 only)
-                double* const cow = lsw + (real ? G : 1);
-                double* const cnw = cow + (real ? G : 1);
-                for (int g = real ? warp : 0; g < G; g += NT / 32) {
-                    float s[PL], mx = -INFINITY;
+        // the tile's softmax per head (lane takes positions lane, lane + 32, ...), merged into
+        // the running (max, sum) in double
+        for (int g = warp; g < G; g += NT / 32) {
+            float s[PL], mx = -INFINITY;
 #pragma unroll
-                    for (int i = 0; i < PL; i++) {
-                        s[i] = psw[g * TP + lane + 32 * i];
-                        mx = fmaxf(mx, s[i]);
-                    }
-                    mx = warp_max(mx);  // finite: the tile has a position
-                    double e = 0.0;
-#pragma unroll
-                    for (int i = 0; i < PL; i++) {
-                        s[i] = __double2float_rn(
-                            detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
-                        e += double(s[i]);
-                    }
-                    const double sum = warp_sum(e);
-#pragma unroll
-                    for (int i = 0; i < PL; i++) psw[g * TP + lane + 32 * i] = s[i];
-                    if (lane == 0) attn_merge_chunk(msw[g], lsw[g], mx, sum, cow[g], cnw[g]);
-                }
+            for (int i = 0; i < PL; i++) {
+                s[i] = ps[g * TP + lane + 32 * i];
+                mx = fmaxf(mx, s[i]);
             }
-            if (real) {
-                __syncthreads();
-                if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep2);
+            mx = warp_max(mx);  // finite: the tile has a position
+            double e = 0.0;
+#pragma unroll
+            for (int i = 0; i < PL; i++) {
+                s[i] = __double2float_rn(detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
+                e += double(s[i]);
             }
+            const double sum = warp_sum(e);
+#pragma unroll
+            for (int i = 0; i < PL; i++) ps[g * TP + lane + 32 * i] = s[i];
+            if (lane == 0) attn_merge_chunk(ms[g], ls[g], mx, sum, co[g], cn[g]);
+        }
+        __syncthreads();
+        if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep2);
 
-            // Section 3: the tile's P * V in float, positions in order; then acc = acc * c_old +
-            // PV * c_new
-            if (mine(3)) {
-                const float* psr = real ? ps : dry_f;
-                const double* cor = real ? co : dry_d;
-                const double* cnr = real ? cn : dry_d;
-                const __half* vr = (real ? vbuf : kbuf) + buf * TP * ROW + 2 * d2;
-                float2 pv[MAXJ_PV];
+        // the tile's P * V in float, positions in order; then acc = acc * c_old + PV * c_new
+        {
+            const __half* vr = vbuf + buf * TP * ROW + 2 * d2;
+            float2 pv[MAXJ_PV];
 #pragma unroll
-                for (int j = 0; j < MAXJ_PV; j++) pv[j] = make_float2(0.f, 0.f);
+            for (int j = 0; j < MAXJ_PV; j++) pv[j] = make_float2(0.f, 0.f);
 #pragma unroll 8
-                for (int p = 0; p < np; p++) {
-                    const float2 vf =
-                        __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
-#pragma unroll
-                    for (int j = 0; j < MAXJ_PV; j++) {
-                        const int g = pg + C::SETS_PV * j;
-                        if (g < G) {
-                            const float w = psr[g * TP + p];
-                            pv[j].x = __fadd_rn(pv[j].x, __fmul_rn(w, vf.x));
-                            pv[j].y = __fadd_rn(pv[j].y, __fmul_rn(w, vf.y));
-                        }
-                    }
-                }
+            for (int p = 0; p < np; p++) {
+                const float2 vf = __half22float2(*reinterpret_cast<const __half2*>(vr + p * ROW));
 #pragma unroll
                 for (int j = 0; j < MAXJ_PV; j++) {
                     const int g = pg + C::SETS_PV * j;
                     if (g < G) {
-                        const double c_old = cor[g], c_new = cnr[g];
-                        acc[j].x = acc[j].x * c_old + double(pv[j].x) * c_new;
-                        acc[j].y = acc[j].y * c_old + double(pv[j].y) * c_new;
+                        const float w = ps[g * TP + p];
+                        pv[j].x = __fadd_rn(pv[j].x, __fmul_rn(w, vf.x));
+                        pv[j].y = __fadd_rn(pv[j].y, __fmul_rn(w, vf.y));
                     }
                 }
             }
-            if (real) {
-                __syncthreads();  // the next iteration's load overwrites the buffer just read
-                if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep3);
-            }
-        }
-
-        // Section 4: this slice's output, or its partials
-        float* const qs_o = real ? qs : reinterpret_cast<float*>(dry_w(C::kDryOut));
-        if (mine(4)) {
-            const double* lsr = real ? ls : dry_d;
 #pragma unroll
             for (int j = 0; j < MAXJ_PV; j++) {
                 const int g = pg + C::SETS_PV * j;
-                if (g >= G) continue;
-                const int h = h0 + g;
-                if (live == 1) {  // the whole context in this slice: its softmax is complete
-                    const double l = lsr[g];
-                    const float2 o = make_float2(float(acc[j].x / l), float(acc[j].y / l));
-                    if (real)
-                        *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD +
-                                                   size_t(h) * HD + 2 * d2) = o;
-                    if (a.qmode >= 0) *reinterpret_cast<float2*>(qs_o + g * HD + 2 * d2) = o;
-                } else if (real) {
-                    const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
-                    *reinterpret_cast<double2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
-                    if (d2 == 0) a.part_ml[idx] = make_double2(ms[g], ls[g]);
+                if (g < G) {
+                    const double c_old = co[g], c_new = cn[g];
+                    acc[j].x = acc[j].x * c_old + double(pv[j].x) * c_new;
+                    acc[j].y = acc[j].y * c_old + double(pv[j].y) * c_new;
                 }
             }
         }
-        if (real && live == 1 && t == 0) NT_PHASE_MARK(marks, phase::kStep4);
-
-        // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s -
-        // M) / sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel
-        // computed). The slices count themselves as arrival.cuh describes.
-        if (live > 1) {
-            if (real) {
-                if (a.sc_fences) __threadfence();
-                __syncthreads();  // this slice's partials are written before thread 0 counts them
-                if (t == 0) {
-                    int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
-                    last = (a.sc_fences ? atomicAdd(done, 1) : arrive_acq_rel(done, 1)) == live - 1;
-                    if (last)
-                        *done = 0;  // every other slice has counted: ready for the next launch
-                }
-                __syncthreads();  // and thread 0's acquire is before any thread reads the others'
-                                  // partials
-                if (!last) {
-                    if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
-                    return;
-                }
-                if (a.sc_fences) __threadfence();
-            }
-            static_assert(
-                kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
-                "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
-            // Section 5: every read here comes from L2 and waits on the one before it unless
-            // issued together: each (m, l) is read once, and the partials are read eight slices
-            // at a time. In double, as the CPU merges its chunks. (Dry: the reads as they are.)
-            double* const wts_w = real ? wts : reinterpret_cast<double*>(dry_w(C::kDryMerge));
-            double* const lsm_w =
-                real ? ls : reinterpret_cast<double*>(dry_w(C::kDryMerge + TP * 8));
-            if (mine(5)) {
-                for (int g = real ? warp : 0; g < G; g += NT / 32) {
-                    const double2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
-                    const double2 none = make_double2(-INFINITY, 0.0);
-                    const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
-                    const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
-                    const double M =
-                        warp_max(fmax(ml0.x, ml1.x));  // finite: every live slice has positions
-                    const double w0 = detail::exp_lean(ml0.x - M),
-                                 w1 = detail::exp_lean(ml1.x - M);  // 0 past `live`
-                    const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
-                    if (lane < live) wts_w[g * TP + lane] = w0;
-                    if (lane + 32 < live) wts_w[g * TP + lane + 32] = w1;
-                    if (lane == 0) lsm_w[g] = L;
-                }
-            }
-            if (real) __syncthreads();
-            // Section 6
-            if (mine(6)) {
-                const double* wts_r = real ? wts : dry_d;
-                const double* ls_r = real ? ls : dry_d;
-                float* const qs_m = real ? qs : reinterpret_cast<float*>(dry_w(C::kDryMergeOut));
-                constexpr int kBatch =
-                    4;  // slices in flight (each a double2: 64 registers a thread)
-                for (int u = real ? t : lane; u < G * HD / 2;
-                     u += NT) {  // 2 consecutive dims of one head
-                    const int g = u / (HD / 2), d = (u % (HD / 2)) * 2;
-                    const double2* pa = reinterpret_cast<const double2*>(
-                        a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
-                    const double* w = wts_r + g * TP;
-                    double2 o = make_double2(0.0, 0.0);
-                    for (int s0 = 0; s0 < live; s0 += kBatch) {
-                        double2 v[kBatch];
-#pragma unroll
-                        for (int i = 0; i < kBatch; i++)
-                            if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 2));
-#pragma unroll
-                        for (int i = 0; i < kBatch; i++)
-                            if (s0 + i < live) {
-                                const double ws = w[s0 + i];
-                                o.x += v[i].x * ws;
-                                o.y += v[i].y * ws;
-                            }
-                    }
-                    const double L = ls_r[g];
-                    const float2 of = make_float2(float(o.x / L), float(o.y / L));
-                    if (real)
-                        *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD +
-                                                   size_t(h0 + g) * HD + d) = of;
-                    if (a.qmode >= 0) *reinterpret_cast<float2*>(qs_m + g * HD + d) = of;
-                }
-            }
-        }
-        // Section 7: the finished heads quantized for the o projection
-        if (a.qmode >= 0) {
-            if (real) __syncthreads();
-            if (mine(7)) quantize_heads<HD, NT>(real ? qs : dry_f, G, row, h0, a, real);
-        }
-        if (real && t == 0) NT_PHASE_MARK(marks, phase::kDone);
+        __syncthreads();  // the next iteration's load overwrites the buffer just read
+        if (tile == 0 && t == 0) NT_PHASE_MARK(marks, phase::kStep3);
     }
+
+#pragma unroll
+    for (int j = 0; j < MAXJ_PV; j++) {
+        const int g = pg + C::SETS_PV * j;
+        if (g >= G) continue;
+        const int h = h0 + g;
+        if (live == 1) {  // the whole context in this slice: its softmax is complete
+            const double l = ls[g];
+            const float2 o = make_float2(float(acc[j].x / l), float(acc[j].y / l));
+            *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h) * HD +
+                                       2 * d2) = o;
+            if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + 2 * d2) = o;
+        } else {
+            const size_t idx = (size_t(z) * a.n_head + h) * a.splits + split;
+            *reinterpret_cast<double2*>(a.part_acc + idx * HD + 2 * d2) = acc[j];
+            if (d2 == 0) a.part_ml[idx] = make_double2(ms[g], ls[g]);
+        }
+    }
+    if (live == 1) {
+        if (t == 0) NT_PHASE_MARK(marks, phase::kStep4);
+        if (a.qmode >= 0) {
+            __syncthreads();
+            quantize_heads<HD, NT>(qs, G, row, h0, a);
+        }
+        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
+        return;
+    }
+
+    // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
+    // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
+    // The slices count themselves as arrival.cuh describes.
+    __shared__ int last;
+    if (a.sc_fences) __threadfence();
+    __syncthreads();  // this slice's partials are written before thread 0 counts them
+    if (t == 0) {
+        int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
+        last = (a.sc_fences ? atomicAdd(done, 1) : arrive_acq_rel(done, 1)) == live - 1;
+        if (last) *done = 0;  // every other slice has counted: ready for the next launch
+    }
+    __syncthreads();  // and thread 0's acquire is before any thread reads the others' partials
+    if (!last) {
+        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
+        return;
+    }
+    if (a.sc_fences) __threadfence();
+    static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
+                  "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
+    // Every read here comes from L2 and waits on the one before it unless issued together:
+    // each (m, l) is read once, and the partials are read eight slices at a time. In double,
+    // as the CPU merges its chunks.
+    for (int g = warp; g < G; g += NT / 32) {
+        const double2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
+        const double2 none = make_double2(-INFINITY, 0.0);
+        const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
+        const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
+        const double M = warp_max(fmax(ml0.x, ml1.x));  // finite: every live slice has positions
+        const double w0 = detail::exp_lean(ml0.x - M), w1 = detail::exp_lean(ml1.x - M);  // 0 past `live`
+        const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
+        if (lane < live) wts[g * TP + lane] = w0;
+        if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
+        if (lane == 0) ls[g] = L;
+    }
+    __syncthreads();
+    constexpr int kBatch = 4;  // slices in flight (each a double2: 64 registers a thread)
+    for (int u = t; u < G * HD / 2; u += NT) {  // 2 consecutive dims of one head
+        const int g = u / (HD / 2), d = (u % (HD / 2)) * 2;
+        const double2* pa = reinterpret_cast<const double2*>(
+            a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
+        const double* w = wts + g * TP;
+        double2 o = make_double2(0.0, 0.0);
+        for (int s0 = 0; s0 < live; s0 += kBatch) {
+            double2 v[kBatch];
+#pragma unroll
+            for (int i = 0; i < kBatch; i++)
+                if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 2));
+#pragma unroll
+            for (int i = 0; i < kBatch; i++)
+                if (s0 + i < live) {
+                    const double ws = w[s0 + i];
+                    o.x += v[i].x * ws;
+                    o.y += v[i].y * ws;
+                }
+        }
+        const double L = ls[g];
+        const float2 of = make_float2(float(o.x / L), float(o.y / L));
+        *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d) =
+            of;
+        if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + d) = of;
+    }
+    if (a.qmode >= 0) {
+        __syncthreads();
+        quantize_heads<HD, NT>(qs, G, row, h0, a);
+    }
+    if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
 }
 
 // Merges the slices of one (row, head), in double as the tiled kernel's last slice does:
@@ -1333,17 +1209,6 @@ static bool attn_wide_enabled() {
     return on;
 }
 
-// Whether the tiled decode kernel runs its sections dry before its wait (NT_ATTN_WARM=1; off
-// until measured, for A/B runs), unless a test has chosen (attn_set_warm_code).
-static int attn_warm_code_choice = -1;
-void attn_set_warm_code(int on) {
-    attn_warm_code_choice = on;
-}
-static bool attn_warm_code_enabled() {
-    static const bool env = env_int("NT_ATTN_WARM", 0) != 0;
-    return attn_warm_code_choice >= 0 ? attn_warm_code_choice != 0 : env;
-}
-
 void attn_init() {
     init_tiled_decode<kThreads, 64>(TiledGroups{});
     init_tiled_decode<kThreads, 128>(TiledGroups{});
@@ -1425,7 +1290,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
     a.qmode = -1;
     a.sc_fences = arrival_sc_fences();
     a.k_new = a.v_new = a.inv_freq = nullptr;
-    a.warm_code = false;
     // The wide tiled form: version 3, or version 0 unless NT_ATTN_WIDE=0.
     const bool wide =
         version == 3 || (version == 0 && attn_has_fast_decode(s) && attn_wide_enabled());
@@ -1435,8 +1299,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
         a.k_new = rope->k;
         a.v_new = rope->v;
         a.inv_freq = rope->inv_freq;
-        // Only a programmatic launch has time before its wait to spend on the dry pass.
-        a.warm_code = pdl && attn_warm_code_enabled();
     }
     const bool tiled = version == 2 || wide || (version == 0 && attn_has_fast_decode(s));
     if (tiled && !attn_has_fast_decode(s))

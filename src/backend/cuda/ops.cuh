@@ -196,10 +196,6 @@ bool attn_decode(const AttnShape& s, const float* q, __half* k_cache, __half* v_
                  int splits, float* scratch, int* done, float* out, cudaStream_t stream,
                  int version = 0, const ActivationSlot* quant = nullptr, bool pdl = false,
                  const RopeIn* rope = nullptr, bool alone = false);
-// Whether the tiled decode kernel, launched as a programmatic dependent with a RopeIn, runs the
-// sections of its work once dry before its wait, so that their code is cached (NT_ATTN_WARM): 1
-// or 0 for every later launch, -1 for the environment's choice again (tests).
-void attn_set_warm_code(int on);
 // Whether attn_decode (version 0) can take a RopeIn: the tiled kernel, and one decode row (a
 // row's newest position then is the only one its step writes: with several rows, one sequence's
 // consecutive positions would need each other's cache cells within one launch).
