@@ -951,6 +951,71 @@ TEST(MatmulSplit, LongRowsInColumnSlices) {
     cudaStreamDestroy(s);
 }
 
+// q/k/v of two types (Q4_K_M's Q4_K q and k, its Q6_K v) in one launch: the bits of each
+// stack's own launch, with and without PDL; shapes the form cannot take are refused with
+// nothing launched.
+TEST(MatmulStackTwo, TwoTypesInOneLaunchGiveEachStacksBits) {
+    SKIP_WITHOUT_GPU();
+    int dev = 0, major = 0;
+    ck(cudaGetDevice(&dev));
+    ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cudaStream_t s;
+    ck(cudaStreamCreate(&s));
+    const int64_t cols = 4096;
+    struct Case {
+        int64_t q, k, v;
+        bool takes;
+    };
+    // 8B's shapes; a short v; Q4_K rows not a multiple of four and Q6_K rows not of two (refused).
+    const Case cases[] = {{4096, 1024, 1024, true},
+                          {512, 256, 130, true},
+                          {512, 258, 128, false},
+                          {512, 256, 129, false}};
+    Rng rng(77);
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (auto& v : x) v = rng.normal();
+    Dev<float> dx(x);
+    Dev<int8_t> xq(static_cast<size_t>(cols));
+    Dev<float2> xd(static_cast<size_t>(cols) / 32);
+    ncu::detail::quantize_q8(dx.p, 1, cols, ncu::detail::act_quant(GgmlType::Q4_K), xq.p, xd.p, s);
+    for (const Case& k : cases) {
+        SCOPED_TRACE(std::to_string(k.q) + "/" + std::to_string(k.k) + "/" + std::to_string(k.v));
+        const std::vector<uint8_t> wq = random_weights(GgmlType::Q4_K, k.q, cols, 71 + k.q);
+        const std::vector<uint8_t> wk = random_weights(GgmlType::Q4_K, k.k, cols, 72 + k.k);
+        const std::vector<uint8_t> wv = random_weights(GgmlType::Q6_K, k.v, cols, 73 + k.v);
+        Dev<uint8_t> dq(wq), dk(wk), dv(wv);
+        Dev<float> yq(size_t(k.q)), yk(size_t(k.k)), yv(size_t(k.v));
+        ncu::detail::GemvStack qk, v;
+        qk.add(dq.p, k.q, yq.p);
+        qk.add(dk.p, k.k, yk.p);
+        v.add(dv.p, k.v, yv.p);
+        // Each stack alone (the shipped launches) first.
+        ncu::detail::gemv_stack(GgmlType::Q4_K, qk, cols, xq.p, xd.p, 1, false, s);
+        ncu::detail::gemv_stack(GgmlType::Q6_K, v, cols, xq.p, xd.p, 1, false, s);
+        ck(cudaStreamSynchronize(s));
+        const std::vector<float> want_q = yq.get(), want_k = yk.get(), want_v = yv.get();
+        for (bool pdl : {false, true}) {
+            for (Dev<float>* y : {&yq, &yk, &yv})
+                ck(cudaMemsetAsync(y->p, 0xFF, y->n * sizeof(float), s));
+            const bool took = ncu::detail::gemv_stack_two(GgmlType::Q4_K, qk, GgmlType::Q6_K, v,
+                                                          cols, xq.p, xd.p, pdl, s);
+            ck(cudaStreamSynchronize(s));
+            ASSERT_EQ(took, k.takes && major >= 9);
+            // Types other than (Q4_K, Q6_K) are refused.
+            EXPECT_FALSE(ncu::detail::gemv_stack_two(GgmlType::Q6_K, v, GgmlType::Q4_K, qk, cols,
+                                                     xq.p, xd.p, pdl, s));
+            if (!took) continue;
+            EXPECT_EQ(0,
+                      std::memcmp(want_q.data(), yq.get().data(), want_q.size() * sizeof(float)));
+            EXPECT_EQ(0,
+                      std::memcmp(want_k.data(), yk.get().data(), want_k.size() * sizeof(float)));
+            EXPECT_EQ(0, std::memcmp(want_v.data(), yv.get().data(), want_v.size() * sizeof(float)))
+                << (pdl ? "with PDL" : "");
+        }
+    }
+    cudaStreamDestroy(s);
+}
+
 // A workspace that holds only a few rows of FP16 weights: the GEMM runs slice by slice.
 TEST(MatmulWorkspace, SlicedGemmMatches) {
     SKIP_WITHOUT_GPU();
