@@ -309,13 +309,6 @@ int qkv_stack_mode() {
     return mode;
 }
 
-// Whether q/k/v's stack and the matrix of another type left over go as one launch of two
-// types (NT_QKV_TWO_TYPES=1; off by default, for A/B runs).
-bool qkv_two_types() {
-    static const bool on = env_int("NT_QKV_TWO_TYPES", 0) != 0;
-    return on;
-}
-
 // The stacked path of matmul_qkv: false (nothing launched) where no two matrices stack.
 bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float* const (&y)[3],
                  MatmulWorkspace& ws, cudaStream_t stream) {
@@ -361,18 +354,6 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
         types[n_stacks++] = w[i].type;
     }
     if (n_stacks == 0) return false;
-    // One stack and one matrix left over (Q4_K_M's q and k, and its Q6_K v): one launch of both
-    // types where that form takes them (NT_QKV_TWO_TYPES=1), else each its own launch.
-    int rest = -1, n_rest = 0;
-    for (int i = 0; i < 3; ++i)
-        if (!stacked[i]) rest = i, ++n_rest;
-    if (qkv_two_types() && n == 1 && n_stacks == 1 && n_rest == 1) {
-        detail::GemvStack one;
-        one.add(w[rest].data, w[rest].rows, y[rest]);
-        if (detail::gemv_stack_two(types[0], stacks[0], w[rest].type, one, cols, a.xq, a.xd, ws.pdl,
-                                   stream))
-            return true;
-    }
     auto launch_rest = [&] {
         for (int i = 0; i < 3; ++i) {
             if (stacked[i]) continue;
@@ -777,7 +758,6 @@ void prepare_gemv_all() {
     prepare_gemv_q8<GgmlType::Q2_K>();
     prepare_gemv_q8<GgmlType::Q3_K>();
     prepare_gemv_q8<GgmlType::Q4_K>();
-    prepare_gemv_stack_two();
     prepare_gemv_q8<GgmlType::Q5_K>();
     prepare_gemv_q8<GgmlType::Q6_K>();
 }

@@ -30,7 +30,6 @@
 #pragma once
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <numeric>
@@ -239,15 +238,11 @@ __device__ __forceinline__ void load_x_float(const float* xb, bool have, int par
 
 // nb: blocks of a stage's row (of a slice's, with kSplit). kXF: the activations are the floats
 // at xf, quantized here (load_x_float); xq, xd unused.
-// The kernel's work as CTA `cta` of `ctas` (gemv_q8_tma: blockIdx.x of gridDim.x; a launch of
-// two types, gemv_q8_tma_two: its CTAs of one type).
 template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit, bool kXF = false>
-__device__ __forceinline__ void gemv_q8_tma_cta(GemvStack pr, const uint8_t* __restrict__ w2,
-                                                int nb, const int8_t* __restrict__ xq,
-                                                const float2* __restrict__ xd,
-                                                const float* __restrict__ xf, const PairQuant& pq,
-                                                bool early, const TmaRing& ring, const TmaSplit& sp,
-                                                unsigned cta, unsigned ctas) {
+__global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kSplit, kPair))
+    gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
+                const float2* __restrict__ xd, const float* __restrict__ xf, PairQuant pq,
+                bool early, TmaRing ring, TmaSplit sp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     NT_PHASE_TIME(t_entry);
     NT_PHASE_SLOTS(marks);
@@ -282,13 +277,13 @@ __device__ __forceinline__ void gemv_q8_tma_cta(GemvStack pr, const uint8_t* __r
         // share it.
         const int m = W / sp.slices, r = warp % m;
         slice = warp / m;
-        c0 = groups * cta / ctas;
-        c1 = groups * (cta + 1) / ctas;
+        c0 = groups * blockIdx.x / gridDim.x;
+        c1 = groups * (blockIdx.x + 1) / gridDim.x;
         g0 = c0 + (c1 - c0) * r / m;
         g1 = c0 + (c1 - c0) * (r + 1) / m;
     } else {
-        const int64_t gw = int64_t(cta) * kPipeWarps + warp;
-        const int64_t warps = int64_t(ctas) * kPipeWarps;
+        const int64_t gw = int64_t(blockIdx.x) * kPipeWarps + warp;
+        const int64_t warps = int64_t(gridDim.x) * kPipeWarps;
         g0 = groups * gw / warps;
         g1 = groups * (gw + 1) / warps;
     }
@@ -487,37 +482,6 @@ __device__ __forceinline__ void gemv_q8_tma_cta(GemvStack pr, const uint8_t* __r
 #endif
 }
 
-template <GgmlType T, bool kPair, int kXU, int kV, bool kSplit, bool kXF = false>
-__global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kSplit, kPair))
-    gemv_q8_tma(GemvStack pr, const uint8_t* __restrict__ w2, int nb, const int8_t* __restrict__ xq,
-                const float2* __restrict__ xd, const float* __restrict__ xf, PairQuant pq,
-                bool early, TmaRing ring, TmaSplit sp) {
-    gemv_q8_tma_cta<T, kPair, kXU, kV, kSplit, kXF>(pr, w2, nb, xq, xd, xf, pq, early, ring, sp,
-                                                    blockIdx.x, gridDim.x);
-}
-
-// Stacks of two weight types with the same activations (Q8_K: Q4_K_M's Q4_K q and k and its
-// Q6_K v) in one launch: CTAs [0, ctas2) run the second (dispatched first, so that the small
-// one never waits for a multiprocessor), the rest the first, each its own rows a stage and
-// ring (dynamic shared memory is the launch's: the larger of the two). One launch instead of
-// two in series, where the second's latency-bound chain would sit between q/k and the
-// attention.
-template <GgmlType T1, int kXU1, int kV1, GgmlType T2, int kXU2, int kV2>
-__global__ void __launch_bounds__(kPipeThreads, tma_min_blocks(T1, kXU1) < tma_min_blocks(T2, kXU2)
-                                                    ? tma_min_blocks(T1, kXU1)
-                                                    : tma_min_blocks(T2, kXU2))
-    gemv_q8_tma_two(GemvStack p1, GemvStack p2, int nb1, int nb2, const int8_t* __restrict__ xq,
-                    const float2* __restrict__ xd, bool early, TmaRing r1, TmaRing r2, int ctas2) {
-    const unsigned cta = blockIdx.x;
-    if (cta < unsigned(ctas2))
-        gemv_q8_tma_cta<T2, false, kXU2, kV2, false>(p2, nullptr, nb2, xq, xd, nullptr, PairQuant{},
-                                                     early, r2, TmaSplit{}, cta, ctas2);
-    else
-        gemv_q8_tma_cta<T1, false, kXU1, kV1, false>(p1, nullptr, nb1, xq, xd, nullptr, PairQuant{},
-                                                     early, r1, TmaSplit{}, cta - unsigned(ctas2),
-                                                     gridDim.x - unsigned(ctas2));
-}
-
 // Whether the TMA form may run: compute capability 9.0+ and not turned off (NT_GEMV_TMA=0,
 // for A/B runs against the register-ring pipe kernel).
 inline bool tma_usable() {
@@ -627,58 +591,6 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   dim3(unsigned(W) * 32), smem, stream,
                   kSplit ? "gemv (pipe, tma ring, column slices)" : "gemv (pipe, tma ring)", pr, w2,
                   nb, xq, xd, xf, q, early, ring, sp);
-}
-
-// CTAs a multiprocessor that gemv_q8_tma_two's registers allow (once; it also raises the
-// kernel's shared-memory limit, so it runs first outside any graph capture: prepare).
-template <GgmlType T1, int kXU1, int kV1, GgmlType T2, int kXU2, int kV2>
-int tma_two_ctas_by_registers() {
-    static const int n = [] {
-        auto* kernel = gemv_q8_tma_two<T1, kXU1, kV1, T2, kXU2, kV2>;
-        NT_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           device_limits().optin),
-                      "gemv tma shared memory limit");
-        int per_sm = 0;
-        NT_CUDA_CHECK(
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPipeThreads, 0),
-            "gemv tma occupancy");
-        return per_sm;
-    }();
-    return n;
-}
-
-// gemv_q8_tma_two's launch: as many CTAs as the GPU holds at once (at most one group a warp),
-// shared between the two stacks by their bytes, the second's counted NT_QKV_TWO_WEIGHT times
-// (default 1; Q6_K's rows cost more arithmetic a byte than Q4_K's).
-template <GgmlType T1, int kXU1, int kV1, GgmlType T2, int kXU2, int kV2>
-bool launch_tma_two_k(const GemvStack& p1, const GemvStack& p2, int nb1, int nb2, const int8_t* xq,
-                      const float2* xd, bool pdl, cudaStream_t stream) {
-    const int64_t row1 = int64_t(nb1) * Quant<T1>::kBlockBytes,
-                  row2 = int64_t(nb2) * Quant<T2>::kBlockBytes;
-    const TmaRing r1 = tma_ring(row1, kV1), r2 = tma_ring(row2, kV2);
-    const size_t smem =
-        std::max(tma_ring_smem(r1, kPipeWarps, kV1), tma_ring_smem(r2, kPipeWarps, kV2));
-    const DeviceLimits& d = device_limits();
-    const int per_sm = std::min(tma_two_ctas_by_registers<T1, kXU1, kV1, T2, kXU2, kV2>(),
-                                int(d.smem_per_sm / (smem + d.reserved)));
-    if (per_sm < 1) return false;
-    const int64_t need1 = (p1.rows() / kV1 + kPipeWarps - 1) / kPipeWarps;
-    const int64_t need2 = (p2.rows() / kV2 + kPipeWarps - 1) / kPipeWarps;
-    const int64_t total = std::min<int64_t>(int64_t(per_sm) * d.sms, need1 + need2);
-    if (total < 2) return false;
-    static const double weight = [] {
-        const char* e = std::getenv("NT_QKV_TWO_WEIGHT");
-        return e ? std::max(0.01, std::atof(e)) : 1.0;
-    }();
-    const double b1 = double(p1.rows()) * double(row1),
-                 b2 = weight * double(p2.rows()) * double(row2);
-    const int64_t ctas2 = std::clamp<int64_t>(std::llround(double(total) * b2 / (b1 + b2)), 1,
-                                              std::min(need2, total - 1));
-    const int64_t ctas1 = std::clamp<int64_t>(total - ctas2, 1, need1);
-    launch_kernel(pdl, gemv_q8_tma_two<T1, kXU1, kV1, T2, kXU2, kV2>, dim3(unsigned(ctas1 + ctas2)),
-                  dim3(kPipeThreads), smem, stream, "gemv (pipe, tma ring, two types)", p1, p2, nb1,
-                  nb2, xq, xd, pdl && pdl_prefetch_enabled(), r1, r2, int(ctas2));
-    return true;
 }
 
 // The fewest rows for which Q8_0's whole rows take the TMA form (NT_Q8_TMA_ROWS, for A/B runs;
@@ -961,35 +873,6 @@ void launch_pipe_any(const GemvStack& pr, const void* w2, int64_t cols, const in
         return launch_tma<T, false>(pr, pr.m0, cols, xq, xd, pdl, stream, PairQuant{});
     }
     launch_pipe_nx<T>(pr, w2, cols, xq, xd, n, nx, pdl, stream, q);
-}
-
-// Stacks of two types in one launch (gemv_q8_tma_two): the first's rows four a stage, the
-// second's two (Q6_K's four-row ring would cost the launch a CTA a multiprocessor); false,
-// with nothing launched, where that form does not fit (then each stack goes alone).
-template <GgmlType T1, GgmlType T2>
-bool launch_tma_two(const GemvStack& p1, const GemvStack& p2, int64_t cols, const int8_t* xq,
-                    const float2* xd, bool pdl, cudaStream_t stream) {
-    if constexpr (!tma_compiled<T1>() || !tma_compiled<T2>()) {
-        return false;
-    } else {
-        if (!tma_fits<T1>(p1, nullptr, cols, 1) || !tma_fits<T2>(p2, nullptr, cols, 1) ||
-            p1.e0 % 4 || p1.e1 % 4 || p1.e2 % 4 || p2.e0 % 2 || p2.e1 % 2 || p2.e2 % 2)
-            return false;
-        const int nb1 = int(cols / Quant<T1>::kBlockElems),
-                  nb2 = int(cols / Quant<T2>::kBlockElems);
-        bool launched = false;
-        with_tma_units<T1>(pipe_units<T1>(cols), [&](auto x1) {
-            constexpr int XU1 = decltype(x1)::value;
-            if constexpr (tma_four_rows_compiled<T1>(XU1)) {
-                with_tma_units<T2>(pipe_units<T2>(cols), [&](auto x2) {
-                    constexpr int XU2 = decltype(x2)::value;
-                    launched = launch_tma_two_k<T1, XU1, 4, T2, XU2, 2>(p1, p2, nb1, nb2, xq, xd,
-                                                                        pdl, stream);
-                });
-            }
-        });
-        return launched;
-    }
 }
 
 // One-time setup of every TMA instantiation (never first inside a graph capture).

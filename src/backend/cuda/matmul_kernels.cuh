@@ -238,13 +238,6 @@ bool gemv_stack_tma(GgmlType t, int64_t rows, int64_t cols, int n);
 // The stack's GEMV for n <= 8 activation rows (quantize_q8 output), all matrices of type t.
 void gemv_stack(GgmlType t, const GemvStack& s, int64_t cols, const int8_t* xq, const float2* xd,
                 int n, bool pdl, cudaStream_t stream);
-// Two stacks of different types in one launch for one activation row (launch_tma_two; q/k/v
-// whose types differ: Q4_K_M's Q4_K q and k with its Q6_K v). Only (Q4_K, Q6_K); false, with
-// nothing launched, where the form does not take them.
-bool gemv_stack_two(GgmlType t1, const GemvStack& s1, GgmlType t2, const GemvStack& s2,
-                    int64_t cols, const int8_t* xq, const float2* xd, bool pdl,
-                    cudaStream_t stream);
-void prepare_gemv_stack_two();
 // y = silu(w x) * (w2 x) for n <= 8 activation rows (quantize_q8 output), nx as GemvConfig.
 void gemv_pair(GgmlType t, const void* w, const void* w2, int64_t rows, int64_t cols,
                const int8_t* xq, const float2* xd, int n, float* y, bool pdl, cudaStream_t stream,
