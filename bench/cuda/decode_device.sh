@@ -39,6 +39,9 @@
 #   bench/cuda/decode_device.sh l2       # 8B tg128 (AB_MODELS) with the feed-forward's first weights requested
 #                                        # into L2 during the attention as shipped, none and by size (NT_L2_WARM)
 #   bench/cuda/decode_device.sh l2after  # the same after the o projection's wait (NT_L2_WARM_AFTER=1), by size
+#   bench/cuda/decode_device.sh vtwo     # 8B Q4_K_M tg8, tg32, tg128 with its q/k and v in one launch of two
+#                                        # types (bench/cuda/qkv_two_types.patch, built in and removed again),
+#                                        # after its bit-exactness test
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -66,25 +69,28 @@ bench8b() {
     shift 3
     env "$@" "${NT_BIN:-$nt}" bench -m "$(model $t)" --device cuda -p "$p" -n "$n" -r 3 2>&1
 }
-# tg128 of the 8B model of type $1 with the settings after it: "t/s ± sd".
+# tg128 (tgN with TG_N=N) of the 8B model of type $1 with the settings after it: "t/s ± sd".
 tg128() {
-    local t=$1
+    local t=$1 n=${TG_N:-128}
     shift
-    bench8b "$t" 0 128 "$@" | grep -E "tg128" | awk -F'|' '{print $7}'
+    bench8b "$t" 0 "$n" "$@" | grep -E "tg$n " | awk -F'|' '{print $7}'
 }
-# "LABEL: <type> <setting> tg128 <t/s>" for each model of AB_MODELS and each setting after the
-# label (VAR=VALUE), in that order, each model once the models stage has written it.
+# "LABEL: <type> <setting> tgN <t/s>" for each model of AB_MODELS, each N of TG_LENGTHS (default
+# 128) and each setting after the label (VAR=VALUE), in that order, each model once the models
+# stage has written it.
 tg128_each() {
-    local label=$1 t env
+    local label=$1 t env n
     shift
     for t in ${AB_MODELS:-q4_k_m}; do
         wait_model $t || return 1
-        for env in "$@"; do
-            if [ "$env" = shipped ]; then  # with_patch's copy of the binary before the patch
-                echo "$label: $t shipped tg128 $(NT_BIN=$build/ntransformer.shipped tg128 $t NT_AS_SHIPPED=1)"
-            else
-                echo "$label: $t $env tg128 $(tg128 $t $env)"
-            fi
+        for n in ${TG_LENGTHS:-128}; do
+            for env in "$@"; do
+                if [ "$env" = shipped ]; then  # with_patch's copy of the binary before the patch
+                    echo "$label: $t shipped tg$n $(TG_N=$n NT_BIN=$build/ntransformer.shipped tg128 $t NT_AS_SHIPPED=1)"
+                else
+                    echo "$label: $t $env tg$n $(TG_N=$n tg128 $t $env)"
+                fi
+            done
         done
     done
 }
@@ -354,6 +360,15 @@ EOF
         tg128_each l2after NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM_AFTER=1 \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=4194304" "NT_L2_WARM_AFTER=1 NT_L2_WARM=8388608" \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=16777216" NT_AS_SHIPPED=1 NT_L2_WARM_AFTER=1
+        ;;
+    vtwo)
+        # Q4_K_M's q/k (Q4_K) and v (Q6_K) in one launch of two types
+        # (bench/cuda/qkv_two_types.patch): its bit-exactness test and the backend tests with it
+        # on, then tg8, tg32 and tg128 as shipped and with it on, the launch's CTAs capped or not.
+        TG_LENGTHS=${TG_LENGTHS:-8 32 128} with_patch qkv_two_types.patch vtwo \
+            'MatmulStackTwo*:CudaBackend*' NT_QKV_TWO_TYPES=1 shipped NT_QKV_TWO_TYPES=1 \
+            "NT_QKV_TWO_TYPES=1 NT_QKV_TWO_CTAS=352" "NT_QKV_TWO_TYPES=1 NT_QKV_TWO_CTAS=264" \
+            shipped NT_QKV_TWO_TYPES=1
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of
