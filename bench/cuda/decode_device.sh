@@ -69,8 +69,8 @@ bench8b() {
     shift 3
     env "$@" "${NT_BIN:-$nt}" bench -m "$(model $t)" --device cuda -p "$p" -n "$n" -r 3 2>&1
 }
-# tg128 (tgN with TG_N=N) of the 8B model of type $1 with the settings after it: "t/s ± sd".
-tg128() {
+# tgN (N = TG_N, default 128) of the 8B model of type $1 with the settings after it: "t/s ± sd".
+tg_rate() {
     local t=$1 n=${TG_N:-128}
     shift
     bench8b "$t" 0 "$n" "$@" | grep -E "tg$n " | awk -F'|' '{print $7}'
@@ -86,9 +86,9 @@ tg128_each() {
         for n in ${TG_LENGTHS:-128}; do
             for env in "$@"; do
                 if [ "$env" = shipped ]; then  # with_patch's copy of the binary before the patch
-                    echo "$label: $t shipped tg$n $(TG_N=$n NT_BIN=$build/ntransformer.shipped tg128 $t NT_AS_SHIPPED=1)"
+                    echo "$label: $t shipped tg$n $(TG_N=$n NT_BIN=$build/ntransformer.shipped tg_rate $t NT_AS_SHIPPED=1)"
                 else
-                    echo "$label: $t $env tg$n $(TG_N=$n tg128 $t $env)"
+                    echo "$label: $t $env tg$n $(TG_N=$n tg_rate $t $env)"
                 fi
             done
         done
@@ -190,11 +190,11 @@ stage() {
             wait_model $t || return 1
             for env in $settings; do
                 if [ "$env" = base ]; then
-                    echo "ab: $t base tg128 $(NT_BIN=$base_nt tg128 $t NT_AS_SHIPPED=1)"
+                    echo "ab: $t base tg128 $(NT_BIN=$base_nt tg_rate $t NT_AS_SHIPPED=1)"
                     continue
                 fi
                 [ "$env" = - ] && env=NT_AS_SHIPPED=1
-                echo "ab: $t $env tg128 $(tg128 $t ${env//,/ })"
+                echo "ab: $t $env tg128 $(tg_rate $t ${env//,/ })"
             done
         done
         ;;

@@ -73,14 +73,18 @@ def test_handoffs_and_work(tmp_path):
     # Three tokens of four layers: 11 spans from one attention to the next. The two that take in
     # the output matrix have eight kernels, and the first has no kernel before it: 8 are left.
     assert lines[0].startswith("a layer, 8 alike"), out
-    body = lines[2:2 + len(LAYER) + len([k for k in LAYER if k[0] in STEPS])]
-    rows = [ROW.match(l) for l in body if not l.startswith("  steps")]
+    marking = [k for k in LAYER if k[0] in STEPS]
+    body = lines[2:2 + len(LAYER) + len(marking)]
+    rows, steps = [], []  # steps: (the kind of the kernel row above, the values)
+    for l in body:
+        if l.startswith("  steps"):  # under the kernel that marks them
+            steps.append((LAYER[len(rows) - 1][0], [float(v) for v in l.split()[1:]]))
+        else:
+            rows.append(ROW.match(l))
     assert all(rows) and len(rows) == len(LAYER), out
-    steps = {i: l for i, l in enumerate(body) if l.startswith("  steps")}
-    for i, l in steps.items():  # under the kernel that marks them, last CTA against first wait
-        kind = LAYER[len([j for j in range(i) if j not in steps]) - 1][0]
-        assert [float(v) for v in l.split()[1:]] == STEPS[kind], out
-    assert len(steps) == len([k for k in LAYER if k[0] in STEPS]), out
+    assert len(steps) == len(marking), out
+    for kind, values in steps:  # last CTA against first wait
+        assert values == STEPS[kind], out
     for kernel, row in zip(LAYER, rows):
         _, name, ctas, start, w0, w1, first, work = kernel
         assert row["name"].strip() == name

@@ -339,7 +339,7 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     // 477.00 (+0.16%); in the phase marks the attention of those layers advances 10.0 us
     // instead of 13.7, and the q/k stack, now waiting for v, 5.5 instead of 3.4.
     detail::GemvStack stacks[3];
-    GgmlType types[3];
+    GgmlType stack_type[3];
     int n_stacks = 0;
     for (int i = 0; i < 3; ++i) {
         if (!joins[i] || stacked[i]) continue;
@@ -351,7 +351,7 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
             stacks[n_stacks].add(w[same[k]].data, w[same[k]].rows, y[same[k]]);
             stacked[same[k]] = true;
         }
-        types[n_stacks++] = w[i].type;
+        stack_type[n_stacks++] = w[i].type;
     }
     if (n_stacks == 0) return false;
     auto launch_rest = [&] {
@@ -365,7 +365,7 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     static const bool rest_first = env_switch("NT_QKV_REST_FIRST");
     if (rest_first) launch_rest();
     for (int k = 0; k < n_stacks; ++k)
-        detail::gemv_stack(types[k], stacks[k], cols, a.xq, a.xd, n, ws.pdl, stream);
+        detail::gemv_stack(stack_type[k], stacks[k], cols, a.xq, a.xd, n, ws.pdl, stream);
     if (!rest_first) launch_rest();
     return true;
 }
