@@ -7,15 +7,6 @@
 
 namespace nt::cuda::detail {
 
-// c[0] z^(N-1) + c[1] z^(N-2) + ... + c[N-1], by Horner's rule in fused multiply-adds.
-template <int N>
-__host__ __device__ inline double horner(double z, const double (&c)[N]) {
-    double p = c[0];
-#pragma unroll
-    for (int i = 1; i < N; i++) p = fma(p, z, c[i]);
-    return p;
-}
-
 // cos and sin of x in double, for |x| < 2^31, within a few units in the last place: what the
 // CPU backend's std::cos and std::sin give once rounded to float, but for ties once in about
 // 1e8 values (RopeAngleHost checks every position of a 131072-token context). CUDA's sincos
@@ -35,25 +26,27 @@ __host__ __device__ inline void sincos_lean(double x, double* s, double* c) {
     r = fma(-j, kPio2Mid, r);
     r = fma(-j, kPio2Lo, r);
     const double z = r * r;
-    // 1/19!, -1/17!, ..., 1/3!: sin(r) = r - r^3 (1/3! - r^2 (1/5! - ...))
-    constexpr double kSin[] = {
-        8.22063524662433e-18,    -2.8114572543455206e-15, 7.647163731819816e-13,
-        -1.6059043836821613e-10, 2.505210838544172e-08,   -2.755731922398589e-06,
-        0.0001984126984126984,   -0.008333333333333333,   0.16666666666666666};
-    // 1/20!, -1/18!, ..., -1/2!, 1: cos(r) = 1 - r^2/2! + r^4/4! - ...
-    constexpr double kCos[] = {4.110317623312165e-19,
-                               -1.5619206968586225e-16,
-                               4.779477332387385e-14,
-                               -1.1470745597729725e-11,
-                               2.08767569878681e-09,
-                               -2.755731922398589e-07,
-                               2.48015873015873e-05,
-                               -0.001388888888888889,
-                               0.041666666666666664,
-                               -0.5,
-                               1.0};
-    const double sr = fma(-r * z, horner(z, kSin), r);
-    const double cr = horner(z, kCos);
+    double ps = 8.22063524662433e-18;  // 1/19!
+    ps = fma(ps, z, -2.8114572543455206e-15);
+    ps = fma(ps, z, 7.647163731819816e-13);
+    ps = fma(ps, z, -1.6059043836821613e-10);
+    ps = fma(ps, z, 2.505210838544172e-08);
+    ps = fma(ps, z, -2.755731922398589e-06);
+    ps = fma(ps, z, 0.0001984126984126984);
+    ps = fma(ps, z, -0.008333333333333333);
+    ps = fma(ps, z, 0.16666666666666666);
+    const double sr = fma(-r * z, ps, r);  // r - r^3/3! + r^5/5! - ...
+    double pc = 4.110317623312165e-19;     // 1/20!
+    pc = fma(pc, z, -1.5619206968586225e-16);
+    pc = fma(pc, z, 4.779477332387385e-14);
+    pc = fma(pc, z, -1.1470745597729725e-11);
+    pc = fma(pc, z, 2.08767569878681e-09);
+    pc = fma(pc, z, -2.755731922398589e-07);
+    pc = fma(pc, z, 2.48015873015873e-05);
+    pc = fma(pc, z, -0.001388888888888889);
+    pc = fma(pc, z, 0.041666666666666664);
+    pc = fma(pc, z, -0.5);
+    const double cr = fma(pc, z, 1.0);        // 1 - r^2/2! + r^4/4! - ...
     switch (static_cast<long long>(j) & 3) {  // x = r + j pi/2
         case 0:
             *s = sr, *c = cr;
