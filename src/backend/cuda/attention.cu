@@ -106,23 +106,13 @@ __global__ void kv_store_kernel(const float* k, const float* v, const int32_t* p
 
 // ---- decode ------------------------------------------------------------------------------------
 
-// What the tiled kernel reads before its wait comes first, in one span of the parameters'
-// constant bank (each further span it touches there is one more miss on its way to its first
-// tiles).
 struct DecodeArgs {
+    const float* q;
+    __half* kc;  // written only with the rope (inv_freq)
+    __half* vc;
     const int32_t* pos;
     const int32_t* seq;
-    const int32_t* rows;  // null: the identity (z is the row)
-    __half* kc;           // written only with the rope (inv_freq)
-    __half* vc;
-    // tiled, optional (RopeIn): q, k and v as the GEMVs left them; the kernel turns q, and the
-    // slice that holds a row's newest position turns k and stores that position's k and v in
-    // the caches. inv_freq null: q turned and the cache filled before.
-    const float* inv_freq;
-    int n_ctx, kv_dim, splits, group;
-    const float* k_new;
-    const float* v_new;
-    const float* q;
+    const int32_t* rows;
     double* part_acc;  // [n_rows][n_head][splits][head_dim]
     double2* part_ml;  // [n_rows][n_head][splits] (max, sum)
     float* out;
@@ -133,7 +123,13 @@ struct DecodeArgs {
     float2* xd;
     int qmode;
     bool sc_fences;  // tiled: arrival_sc_fences(), the merge's fences instead of its acquire-release count
-    int n_head, head_dim;
+    // tiled, optional (RopeIn): q, k and v as the GEMVs left them; the kernel turns q, and the
+    // slice that holds a row's newest position turns k and stores that position's k and v in
+    // the caches. inv_freq null: q turned and the cache filled before.
+    const float* k_new;
+    const float* v_new;
+    const float* inv_freq;
+    int n_head, head_dim, n_ctx, kv_dim, group, splits;
     float scale;  // 1/sqrt(head_dim)
 };
 
@@ -178,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) attn_decode_generic(DecodeArgs a) {
     __shared__ float ps[TP];
     __shared__ double cf[2];  // this chunk's c_old, c_new
     const int split = blockIdx.x, h = blockIdx.y, z = blockIdx.z;
-    const int row = a.rows ? a.rows[z] : z;
+    const int row = a.rows[z];
     const int hd = a.head_dim, kvh = h / a.group;
     int start, end;
     split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
@@ -347,21 +343,15 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     pdl_trigger();
     const int kvh = blockIdx.x, split = blockIdx.y, z = blockIdx.z;
     const int t = threadIdx.x;
-    // The step's rows, positions and sequences: uploaded before its first kernel (or advanced by
-    // the step before's choice). The first tiles' addresses wait on them, so the position and
-    // the sequence are asked for together, and a step of decode rows only reads no row list.
-    const int row = a.rows ? a.rows[z] : z;
-    const int newest = a.pos[row], seq = a.seq[row];
+    const int row = a.rows[z];  // the step's rows and positions: uploaded before its first kernel
     const int h0 = kvh * G;
     int start, end;
-    const int live = split_range(newest + 1, a.splits, split, TP, start, end);
-    // Past the sequence's end: not counted, not merged. (seq < 0 never holds, the host checks
-    // the step's sequences; testing it makes the compiler load the sequence with the position,
-    // ahead of this exit, instead of after it: one trip to memory fewer before the first tiles.)
-    if (start >= end || seq < 0) return;
+    const int live = split_range(a.pos[row] + 1, a.splits, split, TP, start, end);
+    if (start >= end) return;  // past the sequence's end: not counted, not merged
     if (t == 0) NT_PHASE_RESERVE(marks, phase::kAttention, a.kc, phase::kMarks);
-    const size_t base = size_t(seq) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
+    const size_t base = size_t(a.seq[row]) * a.n_ctx * a.kv_dim + size_t(kvh) * HD;
     const bool rope = a.inv_freq != nullptr;
+    const int newest = a.pos[row];
     const __half* kg = a.kc + base;
     const __half* vg = a.vc + base;
     const int n_tiles = (end - start + TP - 1) / TP;
@@ -704,7 +694,7 @@ __global__ void __launch_bounds__(kThreads)
         if (threadIdx.x == 0) total = L;
     }
     __syncthreads();
-    float* o = out + size_t(rows ? rows[z] : z) * n_head * hd + size_t(h) * hd;
+    float* o = out + size_t(rows[z]) * n_head * hd + size_t(h) * hd;
     for (int d = threadIdx.x; d < hd; d += kThreads) {
         double acc = 0.0;
         for (int s = 0; s < splits; s++)

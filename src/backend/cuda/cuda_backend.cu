@@ -729,9 +729,7 @@ void CudaBackend::run(const Op& op) {
             // Q4_K) -0.7% and Q8_0 -0.3%: there the blocks only start later.
             const bool alone = decode_only && n_dec_ == 1 &&
                                (attn_alone_ == 2 || (attn_alone_ == 1 && op.next == GgmlType::Q6_K));
-            // A step of decode rows only lists them in order: the kernel needs no list.
-            const int32_t* dec_rows = decode_only ? nullptr : d_dec_rows;
-            if (cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, dec_rows, n_dec_, splits_,
+            if (cuda::attn_decode(as, f(0), kc, vc, d_pos, d_seq, d_dec_rows, n_dec_, splits_,
                                   attn_scratch_, attn_done_, f(3), stream_, 0,
                                   quantize ? &slot : nullptr, mm_->pdl,
                                   fuse_rope ? &rope_in : nullptr, alone)) {

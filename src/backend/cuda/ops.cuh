@@ -169,9 +169,7 @@ int attn_decode_splits(const AttnShape& s, int n_rows, int sm_count);
 size_t attn_decode_scratch_floats(const AttnShape& s, int n_rows, int splits);
 
 // Causal attention for the batch rows listed in rows[0..n_rows): row r attends to positions
-// 0..pos[r] of sequence seq[r] in the cache (split-K flash decoding, then a reduction). rows
-// null: rows 0..n_rows-1, each in order (a step of decode rows only; a load fewer before the
-// kernel can ask for its first tiles).
+// 0..pos[r] of sequence seq[r] in the cache (split-K flash decoding, then a reduction).
 // `done`: n_rows * n_head_kv ints, zero before the first call; each call leaves them zero (the
 // tiled kernel's count of finished slices per (row, KV head); unused with one split).
 // q and out are [batch][n_head * head_dim]. `version`: 0 = best for the shape, 1 = generic,
