@@ -2,7 +2,7 @@
 # Resident decode on a GPU machine (issue 3's decode targets), in stages:
 #   bench/cuda/decode_device.sh build    # configure + build ntransformer, nt_gpu_tests and the harnesses
 #   bench/cuda/decode_device.sh models   # synthetic Llama-3 8B in Q4_K_M, Q8_0 and Q6_K (written in the background)
-#   bench/cuda/decode_device.sh ab       # 8B tg128 (AB_MODELS, default q4_k_m) as shipped, then with each setting of AB
+#   bench/cuda/decode_device.sh ab       # 8B tgN (TG_N, default 128; AB_MODELS, default q4_k_m) as shipped, then with each setting of AB
 #                                        # ("base" in AB: the tree of AB_BASE as shipped, built first:
 #                                        # AB_BASE a tarball of another commit, `git archive REV > F`)
 #   bench/cuda/decode_device.sh gemv     # bench_gemv on 8B and 70B shapes (GEMV_TYPES, GEMV_N rows, default 1), as shipped and with each setting of GEMV_AB
@@ -78,7 +78,7 @@ tg_rate() {
 # "LABEL: <type> <setting> tgN <t/s>" for each model of AB_MODELS, each N of TG_LENGTHS (default
 # 128) and each setting after the label (VAR=VALUE), in that order, each model once the models
 # stage has written it.
-tg128_each() {
+tg_each() {
     local label=$1 t env n
     shift
     for t in ${AB_MODELS:-q4_k_m}; do
@@ -147,7 +147,7 @@ probe_patch() {
 
 # A patch under test (a probe or a candidate not yet measured): build the patch in, run the GPU
 # tests TESTS (a gtest filter; none if empty) with the settings TEST_ENV, tg128 with each
-# SETTING (tg128_each LABEL; "shipped": the binary built before the patch, in the same run),
+# SETTING (tg_each LABEL; "shipped": the binary built before the patch, in the same run),
 # then take the patch out and build again.
 #   with_patch PATCH LABEL TESTS TEST_ENV SETTING...
 with_patch() {
@@ -160,7 +160,7 @@ with_patch() {
     if [ -n "$tests" ]; then
         env $test_env "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter="$tests" 2>&1 | tail -n 3
     fi
-    tg128_each "$label" "$@"
+    tg_each "$label" "$@"
     probe_patch "$patch" -R
     run cmake --build "$build" -j "$(nproc)" --target $targets 2>&1 | grep -E " error"
 }
@@ -190,11 +190,11 @@ stage() {
             wait_model $t || return 1
             for env in $settings; do
                 if [ "$env" = base ]; then
-                    echo "ab: $t base tg128 $(NT_BIN=$base_nt tg_rate $t NT_AS_SHIPPED=1)"
+                    echo "ab: $t base tg${TG_N:-128} $(NT_BIN=$base_nt tg_rate $t NT_AS_SHIPPED=1)"
                     continue
                 fi
                 [ "$env" = - ] && env=NT_AS_SHIPPED=1
-                echo "ab: $t $env tg128 $(tg_rate $t ${env//,/ })"
+                echo "ab: $t $env tg${TG_N:-128} $(tg_rate $t ${env//,/ })"
             done
         done
         ;;
@@ -346,18 +346,18 @@ EOF
     fromfloat)
         # The down projection quantizing the SwiGLU pair's float output itself, by type
         # (NT_GEMV_FROM_FLOAT, a mask: 1 Q4_K, 2 Q6_K; the default 2).
-        tg128_each "fromfloat" NT_GEMV_FROM_FLOAT=2 NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=3 NT_GEMV_FROM_FLOAT=2
+        tg_each "fromfloat" NT_GEMV_FROM_FLOAT=2 NT_GEMV_FROM_FLOAT=0 NT_GEMV_FROM_FLOAT=1 NT_GEMV_FROM_FLOAT=3 NT_GEMV_FROM_FLOAT=2
         ;;
     l2)
         # The feed-forward's first weights requested into L2 by the o projection's warps during
         # the attention (CudaBackend::warm_weights): as shipped (by type), none, and by size.
-        tg128_each l2 NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM=4194304 NT_L2_WARM=8388608 \
+        tg_each l2 NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM=4194304 NT_L2_WARM=8388608 \
             NT_L2_WARM=16777216 NT_AS_SHIPPED=1
         ;;
     l2after)
         # The same requests after the o projection's wait (NT_L2_WARM_AFTER=1: the attention
         # done, o's weights in flight, the norm after it) against before it (as shipped).
-        tg128_each l2after NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM_AFTER=1 \
+        tg_each l2after NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM_AFTER=1 \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=4194304" "NT_L2_WARM_AFTER=1 NT_L2_WARM=8388608" \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=16777216" NT_AS_SHIPPED=1 NT_L2_WARM_AFTER=1
         ;;
