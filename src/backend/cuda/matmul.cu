@@ -338,8 +338,10 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     // 8B Q4_K_M tg128 in one run, alternating: 477.71, 477.89, 478.02 against 477.11, 477.04,
     // 477.00 (+0.16%); in the phase marks the attention of those layers advances 10.0 us
     // instead of 13.7, and the q/k stack, now waiting for v, 5.5 instead of 3.4.
-    detail::GemvStack stacks[3];
-    GgmlType stack_type[3];
+    struct TypedStack {
+        detail::GemvStack rows;
+        GgmlType type;
+    } stacks[3];
     int n_stacks = 0;
     for (int i = 0; i < 3; ++i) {
         if (!joins[i] || stacked[i]) continue;
@@ -348,10 +350,10 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
             if (joins[j] && w[j].type == w[i].type) same[count++] = j;
         if (count < 2) continue;
         for (int k = 0; k < count; ++k) {
-            stacks[n_stacks].add(w[same[k]].data, w[same[k]].rows, y[same[k]]);
+            stacks[n_stacks].rows.add(w[same[k]].data, w[same[k]].rows, y[same[k]]);
             stacked[same[k]] = true;
         }
-        stack_type[n_stacks++] = w[i].type;
+        stacks[n_stacks++].type = w[i].type;
     }
     if (n_stacks == 0) return false;
     auto launch_rest = [&] {
@@ -365,7 +367,7 @@ bool qkv_stacked(const WeightView (&w)[3], const ActivationSlot& a, int n, float
     static const bool rest_first = env_switch("NT_QKV_REST_FIRST");
     if (rest_first) launch_rest();
     for (int k = 0; k < n_stacks; ++k)
-        detail::gemv_stack(stack_type[k], stacks[k], cols, a.xq, a.xd, n, ws.pdl, stream);
+        detail::gemv_stack(stacks[k].type, stacks[k].rows, cols, a.xq, a.xd, n, ws.pdl, stream);
     if (!rest_first) launch_rest();
     return true;
 }
