@@ -39,9 +39,6 @@
 #   bench/cuda/decode_device.sh l2       # 8B tg128 (AB_MODELS) with the feed-forward's first weights requested
 #                                        # into L2 during the attention as shipped, none and by size (NT_L2_WARM)
 #   bench/cuda/decode_device.sh l2after  # the same after the o projection's wait (NT_L2_WARM_AFTER=1), by size
-#   bench/cuda/decode_device.sh entry    # 8B tg8 and tg128 (AB_MODELS) by setting of the decode attention's
-#                                        # entry (bench/cuda/attn_entry.patch, built in and removed again;
-#                                        # NT_ATTN_ENTRY bits at run time, one binary), after its tests
 #   bench/cuda/decode_device.sh ablate   # 8B tg128 (AB_MODELS) with each decode op left out in turn
 #                                        # (bench/cuda/ablate_ops.patch, built in and removed again):
 #                                        # what each op costs in place, inside the graph
@@ -360,14 +357,6 @@ EOF
         tg_each l2after NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM_AFTER=1 \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=4194304" "NT_L2_WARM_AFTER=1 NT_L2_WARM=8388608" \
             "NT_L2_WARM_AFTER=1 NT_L2_WARM=16777216" NT_AS_SHIPPED=1 NT_L2_WARM_AFTER=1
-        ;;
-    entry)
-        # The attention's entry (bench/cuda/attn_entry.patch): no row list, the sequence with the
-        # position, sincos_lean, each a run-time bit of NT_ATTN_ENTRY in one binary; its tests
-        # with all three on, then tg8 and tg128 by setting, the binary without the patch too.
-        TG_LENGTHS=${TG_LENGTHS:-8 128} with_patch attn_entry.patch entry \
-            'CudaBackend*:CudaKernels*' NT_ATTN_ENTRY=7 shipped NT_AS_SHIPPED=1 NT_ATTN_ENTRY=1 \
-            NT_ATTN_ENTRY=2 NT_ATTN_ENTRY=3 NT_ATTN_ENTRY=4 NT_ATTN_ENTRY=7 NT_AS_SHIPPED=1 shipped
         ;;
     ablate)
         # NT_SKIP=<op> (norm, qkv, attn, o, gateup or down, exactly) leaves that op out of
