@@ -508,6 +508,26 @@ inline int tma_ring_bytes() {
     static const int bytes = int(std::clamp<long long>(env_int("NT_TMA_RING", 16384), 1024, 49152));
     return bytes;
 }
+// The same for one weight type's rings (NT_TMA_RING_Q4_K, _Q6_K, _Q8_0; default the above), for
+// A/B runs: 24 KB won Q4_K_M 2.3% on the H100 while it cost Q6_K 4.8%, and a GPU with more
+// bandwidth (the H200) may want more bytes in flight for some types and not others.
+inline int tma_ring_bytes(GgmlType t) {
+    auto read = [](const char* name) {
+        return int(std::clamp<long long>(env_int(name, tma_ring_bytes()), 1024, 49152));
+    };
+    static const int q4_k = read("NT_TMA_RING_Q4_K"), q6_k = read("NT_TMA_RING_Q6_K"),
+                     q8_0 = read("NT_TMA_RING_Q8_0");
+    switch (t) {
+        case GgmlType::Q4_K:
+            return q4_k;
+        case GgmlType::Q6_K:
+            return q6_k;
+        case GgmlType::Q8_0:
+            return q8_0;
+        default:
+            return tma_ring_bytes();
+    }
+}
 
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
 // CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; with
@@ -537,10 +557,10 @@ inline bool tma_evict_first() {
 }
 
 // The ring for groups of kv rows of row_bytes: as many stages as the target bytes hold.
-inline TmaRing tma_ring(int64_t row_bytes, int kv) {
+inline TmaRing tma_ring(int64_t row_bytes, int kv, int ring_bytes = tma_ring_bytes()) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
-    r.stages = std::clamp(int(tma_ring_bytes() / (kv * row_bytes)), 2, kTmaMaxStages);
+    r.stages = std::clamp(int(ring_bytes / (kv * row_bytes)), 2, kTmaMaxStages);
     r.evict_first = tma_evict_first();
     return r;
 }
@@ -552,7 +572,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
                   TmaSplit sp = {}, const float* xf = nullptr) {
     using Q = Quant<T>;
-    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV);
+    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, tma_ring_bytes(T));
     const bool early = pdl && pdl_prefetch_enabled();  // its first stages before its wait
     if (early) ring.warm = std::exchange(pending_l2_warm(), {});
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
