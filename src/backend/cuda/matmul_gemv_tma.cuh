@@ -508,22 +508,30 @@ inline int tma_ring_bytes() {
     static const int bytes = int(std::clamp<long long>(env_int("NT_TMA_RING", 16384), 1024, 49152));
     return bytes;
 }
-// The same for one weight type's rings (NT_TMA_RING_Q4_K, _Q6_K, _Q8_0; default the above), for
-// A/B runs: 24 KB won Q4_K_M 2.3% on the H100 while it cost Q6_K 4.8%, and a GPU with more
-// bandwidth (the H200) may want more bytes in flight for some types and not others.
-inline int tma_ring_bytes(GgmlType t) {
-    auto read = [](const char* name) {
-        return int(std::clamp<long long>(env_int(name, tma_ring_bytes()), 1024, 49152));
+// The same for one weight type's rings (NT_TMA_RING_Q4_K, _Q6_K, _Q8_0; default the above) and,
+// apart, for its SwiGLU pairs (NT_TMA_RING_PAIR_Q4_K, ...), for A/B runs. One setting differs
+// by default: Q4_K's pair takes 24 KB, 5 stages of 4.6 KB at 2 CTAs a multiprocessor instead
+// of 3 at 4. H100, 8B tg128 in one run, alternating (fiftieth session): Q4_K_M 477.13, 477.36
+// against 472.52, 472.80 (+1.0%); every Q4_K ring at 24 KB only +0.5% (the other Q4_K rings
+// at 24 KB -0.15%; 70B -0.3%, whose pairs keep 2 stages either way); Q6_K's pair at 24 KB
+// -1.7%, every Q6_K ring -3.6%.
+inline int tma_ring_bytes(GgmlType t, bool pair) {
+    auto read = [](const char* name, int fallback) {
+        return int(std::clamp<long long>(env_int(name, fallback), 1024, 49152));
     };
-    static const int q4_k = read("NT_TMA_RING_Q4_K"), q6_k = read("NT_TMA_RING_Q6_K"),
-                     q8_0 = read("NT_TMA_RING_Q8_0");
+    static const int q4_k = read("NT_TMA_RING_Q4_K", tma_ring_bytes()),
+                     q6_k = read("NT_TMA_RING_Q6_K", tma_ring_bytes()),
+                     q8_0 = read("NT_TMA_RING_Q8_0", tma_ring_bytes()),
+                     pair_q4_k = read("NT_TMA_RING_PAIR_Q4_K", 24576),
+                     pair_q6_k = read("NT_TMA_RING_PAIR_Q6_K", q6_k),
+                     pair_q8_0 = read("NT_TMA_RING_PAIR_Q8_0", q8_0);
     switch (t) {
         case GgmlType::Q4_K:
-            return q4_k;
+            return pair ? pair_q4_k : q4_k;
         case GgmlType::Q6_K:
-            return q6_k;
+            return pair ? pair_q6_k : q6_k;
         case GgmlType::Q8_0:
-            return q8_0;
+            return pair ? pair_q8_0 : q8_0;
         default:
             return tma_ring_bytes();
     }
@@ -572,7 +580,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
                   TmaSplit sp = {}, const float* xf = nullptr) {
     using Q = Quant<T>;
-    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, tma_ring_bytes(T));
+    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, tma_ring_bytes(T, kPair));
     const bool early = pdl && pdl_prefetch_enabled();  // its first stages before its wait
     if (early) ring.warm = std::exchange(pending_l2_warm(), {});
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
