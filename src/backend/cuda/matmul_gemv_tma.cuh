@@ -537,6 +537,16 @@ inline int tma_ring_bytes(GgmlType t, bool pair) {
     }
 }
 
+// At most this many CTAs a multiprocessor for the SwiGLU pairs (NT_TMA_CTAS_PAIR) or the other
+// TMA GEMVs (NT_TMA_CTAS); 0, the default, leaves it to shared memory and registers. For A/B
+// runs: whether the Q4_K pair's 24 KB ring wins by its deeper stages or by its 2 CTAs a
+// multiprocessor instead of 4 (room for the kernel after it to start beside).
+inline int tma_ctas_cap(bool pair) {
+    static const int cap_pair = int(env_int("NT_TMA_CTAS_PAIR", 0)),
+                     cap_rest = int(env_int("NT_TMA_CTAS", 0));
+    return pair ? cap_pair : cap_rest;
+}
+
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
 // CTAs per multiprocessor that its registers allow at `warps` warps a CTA (kPipeWarps; with
 // kSplit up to kTmaCtaWarps); shared memory then decides per launch.
@@ -612,6 +622,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
             per_sm = ctas_per_sm();
         }
         if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
+        if (const int cap = tma_ctas_cap(kPair); cap > 0) per_sm = std::min(per_sm, cap);
         grid = std::min<int64_t>(grid, int64_t(per_sm) * d.sms);
     }
     size_smem();
