@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <numeric>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -516,25 +517,26 @@ inline int tma_ring_bytes() {
 // at 24 KB -0.15%; 70B -0.3%, whose pairs keep 2 stages either way); Q6_K's pair at 24 KB
 // -1.7%, every Q6_K ring -3.6%.
 inline int tma_ring_bytes(GgmlType t, bool pair) {
-    auto read = [](const char* name, int fallback) {
-        return int(std::clamp<long long>(env_int(name, fallback), 1024, 49152));
+    struct Rings {
+        int single, pair;
     };
-    static const int q4_k = read("NT_TMA_RING_Q4_K", tma_ring_bytes()),
-                     q6_k = read("NT_TMA_RING_Q6_K", tma_ring_bytes()),
-                     q8_0 = read("NT_TMA_RING_Q8_0", tma_ring_bytes()),
-                     pair_q4_k = read("NT_TMA_RING_PAIR_Q4_K", 24576),
-                     pair_q6_k = read("NT_TMA_RING_PAIR_Q6_K", q6_k),
-                     pair_q8_0 = read("NT_TMA_RING_PAIR_Q8_0", q8_0);
-    switch (t) {
-        case GgmlType::Q4_K:
-            return pair ? pair_q4_k : q4_k;
-        case GgmlType::Q6_K:
-            return pair ? pair_q6_k : q6_k;
-        case GgmlType::Q8_0:
-            return pair ? pair_q8_0 : q8_0;
-        default:
-            return tma_ring_bytes();
-    }
+    // NT_TMA_RING_<type> and NT_TMA_RING_PAIR_<type>; the pair's default is pair_bytes, or
+    // the type's own where that is 0.
+    auto rings_of = [](const char* type, int pair_bytes) {
+        auto read = [](const std::string& name, int fallback) {
+            return int(std::clamp<long long>(env_int(name.c_str(), fallback), 1024, 49152));
+        };
+        const int single = read(std::string("NT_TMA_RING_") + type, tma_ring_bytes());
+        return Rings{single, read(std::string("NT_TMA_RING_PAIR_") + type,
+                                  pair_bytes ? pair_bytes : single)};
+    };
+    static const Rings q4_k = rings_of("Q4_K", 24576), q6_k = rings_of("Q6_K", 0),
+                       q8_0 = rings_of("Q8_0", 0);
+    const Rings r = t == GgmlType::Q4_K   ? q4_k
+                    : t == GgmlType::Q6_K ? q6_k
+                    : t == GgmlType::Q8_0 ? q8_0
+                                          : Rings{tma_ring_bytes(), tma_ring_bytes()};
+    return pair ? r.pair : r.single;
 }
 
 // At most this many CTAs a multiprocessor for the SwiGLU pairs (NT_TMA_CTAS_PAIR) or the other
@@ -574,11 +576,12 @@ inline bool tma_evict_first() {
     return on;
 }
 
-// The ring for groups of kv rows of row_bytes: as many stages as the target bytes hold.
-inline TmaRing tma_ring(int64_t row_bytes, int kv, int ring_bytes = tma_ring_bytes()) {
+// The ring for groups of kv rows of row_bytes of type t (a SwiGLU pair's where pair): as many
+// stages as that type's target bytes hold.
+inline TmaRing tma_ring(int64_t row_bytes, int kv, GgmlType t, bool pair) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
-    r.stages = std::clamp(int(ring_bytes / (kv * row_bytes)), 2, kTmaMaxStages);
+    r.stages = std::clamp(int(tma_ring_bytes(t, pair) / (kv * row_bytes)), 2, kTmaMaxStages);
     r.evict_first = tma_evict_first();
     return r;
 }
@@ -590,7 +593,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
                   TmaSplit sp = {}, const float* xf = nullptr) {
     using Q = Quant<T>;
-    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, tma_ring_bytes(T, kPair));
+    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, T, kPair);
     const bool early = pdl && pdl_prefetch_enabled();  // its first stages before its wait
     if (early) ring.warm = std::exchange(pending_l2_warm(), {});
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
@@ -697,8 +700,8 @@ inline bool tma_four_rows() {
 // Whether a multiprocessor holds at least 2 CTAs of four-row rings of row_bytes rows (the H100
 // and H200: Q4_K 3, Q6_K 2): where shared memory is smaller, twice the bytes a stage would
 // leave one CTA or none.
-inline bool tma_four_rows_fit(int64_t row_bytes) {
-    const size_t smem = tma_ring_smem(tma_ring(row_bytes, 4), kPipeWarps, 4);
+inline bool tma_four_rows_fit(int64_t row_bytes, GgmlType t) {
+    const size_t smem = tma_ring_smem(tma_ring(row_bytes, 4, t, false), kPipeWarps, 4);
     const DeviceLimits& d = device_limits();
     return d.smem_per_sm / (smem + d.reserved) >= 2;
 }
@@ -723,7 +726,7 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
             return;
     }
     const bool four = two && tma_four_rows() && pr.e0 % 4 == 0 && pr.e1 % 4 == 0 &&
-                      pr.e2 % 4 == 0 && tma_four_rows_fit(int64_t(nb) * Quant<T>::kBlockBytes);
+                      pr.e2 % 4 == 0 && tma_four_rows_fit(int64_t(nb) * Quant<T>::kBlockBytes, T);
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
         if constexpr (tma_four_rows_compiled<T>(XU))
