@@ -14,7 +14,7 @@ scripts/fetch-model.sh
 
 # Where nvcc exists the CUDA backend and GPU tests are compiled too (for one architecture, to
 # keep CI short); they run on a GPU machine (scripts/gpu-check.sh), but for the host-side
-# checks of the kernels' block arithmetic (MatmulQuantHost), which run here too.
+# checks (the kernels' block arithmetic, the TMA GEMV's settings: *Host), which run here too.
 cuda_args=""
 if command -v nvcc >/dev/null 2>&1; then cuda_args="-DCMAKE_CUDA_ARCHITECTURES=${NT_CUDA_ARCH:-90}"; fi
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release $cuda_args ${NT_CMAKE_ARGS:-}
@@ -23,7 +23,7 @@ cmake --build "$build" -j "$jobs"
 echo "== unit tests"
 (cd "$build" && ctest --output-on-failure -j "$jobs" -L unit)
 if [ -x "$build/tests/nt_gpu_tests" ]; then
-    "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='MatmulQuantHost.*'
+    "$build/tests/nt_gpu_tests" --gtest_brief=1 --gtest_filter='*Host.*'
 fi
 
 echo "== comparisons with independent references"

@@ -497,56 +497,67 @@ inline bool tma_usable() {
     return ok;
 }
 
-// Bytes of shared memory a warp's ring aims at (NT_TMA_RING, default 16 KB; a ring has at
-// least two stages). With two rows a stage 16 KB had lost (H200, 8B Q4_K_M tg128 374 against
-// 426 tok/s with 8 KB: fewer warps a multiprocessor). With four rows a stage, 8B's 4096-column
-// rings keep their two stages either way; where the 16 KB adds stages, the single matrices and
-// column slices are level (bench_gemv), and the SwiGLU pair gains: Q4_K's 4.5 KB stages 3
-// instead of 2, at the same 4 CTAs a multiprocessor. H100, 8B tg128, 16 / 8 KB, same runs:
-// Q4_K_M 462.7, 462.8 / 454.0, 454.0 (+1.9%); Q6_K 354.4, 354.5 / 353.1 (+0.4%); Q8_0 294.4 /
-// 292.7 (+0.6%). 20 KB: Q6_K -4.4%; 24 KB: Q4_K_M +2.3%, Q6_K -4.8%; 32 KB: Q4_K_M -3.9%.
-inline int tma_ring_bytes() {
-    static const int bytes = int(std::clamp<long long>(env_int("NT_TMA_RING", 16384), 1024, 49152));
-    return bytes;
-}
-// The same for one weight type's rings (NT_TMA_RING_Q4_K, _Q6_K, _Q8_0; default the above) and,
-// apart, for its SwiGLU pairs (NT_TMA_RING_PAIR_Q4_K, ...), for A/B runs. One setting differs
-// by default: Q4_K's pair takes 24 KB, 5 stages of 4.6 KB at 2 CTAs a multiprocessor instead
-// of 3 at 4. H100, 8B tg128 in one run, alternating (fiftieth session): Q4_K_M 477.13, 477.36
-// against 472.52, 472.80 (+1.0%); every Q4_K ring at 24 KB only +0.5% (the other Q4_K rings
-// at 24 KB -0.15%; 70B -0.3%, whose pairs keep 2 stages either way); Q6_K's pair at 24 KB
-// -1.7%, every Q6_K ring -3.6%.
+// A TMA GEMV setting read once from the environment, apart by weight type and by whether the
+// launch is a SwiGLU pair's, for A/B runs. For a launch of type T (Q4_K, Q6_K or Q8_0) the first
+// set of NT_<name>_PAIR_<T> (pairs only), NT_<name>_<T>, NT_<name>_PAIR (pairs only), NT_<name>
+// holds; other types read the last two. Unset, `fallback(t, pair)` holds.
+class TmaSetting {
+  public:
+    using Fallback = long long (*)(GgmlType, bool);
+    TmaSetting(const char* name, Fallback fallback) {
+        const std::string base = std::string("NT_") + name;
+        for (int i = 0; i <= kTyped; ++i)
+            for (const bool pair : {false, true}) {
+                const GgmlType t = i < kTyped ? kTypes[i] : GgmlType::F32;
+                long long v = env_int(base.c_str(), fallback(t, pair));
+                if (pair) v = env_int((base + "_PAIR").c_str(), v);
+                if (i < kTyped) {
+                    v = env_int((base + "_" + kNames[i]).c_str(), v);
+                    if (pair) v = env_int((base + "_PAIR_" + kNames[i]).c_str(), v);
+                }
+                values_[i][pair] = v;
+            }
+    }
+    long long operator()(GgmlType t, bool pair) const {
+        int i = 0;
+        while (i < kTyped && kTypes[i] != t) ++i;
+        return values_[i][pair];
+    }
+
+  private:
+    static constexpr int kTyped = 3;
+    static constexpr GgmlType kTypes[kTyped] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0};
+    static constexpr const char* kNames[kTyped] = {"Q4_K", "Q6_K", "Q8_0"};
+    long long values_[kTyped + 1][2] = {};  // the last row: every other type
+};
+
+// Bytes of shared memory a warp's ring aims at (NT_TMA_RING, by type and pair as TmaSetting
+// reads it; a ring has at least two stages). 16 KB, but 24 KB for Q4_K's SwiGLU pairs.
+// With two rows a stage 16 KB had lost (H200, 8B Q4_K_M tg128 374 against 426 tok/s with 8 KB:
+// fewer warps a multiprocessor). With four rows a stage, 8B's 4096-column rings keep their two
+// stages either way; where the 16 KB adds stages, the single matrices and column slices are
+// level (bench_gemv), and the SwiGLU pair gains: Q4_K's 4.5 KB stages 3 instead of 2, at the
+// same 4 CTAs a multiprocessor. H100, 8B tg128, 16 / 8 KB, same runs: Q4_K_M 462.7, 462.8 /
+// 454.0, 454.0 (+1.9%); Q6_K 354.4, 354.5 / 353.1 (+0.4%); Q8_0 294.4 / 292.7 (+0.6%). 20 KB:
+// Q6_K -4.4%; 24 KB: Q4_K_M +2.3%, Q6_K -4.8%; 32 KB: Q4_K_M -3.9%. Q4_K's pair at 24 KB: 5
+// stages of 4.6 KB at 2 CTAs a multiprocessor instead of 3 at 4. H100, 8B tg128 in one run,
+// alternating (fiftieth session): Q4_K_M 477.13, 477.36 against 472.52, 472.80 (+1.0%); every
+// Q4_K ring at 24 KB only +0.5% (the other Q4_K rings at 24 KB -0.15%; 70B -0.3%, whose pairs
+// keep 2 stages either way); Q6_K's pair at 24 KB -1.7%, every Q6_K ring -3.6%.
 inline int tma_ring_bytes(GgmlType t, bool pair) {
-    struct Rings {
-        int single, pair;
-    };
-    // NT_TMA_RING_<type> and NT_TMA_RING_PAIR_<type>; the pair's default is pair_bytes, or
-    // the type's own where that is 0.
-    auto rings_of = [](const char* type, int pair_bytes) {
-        auto read = [](const std::string& name, int fallback) {
-            return int(std::clamp<long long>(env_int(name.c_str(), fallback), 1024, 49152));
-        };
-        const int single = read(std::string("NT_TMA_RING_") + type, tma_ring_bytes());
-        return Rings{single, read(std::string("NT_TMA_RING_PAIR_") + type,
-                                  pair_bytes ? pair_bytes : single)};
-    };
-    static const Rings q4_k = rings_of("Q4_K", 24576), q6_k = rings_of("Q6_K", 0),
-                       q8_0 = rings_of("Q8_0", 0);
-    const Rings r = t == GgmlType::Q4_K   ? q4_k
-                    : t == GgmlType::Q6_K ? q6_k
-                    : t == GgmlType::Q8_0 ? q8_0
-                                          : Rings{tma_ring_bytes(), tma_ring_bytes()};
-    return pair ? r.pair : r.single;
+    static const TmaSetting bytes("TMA_RING", [](GgmlType t, bool pair) -> long long {
+        return t == GgmlType::Q4_K && pair ? 24576 : 16384;
+    });
+    return int(std::clamp(bytes(t, pair), 1024LL, 49152LL));
 }
 
-// At most this many CTAs a multiprocessor for the SwiGLU pairs (NT_TMA_CTAS_PAIR) or the other
-// TMA GEMVs (NT_TMA_CTAS); 0, the default, leaves it to shared memory and registers. For A/B
-// runs: whether the Q4_K pair's 24 KB ring wins by its deeper stages or by its 2 CTAs a
-// multiprocessor instead of 4 (room for the kernel after it to start beside).
-inline int tma_ctas_cap(bool pair) {
-    static const int cap_pair = int(env_int("NT_TMA_CTAS_PAIR", 0)),
-                     cap_rest = int(env_int("NT_TMA_CTAS", 0));
-    return pair ? cap_pair : cap_rest;
+// At most this many CTAs a multiprocessor (NT_TMA_CTAS, by type and pair); 0, the default,
+// leaves it to shared memory and registers. For A/B runs: whether the Q4_K pair's 24 KB ring
+// wins by its deeper stages or by its 2 CTAs a multiprocessor instead of 4 (room for the kernel
+// after it to start beside): the stages (the 16 KB pair capped at 2 CTAs loses 4.6%).
+inline int tma_ctas_cap(GgmlType t, bool pair) {
+    static const TmaSetting cap("TMA_CTAS", [](GgmlType, bool) -> long long { return 0; });
+    return int(cap(t, pair));
 }
 
 // Per instantiation, once: the shared-memory limit raised to the most a CTA may have, and the
@@ -569,11 +580,11 @@ int tma_ctas_by_registers(int warps = kPipeWarps) {
     return per_sm[std::clamp(warps, 1, kMaxWarps)];
 }
 
-// Whether weights stream with L2's evict-first policy (on unless NT_TMA_EVICT_FIRST=0, for A/B
-// runs).
-inline bool tma_evict_first() {
-    static const bool on = env_switch("NT_TMA_EVICT_FIRST");
-    return on;
+// Whether weights stream with L2's evict-first policy (on unless NT_TMA_EVICT_FIRST=0, by type
+// and pair: A/B runs).
+inline bool tma_evict_first(GgmlType t, bool pair) {
+    static const TmaSetting on("TMA_EVICT_FIRST", [](GgmlType, bool) -> long long { return 1; });
+    return on(t, pair) != 0;
 }
 
 // The ring for groups of kv rows of row_bytes of type t (a SwiGLU pair's where pair): as many
@@ -582,7 +593,7 @@ inline TmaRing tma_ring(int64_t row_bytes, int kv, GgmlType t, bool pair) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
     r.stages = std::clamp(int(tma_ring_bytes(t, pair) / (kv * row_bytes)), 2, kTmaMaxStages);
-    r.evict_first = tma_evict_first();
+    r.evict_first = tma_evict_first(t, pair);
     return r;
 }
 
@@ -625,7 +636,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
             per_sm = ctas_per_sm();
         }
         if (per_sm < 1) nt::fail("gemv: the TMA ring of %zu bytes does not fit on this GPU.", smem);
-        if (const int cap = tma_ctas_cap(kPair); cap > 0) per_sm = std::min(per_sm, cap);
+        if (const int cap = tma_ctas_cap(T, kPair); cap > 0) per_sm = std::min(per_sm, cap);
         grid = std::min<int64_t>(grid, int64_t(per_sm) * d.sms);
     }
     size_smem();
@@ -671,20 +682,21 @@ bool tma_fits(const GemvStack& pr, const void* w2, int64_t cols, int nx) {
 }
 
 // The column slices a SwiGLU pair's rows are cut into, sharing a CTA (1: whole rows;
-// NT_PAIR_SLICES=N for A/B runs). H200 tg128, 8B, two slices against whole rows, same runs:
-// Q6_K 402.6, 402.6 / 394.5, 394.9 and 402.4, 403.9 / 395.1 (+1.9%); Q8_0 370.3 / 364.6, 364.6
-// and 359.8 (mean of 3) / 357.5 (+0.6 to +1.6%); but Q4_K_M 505.8, 504.9 / 507.9, 508.9: Q4_K's
-// pairs stay whole.
+// NT_PAIR_SLICES=N, by type, for A/B runs). H200 tg128, 8B, two slices against whole rows, same
+// runs: Q6_K 402.6, 402.6 / 394.5, 394.9 and 402.4, 403.9 / 395.1 (+1.9%); Q8_0 370.3 / 364.6,
+// 364.6 and 359.8 (mean of 3) / 357.5 (+0.6 to +1.6%); but Q4_K_M 505.8, 504.9 / 507.9, 508.9:
+// Q4_K's pairs stay whole.
 template <GgmlType T>
 int tma_pair_slices() {
-    static const int n = int(env_int("NT_PAIR_SLICES", T == GgmlType::Q4_K ? 1 : 2));
-    return n;
+    static const TmaSetting n(
+        "PAIR_SLICES", [](GgmlType t, bool) -> long long { return t == GgmlType::Q4_K ? 1 : 2; });
+    return int(n(T, true));
 }
 
 // Four rows a stage where launch_pipe would take two (single matrices and stacks of whole
 // rows of up to two units: 8B's 4096 columns in Q4_K and Q6_K), on unless NT_TMA_FOUR_ROWS=0
-// (A/B runs). A stage's fixed work (the wait, lane 0's copy, the reduction: warp_sum_rows) then
-// serves twice the bytes, and each warp has twice the bytes in flight (two 9.2 KB stages for
+// (by type: A/B runs). A stage's fixed work (the wait, lane 0's copy, the reduction: warp_sum_rows)
+// then serves twice the bytes, and each warp has twice the bytes in flight (two 9.2 KB stages for
 // Q4_K; 3 CTAs a multiprocessor by shared memory instead of 4). H100, 8B tg128, four rows /
 // two: Q4_K_M 439.0, 440.0 / 429.7, 429.6 (+2.3%); Q6_K 347.5 / 344.3 (+0.9%). Not for
 // 70B's 8192-column rows (four units: 37 KB a warp, one CTA a multiprocessor) nor Q8_0 (not
@@ -693,9 +705,9 @@ template <GgmlType T>
 constexpr bool tma_four_rows_compiled(int xu) {
     return xu <= 2 && (T == GgmlType::Q4_K || T == GgmlType::Q6_K);
 }
-inline bool tma_four_rows() {
-    static const bool on = env_switch("NT_TMA_FOUR_ROWS");
-    return on;
+inline bool tma_four_rows(GgmlType t) {
+    static const TmaSetting on("TMA_FOUR_ROWS", [](GgmlType, bool) -> long long { return 1; });
+    return on(t, false) != 0;
 }
 // Whether a multiprocessor holds at least 2 CTAs of four-row rings of row_bytes rows (the H100
 // and H200: Q4_K 3, Q6_K 2): where shared memory is smaller, twice the bytes a stage would
@@ -725,7 +737,7 @@ void launch_tma(const GemvStack& pr, const uint8_t* w2, int64_t cols, const int8
             }))
             return;
     }
-    const bool four = two && tma_four_rows() && pr.e0 % 4 == 0 && pr.e1 % 4 == 0 &&
+    const bool four = two && tma_four_rows(T) && pr.e0 % 4 == 0 && pr.e1 % 4 == 0 &&
                       pr.e2 % 4 == 0 && tma_four_rows_fit(int64_t(nb) * Quant<T>::kBlockBytes, T);
     const bool launched = with_tma_units<T>(pipe_units<T>(cols), [&](auto xu_tag) {
         constexpr int XU = decltype(xu_tag)::value;
@@ -746,17 +758,17 @@ inline bool tma_split_enabled() {
 }
 
 // One-unit column slices (8B's 14336 columns) four rows a stage, on unless
-// NT_TMA_SPLIT_FOUR=0 (A/B runs): Q4_K's run only so (tma_slice_units, launch_tma_split). 8B
-// tg128 on an H100, with / without: Q4_K_M 458.5 / 449.4 tok/s (+2.0%; its Q4_K down
-// projections off the register ring, its Q6_K ones from two rows a stage), Q6_K 361.6 / 356.2
+// NT_TMA_SPLIT_FOUR=0 (by type: A/B runs): Q4_K's run only so (tma_slice_units, launch_tma_split).
+// 8B tg128 on an H100, with / without: Q4_K_M 458.5 / 449.4 tok/s (+2.0%; its Q4_K down projections
+// off the register ring, its Q6_K ones from two rows a stage), Q6_K 361.6 / 356.2
 // (+1.5%). Two-unit slices (70B) take two rows a stage.
 template <GgmlType T>
 constexpr bool tma_split_four_compiled(int xu) {
     return xu == 1 && tma_four_rows_compiled<T>(xu);
 }
-inline bool tma_split_four() {
-    static const bool on = env_switch("NT_TMA_SPLIT_FOUR");
-    return on;
+inline bool tma_split_four(GgmlType t) {
+    static const TmaSetting on("TMA_SPLIT_FOUR", [](GgmlType, bool) -> long long { return 1; });
+    return on(t, false) != 0;
 }
 
 // The slice width (units) for rows of `upr` units that the TMA form does not take whole: the
@@ -770,7 +782,7 @@ inline bool tma_split_four() {
 template <GgmlType T>
 int tma_slice_units(int64_t upr) {
     if (tma_x_units<T>(int(upr))) return 0;
-    const bool one = T == GgmlType::Q6_K || (T == GgmlType::Q4_K && tma_split_four());
+    const bool one = T == GgmlType::Q6_K || (T == GgmlType::Q4_K && tma_split_four(T));
     for (int su : {8, 4, 2, 1})
         if (tma_x_units<T>(su) && (su > 1 || one) && upr % su == 0 && upr / su >= 2 &&
             upr / su <= kTmaMaxSlices)
@@ -822,7 +834,7 @@ TmaSplitPlan tma_split_plan(const void* w, int64_t rows, int64_t cols, int nx) {
         // Q4_K's run only so: elsewhere the register ring takes the rows whole. Q6_K's take two
         // rows a stage there.
         if constexpr (tma_split_four_compiled<T>(1)) {
-            if (xu == 1 && tma_split_four()) {
+            if (xu == 1 && tma_split_four(T)) {
                 if (rows % 4 == 0 && rows / 4 * slices >= tma_split_resident_warps<T, 1, 4>(W))
                     return {slices, 4};
                 if (T == GgmlType::Q4_K) return p;
