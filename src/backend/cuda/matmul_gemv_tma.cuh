@@ -57,6 +57,7 @@ constexpr int kTmaMaxStages = 8;
 struct TmaRing {
     int stages = 0;
     int row_bytes = 0;
+    int early = kTmaMaxStages;  // of the stages, the most requested before the programmatic wait
     bool evict_first = false;
     L2Warm warm;  // other weights the warps request into L2 early (MatmulWorkspace::warm)
 };
@@ -359,8 +360,9 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
                                  (T == GgmlType::Q4_K ? 4 : T == GgmlType::Q6_K ? 6 : 8) << 4,
                          pr.m0, warp == 0 ? 4 : 1);
     if (!early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
+    const int before = early ? min(S, ring.early) : S;  // stages requested before the wait
     if (lane == 0)
-        for (int j = 0; j < S && j < total; ++j) issue(j);
+        for (int j = 0; j < before && j < total; ++j) issue(j);
     // The weights of what comes after (ring.warm: CudaBackend::warm_weights) into L2 while HBM
     // is idle: before the wait, during the kernel before (latency-bound, the attention), or
     // with `after`, once it is done (this GEMV's weights already in flight, the norm after it);
@@ -376,6 +378,8 @@ __global__ void __launch_bounds__(tma_threads(kSplit), tma_min_blocks(T, kXU, kS
     const bool warm = early && lane == 0 && ring.warm.bytes > 0;
     if (warm && !ring.warm.after) warm_l2();
     if (early) pdl_wait(xq, xd, xf, pr.y0, pr.y1, pr.y2);
+    if (lane == 0)
+        for (int j = before; j < S && j < total; ++j) issue(j);
     if (warm && ring.warm.after) warm_l2();
     if (lane == 0 && warp == 0) {
         NT_PHASE_MARK_AT(marks, phase::kEntry, t_entry);
@@ -587,12 +591,25 @@ inline bool tma_evict_first(GgmlType t, bool pair) {
     return on(t, pair) != 0;
 }
 
+// Of a ring's stages, the most requested before the programmatic wait (NT_TMA_EARLY, by type
+// and pair; default all). For A/B runs: with the Q4_K pair's 5-stage rings about 24 MB of its
+// 66 MB (8B) are requested while the norm before it runs, and the norm's reads queue behind
+// them (3.1-3.9 us to its sum in the Q4_K layers, 1.2-1.6 in the others); the o projection's
+// whole matrix is requested during the attention. One stage early for the pair, when it had 3,
+// was -0.2% (thirty-ninth session).
+inline int tma_early_stages(GgmlType t, bool pair) {
+    static const TmaSetting n("TMA_EARLY",
+                              [](GgmlType, bool) -> long long { return kTmaMaxStages; });
+    return int(std::clamp(n(t, pair), 0LL, (long long)kTmaMaxStages));
+}
+
 // The ring for groups of kv rows of row_bytes of type t (a SwiGLU pair's where pair): as many
 // stages as that type's target bytes hold.
 inline TmaRing tma_ring(int64_t row_bytes, int kv, GgmlType t, bool pair) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
     r.stages = std::clamp(int(tma_ring_bytes(t, pair) / (kv * row_bytes)), 2, kTmaMaxStages);
+    r.early = tma_early_stages(t, pair);
     r.evict_first = tma_evict_first(t, pair);
     return r;
 }
