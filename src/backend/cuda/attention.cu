@@ -400,6 +400,7 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     auto load_tile = [&](int tile) {
         const int p0 = start + tile * TP, buf = tile & 1;
         const int nrows = min(TP, end - p0);
+#pragma unroll 1  // a few passes: unrolled, its copies only lengthen the code fetched in place
         for (int c = t; c < nrows * CH; c += NT) {
             const int r = c / CH, cc = c % CH;
             if (rope && p0 + r == newest) continue;
@@ -595,75 +596,72 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
     }
     if (live == 1) {
         if (t == 0) NT_PHASE_MARK(marks, phase::kStep4);
-        if (a.qmode >= 0) {
-            __syncthreads();
-            quantize_heads<HD, NT>(qs, G, row, h0, a);
+    } else {
+        // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
+        // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
+        // The slices count themselves as arrival.cuh describes.
+        __shared__ int last;
+        if (a.sc_fences) __threadfence();
+        __syncthreads();  // this slice's partials are written before thread 0 counts them
+        if (t == 0) {
+            int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
+            last = (a.sc_fences ? atomicAdd(done, 1) : arrive_acq_rel(done, 1)) == live - 1;
+            if (last) *done = 0;  // every other slice has counted: ready for the next launch
         }
-        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
-        return;
-    }
-
-    // The last of the `live` slices to finish merges them all: out = sum_s acc_s 2^(m_s - M) /
-    // sum_s l_s 2^(m_s - M) per head, slices in order (what a separate merge kernel computed).
-    // The slices count themselves as arrival.cuh describes.
-    __shared__ int last;
-    if (a.sc_fences) __threadfence();
-    __syncthreads();  // this slice's partials are written before thread 0 counts them
-    if (t == 0) {
-        int* done = a.done + size_t(z) * (a.n_head / G) + kvh;
-        last = (a.sc_fences ? atomicAdd(done, 1) : arrive_acq_rel(done, 1)) == live - 1;
-        if (last) *done = 0;  // every other slice has counted: ready for the next launch
-    }
-    __syncthreads();  // and thread 0's acquire is before any thread reads the others' partials
-    if (!last) {
-        if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
-        return;
-    }
-    if (a.sc_fences) __threadfence();
-    static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
-                  "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
-    // Every read here comes from L2 and waits on the one before it unless issued together:
-    // each (m, l) is read once, and the partials are read eight slices at a time. In double,
-    // as the CPU merges its chunks.
-    for (int g = warp; g < G; g += NT / 32) {
-        const double2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
-        const double2 none = make_double2(-INFINITY, 0.0);
-        const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
-        const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
-        const double M = warp_max(fmax(ml0.x, ml1.x));  // finite: every live slice has positions
-        const double w0 = detail::exp_lean(ml0.x - M), w1 = detail::exp_lean(ml1.x - M);  // 0 past `live`
-        const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
-        if (lane < live) wts[g * TP + lane] = w0;
-        if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
-        if (lane == 0) ls[g] = L;
-    }
-    __syncthreads();
-    constexpr int kBatch = 4;  // slices in flight (each a double2: 64 registers a thread)
-    for (int u = t; u < G * HD / 2; u += NT) {  // 2 consecutive dims of one head
-        const int g = u / (HD / 2), d = (u % (HD / 2)) * 2;
-        const double2* pa = reinterpret_cast<const double2*>(
-            a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
-        const double* w = wts + g * TP;
-        double2 o = make_double2(0.0, 0.0);
-        for (int s0 = 0; s0 < live; s0 += kBatch) {
-            double2 v[kBatch];
-#pragma unroll
-            for (int i = 0; i < kBatch; i++)
-                if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 2));
-#pragma unroll
-            for (int i = 0; i < kBatch; i++)
-                if (s0 + i < live) {
-                    const double ws = w[s0 + i];
-                    o.x += v[i].x * ws;
-                    o.y += v[i].y * ws;
-                }
+        __syncthreads();  // and thread 0's acquire is before any thread reads the others' partials
+        if (!last) {
+            if (t == 0) NT_PHASE_MARK(marks, phase::kDone);
+            return;
         }
-        const double L = ls[g];
-        const float2 of = make_float2(float(o.x / L), float(o.y / L));
-        *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h0 + g) * HD + d) =
-            of;
-        if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + d) = of;
+        if (a.sc_fences) __threadfence();
+        static_assert(kMaxSplits <= 2 * 32 && kMaxSplits <= TP,
+                      "a lane reads two slices' (m, l); the weights take the scores' [G][TP] room");
+        // Every read here comes from L2 and waits on the one before it unless issued together:
+        // each (m, l) is read once, and the partials are read eight slices at a time. In double,
+        // as the CPU merges its chunks.
+        for (int g = warp; g < G; g += NT / 32) {
+            const double2* ml = a.part_ml + (size_t(z) * a.n_head + h0 + g) * a.splits;
+            const double2 none = make_double2(-INFINITY, 0.0);
+            const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
+            const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
+            // M is finite: every live slice has positions; w0, w1 are 0 past `live`.
+            const double M = warp_max(fmax(ml0.x, ml1.x));
+            const double w0 = detail::exp_lean(ml0.x - M), w1 = detail::exp_lean(ml1.x - M);
+            const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
+            if (lane < live) wts[g * TP + lane] = w0;
+            if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
+            if (lane == 0) ls[g] = L;
+        }
+        __syncthreads();
+        constexpr int kBatch = 4;  // slices in flight (each a double2: 64 registers a thread)
+        for (int u = t; u < G * HD / 2; u += NT) {  // 2 consecutive dims of one head
+            const int g = u / (HD / 2), d = (u % (HD / 2)) * 2;
+            const double2* pa = reinterpret_cast<const double2*>(
+                a.part_acc + (size_t(z) * a.n_head + h0 + g) * a.splits * HD + d);
+            const double* w = wts + g * TP;
+            double2 o = make_double2(0.0, 0.0);
+            for (int s0 = 0; s0 < live; s0 += kBatch) {
+                double2 v[kBatch];
+#pragma unroll
+                for (int i = 0; i < kBatch; i++)
+                    if (s0 + i < live) v[i] = __ldcg(pa + size_t(s0 + i) * (HD / 2));
+#pragma unroll
+                for (int i = 0; i < kBatch; i++)
+                    if (s0 + i < live) {
+                        const double ws = w[s0 + i];
+                        o.x += v[i].x * ws;
+                        o.y += v[i].y * ws;
+                    }
+            }
+            const double L = ls[g];
+            const float2 of = make_float2(float(o.x / L), float(o.y / L));
+            *reinterpret_cast<float2*>(a.out + size_t(row) * a.n_head * HD + size_t(h0 + g) * HD +
+                                       d) = of;
+            if (a.qmode >= 0) *reinterpret_cast<float2*>(qs + g * HD + d) = of;
+        }
     }
+    // One quantization for both ends, so that its code is one copy (in place it is fetched
+    // from L2 behind the weights' traffic).
     if (a.qmode >= 0) {
         __syncthreads();
         quantize_heads<HD, NT>(qs, G, row, h0, a);
