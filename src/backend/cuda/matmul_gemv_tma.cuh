@@ -536,7 +536,7 @@ class TmaSetting {
 };
 
 // Bytes of shared memory a warp's ring aims at (NT_TMA_RING, by type and pair as TmaSetting
-// reads it; a ring has at least two stages). 16 KB, but 24 KB for Q4_K's SwiGLU pairs.
+// reads it; a ring has at least two stages). 16 KB, but 28 KB for Q4_K's SwiGLU pairs.
 // With two rows a stage 16 KB had lost (H200, 8B Q4_K_M tg128 374 against 426 tok/s with 8 KB:
 // fewer warps a multiprocessor). With four rows a stage, 8B's 4096-column rings keep their two
 // stages either way; where the 16 KB adds stages, the single matrices and column slices are
@@ -547,10 +547,13 @@ class TmaSetting {
 // stages of 4.6 KB at 2 CTAs a multiprocessor instead of 3 at 4. H100, 8B tg128 in one run,
 // alternating (fiftieth session): Q4_K_M 477.13, 477.36 against 472.52, 472.80 (+1.0%); every
 // Q4_K ring at 24 KB only +0.5% (the other Q4_K rings at 24 KB -0.15%; 70B -0.3%, whose pairs
-// keep 2 stages either way); Q6_K's pair at 24 KB -1.7%, every Q6_K ring -3.6%.
+// keep 2 stages either way); Q6_K's pair at 24 KB -1.7%, every Q6_K ring -3.6%. At 28 KB (6
+// stages; 70B's 9.2 KB pair stages 3 at 2 CTAs instead of 2 at 3), H100 in one run, alternating
+// (fifty-first session): 8B 480.88, 480.98 against 480.05, 480.12 (+0.18%); 70B tg64 64.43,
+// 64.44, 64.44 against 64.16, 64.17, 64.16 (+0.4%). 32 KB (1 CTA) -1.4%.
 inline int tma_ring_bytes(GgmlType t, bool pair) {
     static const TmaSetting bytes("TMA_RING", [](GgmlType t, bool pair) -> long long {
-        return t == GgmlType::Q4_K && pair ? 24576 : 16384;
+        return t == GgmlType::Q4_K && pair ? 28672 : 16384;
     });
     return int(std::clamp(bytes(t, pair), 1024LL, 49152LL));
 }
@@ -585,18 +588,20 @@ int tma_ctas_by_registers(int warps = kPipeWarps) {
 }
 
 // Whether weights stream with L2's evict-first policy (on unless NT_TMA_EVICT_FIRST=0, by type
-// and pair: A/B runs).
+// and pair: A/B runs). H100, 8B Q4_K_M tg128 with the Q4_K pair's off: -3.9% (fifty-first
+// session).
 inline bool tma_evict_first(GgmlType t, bool pair) {
     static const TmaSetting on("TMA_EVICT_FIRST", [](GgmlType, bool) -> long long { return 1; });
     return on(t, pair) != 0;
 }
 
 // Of a ring's stages, the most requested before the programmatic wait (NT_TMA_EARLY, by type
-// and pair; default all). For A/B runs: with the Q4_K pair's 5-stage rings about 24 MB of its
+// and pair; default all), for A/B runs. With the Q4_K pair's 6-stage rings about 29 MB of its
 // 66 MB (8B) are requested while the norm before it runs, and the norm's reads queue behind
 // them (3.1-3.9 us to its sum in the Q4_K layers, 1.2-1.6 in the others); the o projection's
-// whole matrix is requested during the attention. One stage early for the pair, when it had 3,
-// was -0.2% (thirty-ninth session).
+// whole matrix is requested during the attention. Fewer lose: one stage early for the pair when
+// it had 3, -0.2% (thirty-ninth session); H100, 8B Q4_K_M tg128 (fifty-first session), 3 of the
+// Q4_K pair's, -0.14%; 1 of every other Q4_K GEMV's, -2.1%.
 inline int tma_early_stages(GgmlType t, bool pair) {
     static const TmaSetting n("TMA_EARLY",
                               [](GgmlType, bool) -> long long { return kTmaMaxStages; });
