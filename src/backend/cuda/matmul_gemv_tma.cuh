@@ -512,26 +512,31 @@ class TmaSetting {
         const std::string base = std::string("NT_") + name;
         for (int i = 0; i <= kTyped; ++i)
             for (const bool pair : {false, true}) {
-                const GgmlType t = i < kTyped ? kTypes[i] : GgmlType::F32;
-                long long v = env_int(base.c_str(), fallback(t, pair));
+                // The last row: every other type (F32 stands for them in the fallback).
+                const Typed ty = i < kTyped ? kTypes[i] : Typed{GgmlType::F32, nullptr};
+                long long v = env_int(base.c_str(), fallback(ty.type, pair));
                 if (pair) v = env_int((base + "_PAIR").c_str(), v);
-                if (i < kTyped) {
-                    v = env_int((base + "_" + kNames[i]).c_str(), v);
-                    if (pair) v = env_int((base + "_PAIR_" + kNames[i]).c_str(), v);
+                if (ty.name) {
+                    v = env_int((base + "_" + ty.name).c_str(), v);
+                    if (pair) v = env_int((base + "_PAIR_" + ty.name).c_str(), v);
                 }
                 values_[i][pair] = v;
             }
     }
     long long operator()(GgmlType t, bool pair) const {
         int i = 0;
-        while (i < kTyped && kTypes[i] != t) ++i;
+        while (i < kTyped && kTypes[i].type != t) ++i;
         return values_[i][pair];
     }
 
   private:
+    struct Typed {
+        GgmlType type;
+        const char* name;  // in the variables' names
+    };
     static constexpr int kTyped = 3;
-    static constexpr GgmlType kTypes[kTyped] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0};
-    static constexpr const char* kNames[kTyped] = {"Q4_K", "Q6_K", "Q8_0"};
+    static constexpr Typed kTypes[kTyped] = {
+        {GgmlType::Q4_K, "Q4_K"}, {GgmlType::Q6_K, "Q6_K"}, {GgmlType::Q8_0, "Q8_0"}};
     long long values_[kTyped + 1][2] = {};  // the last row: every other type
 };
 
