@@ -142,13 +142,24 @@ struct DecodeArgs {
 // once. Every float sum has the CPU's order; every sum in another order is in double.
 static_assert(kAttnChunk == 64, "the tiles are the CPU's chunks");
 
+// The decode kernels' exp, out of line: one copy of its code, fetched once a CTA. In place the
+// attention's code comes cold from L2 behind the weights' traffic (its softmax took 3.5-4 us
+// there against about 0.5 warm, forty-fifth session); inlined, each of its sites a step was
+// another 67 instructions to fetch.
+__device__ __noinline__ double exp_once(double x) {
+    return detail::exp_lean(x);
+}
+
 // The chunk (tile) just scored, merged into a running (max m, sum l) in double: returns the
 // factors for the running P*V (c_old) and the chunk's (c_new), as the CPU merges its chunks.
 __device__ __forceinline__ void attn_merge_chunk(double& m, double& l, float chunk_max,
                                                  double chunk_sum, double& c_old, double& c_new) {
-    const double mn = fmax(m, double(chunk_max));
-    c_old = detail::exp_lean(m - mn);
-    c_new = detail::exp_lean(double(chunk_max) - mn);
+    // One of the two factors is e^0 = 1 (exp_lean(0) is exactly 1), the other e^-|m - max|:
+    // one exp on lane 0's chain instead of two.
+    const double cm = double(chunk_max), mn = fmax(m, cm);
+    const double e = exp_once(fmin(m, cm) - mn);
+    c_old = m < cm ? e : 1.0;
+    c_new = cm < m ? e : 1.0;
     l = l * c_old + chunk_sum * c_new;
     m = mn;
 }
@@ -533,7 +544,8 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             double e = 0.0;
 #pragma unroll
             for (int i = 0; i < PL; i++) {
-                s[i] = __double2float_rn(detail::exp_lean(double(s[i]) - double(mx)));  // 0 past the tile's end
+                // 0 past the tile's end
+                s[i] = __double2float_rn(exp_once(double(s[i]) - double(mx)));
                 e += double(s[i]);
             }
             const double sum = warp_sum(e);
@@ -624,12 +636,18 @@ __global__ void __launch_bounds__(NT, decode_min_blocks(NT)) attn_decode_tiled(D
             const double2 none = make_double2(-INFINITY, 0.0);
             const double2 ml0 = lane < live ? __ldcg(ml + lane) : none;
             const double2 ml1 = lane + 32 < live ? __ldcg(ml + lane + 32) : none;
-            // M is finite: every live slice has positions; w0, w1 are 0 past `live`.
+            // M is finite: every live slice has positions. A lane's second slice only past 32
+            // (its weight would be 0): the loop is one copy of the call, not unrolled.
             const double M = warp_max(fmax(ml0.x, ml1.x));
-            const double w0 = detail::exp_lean(ml0.x - M), w1 = detail::exp_lean(ml1.x - M);
-            const double L = warp_sum(ml0.y * w0 + ml1.y * w1);
-            if (lane < live) wts[g * TP + lane] = w0;
-            if (lane + 32 < live) wts[g * TP + lane + 32] = w1;
+            double L = 0.0;
+#pragma unroll 1
+            for (int i = 0; i < (live > 32 ? 2 : 1); i++) {
+                const double2 mli = i ? ml1 : ml0;
+                const double w = exp_once(mli.x - M);
+                L += mli.y * w;
+                if (lane + 32 * i < live) wts[g * TP + lane + 32 * i] = w;
+            }
+            L = warp_sum(L);
             if (lane == 0) ls[g] = L;
         }
         __syncthreads();
