@@ -541,7 +541,7 @@ class TmaSetting {
 };
 
 // Bytes of shared memory a warp's ring aims at (NT_TMA_RING, by type and pair as TmaSetting
-// reads it; a ring has at least two stages). 16 KB, but 28 KB for Q4_K's SwiGLU pairs.
+// reads it; a ring has at least two stages). 16 KB, but 28 KB for the Q4_K and Q8_0 SwiGLU pairs.
 // With two rows a stage 16 KB had lost (H200, 8B Q4_K_M tg128 374 against 426 tok/s with 8 KB:
 // fewer warps a multiprocessor). With four rows a stage, 8B's 4096-column rings keep their two
 // stages either way; where the 16 KB adds stages, the single matrices and column slices are
@@ -555,12 +555,27 @@ class TmaSetting {
 // keep 2 stages either way); Q6_K's pair at 24 KB -1.7%, every Q6_K ring -3.6%. At 28 KB (6
 // stages; 70B's 9.2 KB pair stages 3 at 2 CTAs instead of 2 at 3), H100 in one run, alternating
 // (fifty-first session): 8B 480.88, 480.98 against 480.05, 480.12 (+0.18%); 70B tg64 64.43,
-// 64.44, 64.44 against 64.16, 64.17, 64.16 (+0.4%). 32 KB (1 CTA) -1.4%.
+// 64.44, 64.44 against 64.16, 64.17, 64.16 (+0.4%). 32 KB (1 CTA) -1.4%. Q8_0's pair (two
+// column slices) at 28 KB, H100, 8B Q8_0 tg128 (fifty-second session): 305.81-305.94 against
+// 300.14-300.60 (+1.8%); 24 KB +1.0%, 32 and 40 KB as 28. Q6_K's pair at 20 and 28 KB: -1.6%,
+// -2.9%.
 inline int tma_ring_bytes(GgmlType t, bool pair) {
     static const TmaSetting bytes("TMA_RING", [](GgmlType t, bool pair) -> long long {
-        return t == GgmlType::Q4_K && pair ? 28672 : 16384;
+        return (t == GgmlType::Q4_K || t == GgmlType::Q8_0) && pair ? 28672 : 16384;
     });
     return int(std::clamp(bytes(t, pair), 1024LL, 49152LL));
+}
+
+// Bytes of shared memory a warp's ring aims at in one-unit column slices four rows a stage
+// (8B's 14336-column down projections in Q4_K), NT_TMA_RING_SLICES4 by type: 12 KB, two 4.6 KB
+// stages at 3 CTAs a multiprocessor where 16 KB gave three at 2. H100, 8B Q4_K_M tg128, every
+// Q4_K ring but the pair's at 12 KB (fifty-second session; of 8B's Q4_K rings only these change
+// stages): 485.12-485.28 against 483.51-483.81 (+0.3%), 8 and 10 KB the same, 14 KB level. 70B's
+// slices are two units at two rows a stage and keep 16 KB: every Q4_K ring at 12 KB lost 0.5%.
+inline int tma_ring_slices4_bytes(GgmlType t) {
+    static const TmaSetting bytes("TMA_RING_SLICES4",
+                                  [](GgmlType, bool) -> long long { return 12288; });
+    return int(std::clamp(bytes(t, false), 1024LL, 49152LL));
 }
 
 // At most this many CTAs a multiprocessor (NT_TMA_CTAS, by type and pair); 0, the default,
@@ -615,10 +630,11 @@ inline int tma_early_stages(GgmlType t, bool pair) {
 
 // The ring for groups of kv rows of row_bytes of type t (a SwiGLU pair's where pair): as many
 // stages as that type's target bytes hold.
-inline TmaRing tma_ring(int64_t row_bytes, int kv, GgmlType t, bool pair) {
+inline TmaRing tma_ring(int64_t row_bytes, int kv, GgmlType t, bool pair, bool slices4 = false) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
-    r.stages = std::clamp(int(tma_ring_bytes(t, pair) / (kv * row_bytes)), 2, kTmaMaxStages);
+    const int bytes = slices4 ? tma_ring_slices4_bytes(t) : tma_ring_bytes(t, pair);
+    r.stages = std::clamp(int(bytes / (kv * row_bytes)), 2, kTmaMaxStages);
     r.early = tma_early_stages(t, pair);
     r.evict_first = tma_evict_first(t, pair);
     return r;
@@ -631,7 +647,7 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
                   TmaSplit sp = {}, const float* xf = nullptr) {
     using Q = Quant<T>;
-    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, T, kPair);
+    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, T, kPair, kSplit && kV == 4);
     const bool early = pdl && pdl_prefetch_enabled();  // its first stages before its wait
     if (early) ring.warm = std::exchange(pending_l2_warm(), {});
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
