@@ -144,8 +144,10 @@ static_assert(kAttnChunk == 64, "the tiles are the CPU's chunks");
 
 // The decode kernels' exp, out of line: one copy of its code, fetched once a CTA. In place the
 // attention's code comes cold from L2 behind the weights' traffic (its softmax took 3.5-4 us
-// there against about 0.5 warm, forty-fifth session); inlined, each of its sites a step was
-// another 67 instructions to fetch.
+// there, the whole kernel 3.6 us alone: forty-seventh session); inlined, each of its sites a step
+// was another 67 instructions to fetch. H100, 8B tg128 against the inlined tree built beside it:
+// Q4_K_M +0.2%, Q6_K +0.15% (fifty-second session; as a run-time switch with both forms in the
+// binary it had lost 1.4%).
 __device__ __noinline__ double exp_once(double x) {
     return detail::exp_lean(x);
 }
