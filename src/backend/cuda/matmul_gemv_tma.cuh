@@ -559,23 +559,21 @@ class TmaSetting {
 // column slices) at 28 KB, H100, 8B Q8_0 tg128 (fifty-second session): 305.81-305.94 against
 // 300.14-300.60 (+1.8%); 24 KB +1.0%, 32 and 40 KB as 28. Q6_K's pair at 20 and 28 KB: -1.6%,
 // -2.9%.
-inline int tma_ring_bytes(GgmlType t, bool pair) {
+//
+// One-unit column slices four rows a stage (8B's 14336-column down projections in Q4_K; kSplit
+// launches with kV == 4 are only these) read their own setting, NT_TMA_RING_SLICES4 by type:
+// 12 KB, two 4.6 KB stages at 3 CTAs a multiprocessor where 16 KB gave three at 2. H100, 8B
+// Q4_K_M tg128, every Q4_K ring but the pair's at 12 KB (fifty-second session; of 8B's Q4_K
+// rings only these change stages): 485.12-485.28 against 483.51-483.81 (+0.3%), 8 and 10 KB the
+// same, 14 KB level. 70B's slices are two units at two rows a stage and keep 16 KB: every Q4_K
+// ring at 12 KB lost 0.5%.
+inline int tma_ring_bytes(GgmlType t, bool pair, bool slices4 = false) {
     static const TmaSetting bytes("TMA_RING", [](GgmlType t, bool pair) -> long long {
         return (t == GgmlType::Q4_K || t == GgmlType::Q8_0) && pair ? 28672 : 16384;
     });
-    return int(std::clamp(bytes(t, pair), 1024LL, 49152LL));
-}
-
-// Bytes of shared memory a warp's ring aims at in one-unit column slices four rows a stage
-// (8B's 14336-column down projections in Q4_K), NT_TMA_RING_SLICES4 by type: 12 KB, two 4.6 KB
-// stages at 3 CTAs a multiprocessor where 16 KB gave three at 2. H100, 8B Q4_K_M tg128, every
-// Q4_K ring but the pair's at 12 KB (fifty-second session; of 8B's Q4_K rings only these change
-// stages): 485.12-485.28 against 483.51-483.81 (+0.3%), 8 and 10 KB the same, 14 KB level. 70B's
-// slices are two units at two rows a stage and keep 16 KB: every Q4_K ring at 12 KB lost 0.5%.
-inline int tma_ring_slices4_bytes(GgmlType t) {
-    static const TmaSetting bytes("TMA_RING_SLICES4",
-                                  [](GgmlType, bool) -> long long { return 12288; });
-    return int(std::clamp(bytes(t, false), 1024LL, 49152LL));
+    static const TmaSetting slices4_bytes("TMA_RING_SLICES4",
+                                          [](GgmlType, bool) -> long long { return 12288; });
+    return int(std::clamp(slices4 ? slices4_bytes(t, false) : bytes(t, pair), 1024LL, 49152LL));
 }
 
 // At most this many CTAs a multiprocessor (NT_TMA_CTAS, by type and pair); 0, the default,
@@ -628,13 +626,13 @@ inline int tma_early_stages(GgmlType t, bool pair) {
     return int(std::clamp(n(t, pair), 0LL, (long long)kTmaMaxStages));
 }
 
-// The ring for groups of kv rows of row_bytes of type t (a SwiGLU pair's where pair): as many
-// stages as that type's target bytes hold.
+// The ring for groups of kv rows of row_bytes of type t (a SwiGLU pair's where pair, one-unit
+// column slices' where slices4): as many stages as tma_ring_bytes holds.
 inline TmaRing tma_ring(int64_t row_bytes, int kv, GgmlType t, bool pair, bool slices4 = false) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
-    const int bytes = slices4 ? tma_ring_slices4_bytes(t) : tma_ring_bytes(t, pair);
-    r.stages = std::clamp(int(bytes / (kv * row_bytes)), 2, kTmaMaxStages);
+    r.stages =
+        std::clamp(int(tma_ring_bytes(t, pair, slices4) / (kv * row_bytes)), 2, kTmaMaxStages);
     r.early = tma_early_stages(t, pair);
     r.evict_first = tma_evict_first(t, pair);
     return r;
