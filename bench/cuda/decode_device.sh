@@ -13,6 +13,9 @@
 #   bench/cuda/decode_device.sh exact    # the prompt path with the CPU's arithmetic: its tests, the integer GEMM
 #                                        # (best kernel and mma.sync), prefill attention v3, 8B pp512 by GEMM kernel
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
+#   bench/cuda/decode_device.sh rings    # 8B tg128 of each model with each TMA ring default against the sizes
+#                                        # beside it (the defaults were tuned on H100s: on another GPU, run
+#                                        # it after types, and l2 after it)
 #   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64, and pp512 on the exact
 #                                        # path (after types: needs the disk)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
@@ -253,6 +256,27 @@ stage() {
             wait_model $t || return 1
             run "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\||^decode:"
         done
+        ;;
+    rings)
+        # Each ring default of tma_ring_bytes against the sizes beside it, one model at a time
+        # (AB_MODELS is not read), the shipped binary again after every few settings so that a
+        # drift of the machine shows. A type's ring setting alone would also move its pair's:
+        # the pair is held at its default there. About 40 runs of tgN.
+        local p4=NT_TMA_RING_PAIR_Q4_K=28672 p6=NT_TMA_RING_PAIR_Q6_K=16384 p8=NT_TMA_RING_PAIR_Q8_0=28672
+        AB_MODELS=q4_k_m tg_each rings NT_AS_SHIPPED=1 \
+            NT_TMA_RING_PAIR_Q4_K=24576 NT_TMA_RING_PAIR_Q4_K=36864 NT_AS_SHIPPED=1 \
+            NT_TMA_RING_SLICES4_Q4_K=8192 NT_TMA_RING_SLICES4_Q4_K=16384 NT_TMA_RING_SLICES4_Q4_K=20480 \
+            NT_AS_SHIPPED=1 "NT_TMA_RING_Q4_K=12288 $p4" "NT_TMA_RING_Q4_K=20480 $p4" \
+            "NT_TMA_RING_Q4_K=24576 $p4" NT_AS_SHIPPED=1 "NT_TMA_RING_Q6_K=12288 $p6" \
+            "NT_TMA_RING_Q6_K=20480 $p6" NT_AS_SHIPPED=1
+        AB_MODELS=q6_k tg_each rings NT_AS_SHIPPED=1 \
+            "NT_TMA_RING_Q6_K=12288 $p6" "NT_TMA_RING_Q6_K=20480 $p6" NT_AS_SHIPPED=1 \
+            NT_TMA_RING_PAIR_Q6_K=12288 NT_TMA_RING_PAIR_Q6_K=20480 NT_TMA_RING_PAIR_Q6_K=24576 \
+            NT_AS_SHIPPED=1 NT_TMA_RING_SLICES4_Q6_K=16384 NT_TMA_RING_SLICES4_Q6_K=20480 NT_AS_SHIPPED=1
+        AB_MODELS=q8_0 tg_each rings NT_AS_SHIPPED=1 \
+            NT_TMA_RING_PAIR_Q8_0=20480 NT_TMA_RING_PAIR_Q8_0=36864 NT_AS_SHIPPED=1 \
+            "NT_TMA_RING_Q8_0=12288 $p8" "NT_TMA_RING_Q8_0=20480 $p8" "NT_TMA_RING_Q8_0=24576 $p8" \
+            NT_AS_SHIPPED=1
         ;;
     70b)
         # Resident 70B Q4_K_M (42.5 GB): the 8B Q8_0 and Q6_K files make room on a 64 GB disk.
