@@ -13,6 +13,9 @@
 #   bench/cuda/decode_device.sh exact    # the prompt path with the CPU's arithmetic: its tests, the integer GEMM
 #                                        # (best kernel and mma.sync), prefill attention v3, 8B pp512 by GEMM kernel
 #   bench/cuda/decode_device.sh types    # 8B Q4_K_M, Q8_0, Q6_K: pp512 and tg128 (the BENCHMARKS.md rows)
+#   bench/cuda/decode_device.sh candidates # each code change not yet measured (bench/cuda/candidate_*.patch, or
+#                                        # CANDIDATES: names there) built in, its tests run, and 8B tg128
+#                                        # (AB_MODELS) alternating with the binary built before it
 #   bench/cuda/decode_device.sh rings    # 8B tg128 of each model with each TMA ring default against the sizes
 #                                        # beside it (the defaults were tuned on H100s: on another GPU, run
 #                                        # it after types, and l2 after it)
@@ -255,6 +258,16 @@ stage() {
         for t in ${TYPES:-q4_k_m q8_0 q6_k}; do
             wait_model $t || return 1
             run "$nt" bench -m "$(model $t)" --device cuda -p 512 -n 128 -r 3 2>&1 | grep -E "^\||^decode:"
+        done
+        ;;
+    candidates)
+        # A code change is measured against the same tree without it, never as a run-time
+        # switch (both forms in one binary change the code it is about). CANDIDATE_TESTS: the
+        # gtest filter run with each (default: the backend's and the attention's).
+        local c
+        for c in ${CANDIDATES:-$(cd bench/cuda && ls candidate_*.patch 2>/dev/null)}; do
+            with_patch "$c" "${c%.patch}" "${CANDIDATE_TESTS:-CudaBackend*:*Attention*}" "" \
+                shipped NT_AS_SHIPPED=1 shipped NT_AS_SHIPPED=1 shipped NT_AS_SHIPPED=1
         done
         ;;
     rings)
