@@ -274,7 +274,8 @@ stage() {
         # Each ring default of tma_ring_bytes against the sizes beside it, one model at a time
         # (AB_MODELS is not read), the shipped binary again after every few settings so that a
         # drift of the machine shows. A type's ring setting alone would also move its pair's:
-        # the pair is held at its default there. About 40 runs of tgN.
+        # the pair is held there at tma_ring_bytes' default (p4, p6, p8: change them with it).
+        # 33 runs of tgN.
         local p4=NT_TMA_RING_PAIR_Q4_K=28672 p6=NT_TMA_RING_PAIR_Q6_K=16384 p8=NT_TMA_RING_PAIR_Q8_0=28672
         AB_MODELS=q4_k_m tg_each rings NT_AS_SHIPPED=1 \
             NT_TMA_RING_PAIR_Q4_K=24576 NT_TMA_RING_PAIR_Q4_K=36864 NT_AS_SHIPPED=1 \

@@ -567,6 +567,7 @@ class TmaSetting {
 // rings only these change stages): 485.12-485.28 against 483.51-483.81 (+0.3%), 8 and 10 KB the
 // same, 14 KB level. 70B's slices are two units at two rows a stage and keep 16 KB: every Q4_K
 // ring at 12 KB lost 0.5%.
+// (decode_device.sh rings holds the pairs at these defaults while it sweeps a type's other rings.)
 inline int tma_ring_bytes(GgmlType t, bool pair, bool slices4 = false) {
     static const TmaSetting bytes("TMA_RING", [](GgmlType t, bool pair) -> long long {
         return (t == GgmlType::Q4_K || t == GgmlType::Q8_0) && pair ? 28672 : 16384;
