@@ -541,7 +541,8 @@ class TmaSetting {
 };
 
 // Bytes of shared memory a warp's ring aims at (NT_TMA_RING, by type and pair as TmaSetting
-// reads it; a ring has at least two stages). 16 KB, but 28 KB for the Q4_K and Q8_0 SwiGLU pairs.
+// reads it; a ring has at least two stages). 16 KB, but 28 KB for the Q4_K and Q8_0 SwiGLU pairs
+// and 12 KB for Q8_0's other rings.
 // With two rows a stage 16 KB had lost (H200, 8B Q4_K_M tg128 374 against 426 tok/s with 8 KB:
 // fewer warps a multiprocessor). With four rows a stage, 8B's 4096-column rings keep their two
 // stages either way; where the 16 KB adds stages, the single matrices and column slices are
@@ -558,7 +559,10 @@ class TmaSetting {
 // 64.44, 64.44 against 64.16, 64.17, 64.16 (+0.4%). 32 KB (1 CTA) -1.4%. Q8_0's pair (two
 // column slices) at 28 KB, H100, 8B Q8_0 tg128 (fifty-second session): 305.81-305.94 against
 // 300.14-300.60 (+1.8%); 24 KB +1.0%, 32 and 40 KB as 28. Q6_K's pair at 20 and 28 KB: -1.6%,
-// -2.9%.
+// -2.9%. Q8_0's other rings at 12 KB (the pair at 28), H100, 8B Q8_0 tg128 in one run,
+// alternating (fifty-third session): 307.58-307.66 against 305.73-305.86 (+0.6%); 8 and 10 KB
+// the same, 20 and 24 KB -1.4% and -1.1%. Q6_K's at 12 or 20 KB and Q4_K's at 12, 20 or 24 KB:
+// level.
 //
 // One-unit column slices four rows a stage (8B's 14336-column down projections in Q4_K; kSplit
 // launches with kV == 4 are only these) read their own setting, NT_TMA_RING_SLICES4 by type:
@@ -570,7 +574,8 @@ class TmaSetting {
 // (decode_device.sh rings holds the pairs at these defaults while it sweeps a type's other rings.)
 inline int tma_ring_bytes(GgmlType t, bool pair, bool slices4 = false) {
     static const TmaSetting bytes("TMA_RING", [](GgmlType t, bool pair) -> long long {
-        return (t == GgmlType::Q4_K || t == GgmlType::Q8_0) && pair ? 28672 : 16384;
+        if (pair) return t == GgmlType::Q4_K || t == GgmlType::Q8_0 ? 28672 : 16384;
+        return t == GgmlType::Q8_0 ? 12288 : 16384;
     });
     static const TmaSetting slices4_bytes("TMA_RING_SLICES4",
                                           [](GgmlType, bool) -> long long { return 12288; });
