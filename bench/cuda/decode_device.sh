@@ -21,6 +21,8 @@
 #                                        # it after types, and l2 after it)
 #   bench/cuda/decode_device.sh 70b      # resident synthetic 70B Q4_K_M: pp512 and tg64, and pp512 on the exact
 #                                        # path (after types: needs the disk)
+#   bench/cuda/decode_device.sh rings70b # 70B tg64 with its two-unit slices' ring at 12 and 20 KB against
+#                                        # as shipped (after 70b)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
 #   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
 #   bench/cuda/decode_device.sh sections # the first kernels of one 8B Q4_K_M decode token under ncu's
@@ -300,6 +302,17 @@ stage() {
         run "$nt" bench -m "$m70" --device cuda -p 512 -n 64 -r 2 2>&1 | grep -E "^\||^decode:"
         # The prompt with the CPU's arithmetic (the issue's 1300 tok/s, on the exact path).
         echo "exact: $(NT_EXACT_PROMPT=1 "$nt" bench -m "$m70" --device cuda -p 512 -n 0 -r 2 2>&1 | grep -E "pp512")"
+        ;;
+    rings70b)
+        # 70B tg64 with its two-unit column slices' ring (NT_TMA_RING_SLICES_Q4_K, by default
+        # the single matrices' 16 KB) at 12 and 20 KB, alternating with as shipped (after 70b).
+        [ -f "$m70" ] || { echo "no $m70: run the 70b stage first" >&2; return 1; }
+        local env
+        for env in NT_AS_SHIPPED=1 NT_TMA_RING_SLICES_Q4_K=12288 NT_TMA_RING_SLICES_Q4_K=20480 \
+            NT_AS_SHIPPED=1 NT_TMA_RING_SLICES_Q4_K=12288 NT_TMA_RING_SLICES_Q4_K=20480 NT_AS_SHIPPED=1; do
+            echo "rings70b: $env tg64 $(env $env "$nt" bench -m "$m70" --device cuda -p 0 -n 64 -r 3 2>&1 |
+                grep -E "tg64 " | awk -F'|' '{print $7}')"
+        done
         ;;
     tests)
         "$build/tests/nt_gpu_tests" --gtest_brief=1 ${TESTS:+--gtest_filter="$TESTS"} 2>&1 | tee "$out/gpu_tests.log" | tail -n 40

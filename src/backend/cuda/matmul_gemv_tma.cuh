@@ -571,15 +571,25 @@ class TmaSetting {
 // rings only these change stages): 485.12-485.28 against 483.51-483.81 (+0.3%), 8 and 10 KB the
 // same, 14 KB level. 70B's slices are two units at two rows a stage and keep 16 KB: every Q4_K
 // ring at 12 KB lost 0.5%.
+// Column slices of one or two rows a stage (70B's two-unit slices in Q4_K; Q6_K's and Q8_0's)
+// read NT_TMA_RING_SLICES by type, which falls back on the type's NT_TMA_RING: the same bytes
+// as before it existed, so that 70B's slices can be timed apart from its single matrices.
 // (decode_device.sh rings holds the pairs at these defaults while it sweeps a type's other rings.)
-inline int tma_ring_bytes(GgmlType t, bool pair, bool slices4 = false) {
+enum class TmaRingOf { Rows, Slices4, Slices };  // a pair's are Rows, by `pair`
+inline int tma_ring_bytes(GgmlType t, bool pair, TmaRingOf of = TmaRingOf::Rows) {
     static const TmaSetting bytes("TMA_RING", [](GgmlType t, bool pair) -> long long {
         if (pair) return t == GgmlType::Q4_K || t == GgmlType::Q8_0 ? 28672 : 16384;
         return t == GgmlType::Q8_0 ? 12288 : 16384;
     });
     static const TmaSetting slices4_bytes("TMA_RING_SLICES4",
                                           [](GgmlType, bool) -> long long { return 12288; });
-    return int(std::clamp(slices4 ? slices4_bytes(t, false) : bytes(t, pair), 1024LL, 49152LL));
+    static const TmaSetting slices_bytes(
+        "TMA_RING_SLICES", [](GgmlType t, bool) -> long long { return bytes(t, false); });
+    const long long b = pair                        ? bytes(t, true)
+                        : of == TmaRingOf::Slices4 ? slices4_bytes(t, false)
+                        : of == TmaRingOf::Slices  ? slices_bytes(t, false)
+                                                   : bytes(t, false);
+    return int(std::clamp(b, 1024LL, 49152LL));
 }
 
 // At most this many CTAs a multiprocessor (NT_TMA_CTAS, by type and pair); 0, the default,
@@ -632,13 +642,13 @@ inline int tma_early_stages(GgmlType t, bool pair) {
     return int(std::clamp(n(t, pair), 0LL, (long long)kTmaMaxStages));
 }
 
-// The ring for groups of kv rows of row_bytes of type t (a SwiGLU pair's where pair, one-unit
-// column slices' where slices4): as many stages as tma_ring_bytes holds.
-inline TmaRing tma_ring(int64_t row_bytes, int kv, GgmlType t, bool pair, bool slices4 = false) {
+// The ring for groups of kv rows of row_bytes of type t (a SwiGLU pair's where pair, column
+// slices' by `of`): as many stages as tma_ring_bytes holds.
+inline TmaRing tma_ring(int64_t row_bytes, int kv, GgmlType t, bool pair,
+                        TmaRingOf of = TmaRingOf::Rows) {
     TmaRing r;
     r.row_bytes = int(row_bytes);
-    r.stages =
-        std::clamp(int(tma_ring_bytes(t, pair, slices4) / (kv * row_bytes)), 2, kTmaMaxStages);
+    r.stages = std::clamp(int(tma_ring_bytes(t, pair, of) / (kv * row_bytes)), 2, kTmaMaxStages);
     r.early = tma_early_stages(t, pair);
     r.evict_first = tma_evict_first(t, pair);
     return r;
@@ -651,7 +661,10 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   const float2* xd, bool pdl, cudaStream_t stream, const PairQuant& q,
                   TmaSplit sp = {}, const float* xf = nullptr) {
     using Q = Quant<T>;
-    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, T, kPair, kSplit && kV == 4);
+    constexpr TmaRingOf of = !kSplit || kPair ? TmaRingOf::Rows
+                             : kV == 4             ? TmaRingOf::Slices4
+                                                   : TmaRingOf::Slices;
+    TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, T, kPair, of);
     const bool early = pdl && pdl_prefetch_enabled();  // its first stages before its wait
     if (early) ring.warm = std::exchange(pending_l2_warm(), {});
     // Warps a CTA: kPipeWarps; with kSplit a whole number a slice.
