@@ -222,6 +222,29 @@ const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, Gg
 
 // ---- elementwise ops -----------------------------------------------------------------------
 
+// The feed-forward weights requested into L2 during the attention (CudaBackend::warm_weights),
+// by default: an eighth of each matrix (8B's Q4_K gate and up about 4 MiB, 70B's about 16 MiB),
+// Q6_K's 16 MiB, never more than a third of L2 or than either matrix, in whole 16-byte units,
+// none for unaligned weights; NT_L2_WARM's setting over the default, under the same caps.
+TEST(CudaBackendHost, L2WarmBytesByTypeAndMatrixSize) {
+    constexpr int64_t MiB = int64_t(1) << 20, l2 = 50 * MiB;
+    alignas(16) static const uint8_t base[32] = {};
+    auto view = [&](GgmlType t, int64_t rows, int64_t cols, int offset = 0) {
+        return WeightView{t, cols, rows, base + offset, row_bytes(t, cols) * size_t(rows)};
+    };
+    const WeightView g8 = view(GgmlType::Q4_K, 14336, 4096), g70 = view(GgmlType::Q4_K, 28672, 8192);
+    EXPECT_EQ(cuda::l2_warm_bytes(g8, g8, -1, l2), 33030144 / 8 / 16 * 16);  // 4.13 MB
+    EXPECT_EQ(cuda::l2_warm_bytes(g70, g70, -1, l2), 132120576 / 8);         // 16.5 MB
+    EXPECT_EQ(cuda::l2_warm_bytes(g70, g70, -1, 30 * MiB), 10 * MiB);        // a third of L2
+    const WeightView q6 = view(GgmlType::Q6_K, 14336, 4096);
+    EXPECT_EQ(cuda::l2_warm_bytes(q6, q6, -1, l2), 16 * MiB);
+    const WeightView small = view(GgmlType::Q4_K, 64, 256);  // 9216 bytes: the whole matrix caps it
+    EXPECT_EQ(cuda::l2_warm_bytes(small, g8, 1 * MiB, l2), 9216);
+    EXPECT_EQ(cuda::l2_warm_bytes(g8, g8, 1000, l2), 992);
+    EXPECT_EQ(cuda::l2_warm_bytes(g8, g8, 0, l2), 0);
+    EXPECT_EQ(cuda::l2_warm_bytes(view(GgmlType::Q4_K, 14336, 4096, 8), g8, -1, l2), 0);
+}
+
 TEST(CudaBackend, EmbedEveryTypeBitExact) {
     NT_REQUIRE_GPU();
     ModelShape s = make_shape(64, 8, 2);  // n_embd 512: whole K-quant blocks

@@ -9,6 +9,7 @@
 namespace {
 
 using nt::GgmlType;
+using nt::cuda::detail::TmaRingOf;
 using nt::cuda::detail::TmaSetting;
 
 long long fallback(GgmlType t, bool pair) {
@@ -47,6 +48,15 @@ TEST(TmaSettingHost, MostSpecificVariableWins) {
     setenv("NT_TEST_KNOB", "9", 1);
     EXPECT_EQ(s(GgmlType::Q4_K, false), 5);
     unsetenv("NT_TEST_KNOB");
+}
+
+// Column slices of one or two rows a stage read their own setting, which by default is the
+// type's ring for single matrices (70B's two-unit Q4_K slices, Q6_K's and Q8_0's slices).
+TEST(TmaSettingHost, SlicesRingIsTheTypesRingByDefault) {
+    using nt::cuda::detail::tma_ring_bytes;
+    for (const GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q5_K})
+        EXPECT_EQ(tma_ring_bytes(t, false, TmaRingOf::Slices), tma_ring_bytes(t, false))
+            << int(t);
 }
 
 }  // namespace

@@ -915,20 +915,30 @@ void CudaBackend::ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, 
     submit(op);
 }
 
-// By default, as measured (H100, 8B tg128 against none, the same binary; forty-third session):
-// Q4_K gate and up 4 MiB each (+0.7%; 8 MiB +0.4%, 16 MiB -0.3%), Q6_K's 16 MiB (+1.7%; 4 MiB
-// +1.1%). Q8_0's o projection (4096 rows) is not in the TMA form, so nothing is requested there.
-// At most a third of the L2 cache each, and whole 16-byte units of 16-byte aligned weights, as
-// the bulk requests need.
-void CudaBackend::warm_weights(const WeightView& a, const WeightView& b) {
-    require_init("warm_weights");
+// By default, as measured (H100, against none, the same binary): Q6_K's 16 MiB each (8B tg128,
+// forty-third session: +1.7%; 4 MiB +1.1%); the other types an eighth of each matrix, which is
+// what won at both sizes measured in Q4_K. 8B's gate and up (33 MB) at 4 MiB +0.7%, 8 MiB +0.4%,
+// 16 MiB -0.3% (forty-third session). 70B's (132 MB) at 16 MiB and more (the cap) +1.2%, 12 MiB
+// +0.9%, 8 MiB +0.6%, 4 MiB (the old default) +0.4% (tg64, 65.17-65.21 against 64.40;
+// fifty-fourth session). Q8_0's o projection at 8B (4096 rows) is not in the TMA form, so
+// nothing is requested there. At most a third of the L2 cache each, and whole 16-byte units of
+// 16-byte aligned weights, as the bulk requests need.
+int64_t cuda::l2_warm_bytes(const WeightView& a, const WeightView& b, int64_t setting,
+                            int64_t l2) {
     constexpr int64_t MiB = int64_t(1) << 20;
     auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!aligned(a.data) || !aligned(b.data)) return;
-    const int64_t want = l2_warm_ >= 0 ? l2_warm_ : a.type == GgmlType::Q6_K ? 16 * MiB : 4 * MiB;
-    const int64_t bytes = std::min<int64_t>({want, cuda::detail::device_limits().l2 / 3,
-                                             int64_t(a.nbytes), int64_t(b.nbytes)}) /
-                          16 * 16;
+    if (!aligned(a.data) || !aligned(b.data)) return 0;
+    const int64_t want = setting >= 0                 ? setting
+                         : a.type == GgmlType::Q6_K ? 16 * MiB
+                                                    : int64_t(a.nbytes) / 8;
+    return std::max<int64_t>(
+        std::min<int64_t>({want, l2 / 3, int64_t(a.nbytes), int64_t(b.nbytes)}) / 16 * 16, 0);
+}
+
+void CudaBackend::warm_weights(const WeightView& a, const WeightView& b) {
+    require_init("warm_weights");
+    const int64_t bytes =
+        cuda::l2_warm_bytes(a, b, l2_warm_, cuda::detail::device_limits().l2);
     if (bytes <= 0) return;
     Op op;
     op.kind = OpKind::WarmWeights;

@@ -28,6 +28,10 @@ namespace cuda {
 struct MatmulWorkspace;
 struct LogitAsk;
 struct LogitSelection;
+
+// The bytes of each of a and b that CudaBackend::warm_weights requests into L2 (0: none), given
+// NT_L2_WARM's setting (-1: unset) and the GPU's L2 size. Host arithmetic only.
+int64_t l2_warm_bytes(const WeightView& a, const WeightView& b, int64_t setting, int64_t l2);
 }  // namespace cuda
 
 class CudaBackend : public Backend {
@@ -66,7 +70,7 @@ class CudaBackend : public Backend {
                      float* gate, float* up, GgmlType next) override;
     // The next matmul, where it is a TMA GEMV launched as a programmatic dependent (the o
     // projection, during the attention), also requests the first bytes of a and b into L2
-    // (MatmulWorkspace::warm): NT_L2_WARM bytes of each (0 none), by default by a's type.
+    // (MatmulWorkspace::warm): NT_L2_WARM bytes of each (0 none), by default by a's type and size.
     void warm_weights(const WeightView& a, const WeightView& b) override;
     void add(float* x, const float* y, int64_t n) override;
     void gather_logit_rows(const float* x, int dim, float* dst) override;
@@ -258,7 +262,7 @@ class CudaBackend : public Backend {
     bool rope_fusion_ = true;
     // attn_decode's `alone`: 1 where it wins (o in Q6_K), 0 never, 2 for every o (NT_ATTN_ALONE)
     int attn_alone_ = 1;
-    int64_t l2_warm_ = -1;  // warm_weights' bytes (NT_L2_WARM), -1 by the weights' type
+    int64_t l2_warm_ = -1;  // warm_weights' bytes (NT_L2_WARM), -1 by the weights' type and size
     bool l2_warm_after_ = false;  // requested after the o projection's wait (NT_L2_WARM_AFTER)
     // The prompt path's setting, which mm_->exact mirrors: the backend's own, because
     // matmul_free (release, before every init) resets the workspace.
