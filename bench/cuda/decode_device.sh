@@ -23,6 +23,8 @@
 #                                        # path (after types: needs the disk)
 #   bench/cuda/decode_device.sh rings70b # 70B tg64 with its two-unit slices' ring at 12 and 20 KB against
 #                                        # as shipped (after 70b)
+#   bench/cuda/decode_device.sh l2_70b   # 70B tg64 with the L2 warm-up at none and 4 MiB against as
+#                                        # shipped (after 70b)
 #   bench/cuda/decode_device.sh tests    # the whole GPU suite; failures again with NT_PDL_PREFETCH=0 and NT_PDL=0
 #   bench/cuda/decode_device.sh profile  # one 8B Q4_K_M decode token under ncu: each kernel's time
 #   bench/cuda/decode_device.sh sections # the first kernels of one 8B Q4_K_M decode token under ncu's
@@ -303,14 +305,15 @@ stage() {
         # The prompt with the CPU's arithmetic (the issue's 1300 tok/s, on the exact path).
         echo "exact: $(NT_EXACT_PROMPT=1 "$nt" bench -m "$m70" --device cuda -p 512 -n 0 -r 2 2>&1 | grep -E "pp512")"
         ;;
-    rings70b)
-        # 70B tg64 with its two-unit column slices' ring (NT_TMA_RING_SLICES_Q4_K, by default
-        # the single matrices' 16 KB) at 12 and 20 KB, alternating with as shipped (after 70b).
+    rings70b | l2_70b)
+        # 70B tg64, alternating with as shipped (after 70b): rings70b its two-unit column slices'
+        # ring (NT_TMA_RING_SLICES_Q4_K, by default the single matrices' 16 KB) at 12 and 20 KB;
+        # l2_70b the L2 warm-up (as shipped an eighth of each matrix, 16.5 MB) at none and 4 MiB.
         [ -f "$m70" ] || { echo "no $m70: run the 70b stage first" >&2; return 1; }
-        local env
-        for env in NT_AS_SHIPPED=1 NT_TMA_RING_SLICES_Q4_K=12288 NT_TMA_RING_SLICES_Q4_K=20480 \
-            NT_AS_SHIPPED=1 NT_TMA_RING_SLICES_Q4_K=12288 NT_TMA_RING_SLICES_Q4_K=20480 NT_AS_SHIPPED=1; do
-            echo "rings70b: $env tg64 $(env $env "$nt" bench -m "$m70" --device cuda -p 0 -n 64 -r 3 2>&1 |
+        local env a=NT_TMA_RING_SLICES_Q4_K=12288 b=NT_TMA_RING_SLICES_Q4_K=20480
+        [ "$1" = l2_70b ] && a=NT_L2_WARM=0 b=NT_L2_WARM=4194304
+        for env in NT_AS_SHIPPED=1 $a $b NT_AS_SHIPPED=1 $a $b NT_AS_SHIPPED=1; do
+            echo "$1: $env tg64 $(env $env "$nt" bench -m "$m70" --device cuda -p 0 -n 64 -r 3 2>&1 |
                 grep -E "tg64 " | awk -F'|' '{print $7}')"
         done
         ;;
@@ -398,7 +401,8 @@ EOF
         ;;
     l2)
         # The feed-forward's first weights requested into L2 by the o projection's warps during
-        # the attention (CudaBackend::warm_weights): as shipped (by type), none, and by size.
+        # the attention (CudaBackend::warm_weights): as shipped (by type and size), none, and by
+        # size.
         tg_each l2 NT_AS_SHIPPED=1 NT_L2_WARM=0 NT_L2_WARM=4194304 NT_L2_WARM=8388608 \
             NT_L2_WARM=16777216 NT_AS_SHIPPED=1
         ;;
