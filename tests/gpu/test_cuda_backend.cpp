@@ -232,7 +232,8 @@ TEST(CudaBackendHost, L2WarmBytesByTypeAndMatrixSize) {
     auto view = [&](GgmlType t, int64_t rows, int64_t cols, int offset = 0) {
         return WeightView{t, cols, rows, base + offset, row_bytes(t, cols) * size_t(rows)};
     };
-    const WeightView g8 = view(GgmlType::Q4_K, 14336, 4096), g70 = view(GgmlType::Q4_K, 28672, 8192);
+    const WeightView g8 = view(GgmlType::Q4_K, 14336, 4096),
+                     g70 = view(GgmlType::Q4_K, 28672, 8192);
     EXPECT_EQ(cuda::l2_warm_bytes(g8, g8, -1, l2), 33030144 / 8 / 16 * 16);  // 4.13 MB
     EXPECT_EQ(cuda::l2_warm_bytes(g70, g70, -1, l2), 132120576 / 8);         // 16.5 MB
     EXPECT_EQ(cuda::l2_warm_bytes(g70, g70, -1, 30 * MiB), 10 * MiB);        // a third of L2

@@ -55,8 +55,7 @@ TEST(TmaSettingHost, MostSpecificVariableWins) {
 TEST(TmaSettingHost, SlicesRingIsTheTypesRingByDefault) {
     using nt::cuda::detail::tma_ring_bytes;
     for (const GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q5_K})
-        EXPECT_EQ(tma_ring_bytes(t, false, TmaRingOf::Slices), tma_ring_bytes(t, false))
-            << int(t);
+        EXPECT_EQ(tma_ring_bytes(t, false, TmaRingOf::Slices), tma_ring_bytes(t, false)) << int(t);
 }
 
 }  // namespace

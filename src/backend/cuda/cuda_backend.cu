@@ -923,12 +923,11 @@ void CudaBackend::ffn_gate_up(const WeightView& w_gate, const WeightView& w_up, 
 // fifty-fourth session). Q8_0's o projection at 8B (4096 rows) is not in the TMA form, so
 // nothing is requested there. At most a third of the L2 cache each, and whole 16-byte units of
 // 16-byte aligned weights, as the bulk requests need.
-int64_t cuda::l2_warm_bytes(const WeightView& a, const WeightView& b, int64_t setting,
-                            int64_t l2) {
+int64_t cuda::l2_warm_bytes(const WeightView& a, const WeightView& b, int64_t setting, int64_t l2) {
     constexpr int64_t MiB = int64_t(1) << 20;
     auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (!aligned(a.data) || !aligned(b.data)) return 0;
-    const int64_t want = setting >= 0                 ? setting
+    const int64_t want = setting >= 0               ? setting
                          : a.type == GgmlType::Q6_K ? 16 * MiB
                                                     : int64_t(a.nbytes) / 8;
     return std::max<int64_t>(
@@ -937,8 +936,7 @@ int64_t cuda::l2_warm_bytes(const WeightView& a, const WeightView& b, int64_t se
 
 void CudaBackend::warm_weights(const WeightView& a, const WeightView& b) {
     require_init("warm_weights");
-    const int64_t bytes =
-        cuda::l2_warm_bytes(a, b, l2_warm_, cuda::detail::device_limits().l2);
+    const int64_t bytes = cuda::l2_warm_bytes(a, b, l2_warm_, cuda::detail::device_limits().l2);
     if (bytes <= 0) return;
     Op op;
     op.kind = OpKind::WarmWeights;

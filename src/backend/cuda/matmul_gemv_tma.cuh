@@ -570,7 +570,8 @@ class TmaSetting {
 // Q4_K_M tg128, every Q4_K ring but the pair's at 12 KB (fifty-second session; of 8B's Q4_K
 // rings only these change stages): 485.12-485.28 against 483.51-483.81 (+0.3%), 8 and 10 KB the
 // same, 14 KB level. 70B's slices are two units at two rows a stage and keep 16 KB: every Q4_K
-// ring at 12 KB lost 0.5%.
+// ring at 12 KB lost 0.5%; its slices alone at 12 and 20 KB, -0.46% and -0.65% (H100, 70B tg64
+// alternating, 64.38 and 64.26 against 64.68; fifty-fourth session).
 // Column slices of one or two rows a stage (70B's two-unit slices in Q4_K; Q6_K's and Q8_0's)
 // read NT_TMA_RING_SLICES by type, which falls back on the type's NT_TMA_RING: the same bytes
 // as before it existed, so that 70B's slices can be timed apart from its single matrices.
@@ -585,7 +586,7 @@ inline int tma_ring_bytes(GgmlType t, bool pair, TmaRingOf of = TmaRingOf::Rows)
                                           [](GgmlType, bool) -> long long { return 12288; });
     static const TmaSetting slices_bytes(
         "TMA_RING_SLICES", [](GgmlType t, bool) -> long long { return bytes(t, false); });
-    const long long b = pair                        ? bytes(t, true)
+    const long long b = pair                       ? bytes(t, true)
                         : of == TmaRingOf::Slices4 ? slices4_bytes(t, false)
                         : of == TmaRingOf::Slices  ? slices_bytes(t, false)
                                                    : bytes(t, false);
@@ -662,8 +663,8 @@ void launch_tma_k(const GemvStack& pr, const uint8_t* w2, int nb, const int8_t* 
                   TmaSplit sp = {}, const float* xf = nullptr) {
     using Q = Quant<T>;
     constexpr TmaRingOf of = !kSplit || kPair ? TmaRingOf::Rows
-                             : kV == 4             ? TmaRingOf::Slices4
-                                                   : TmaRingOf::Slices;
+                             : kV == 4        ? TmaRingOf::Slices4
+                                              : TmaRingOf::Slices;
     TmaRing ring = tma_ring(int64_t(nb) * Q::kBlockBytes, kV, T, kPair, of);
     const bool early = pdl && pdl_prefetch_enabled();  // its first stages before its wait
     if (early) ring.warm = std::exchange(pending_l2_warm(), {});
