@@ -58,7 +58,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/device_env.sh
 out=${OUT:-/tmp}
-model() { echo "$models/llama-8b-$1.gguf"; }
+model() {  # the 8B model of type $1, or with "70b" the 70B Q4_K_M
+    if [ "$1" = 70b ]; then echo "$m70"; else echo "$models/llama-8b-$1.gguf"; fi
+}
 wait_model() {  # the models stage writes in the background (in this run, or an earlier one)
     while [ ! -f "$(model "$1")" ]; do
         if [ -z "$(jobs -rp)" ]; then
@@ -69,14 +71,14 @@ wait_model() {  # the models stage writes in the background (in this run, or an 
     done
 }
 
-# bench of the 8B model of type $1 with -p $2 -n $3 -r 3 and the settings after them
+# bench of the 8B model of type $1 (or of 70B: model) with -p $2 -n $3 -r 3 and the settings after them
 # (VAR=VALUE ...), by NT_BIN (another ntransformer binary, the base tree's) or this tree's.
 bench8b() {
     local t=$1 p=$2 n=$3
     shift 3
     env "$@" "${NT_BIN:-$nt}" bench -m "$(model $t)" --device cuda -p "$p" -n "$n" -r 3 2>&1
 }
-# tgN (N = TG_N, default 128) of the 8B model of type $1 with the settings after it: "t/s ± sd".
+# tgN (N = TG_N, default 128) of the model $1 names (model) with the settings after it: "t/s ± sd".
 tg_rate() {
     local t=$1 n=${TG_N:-128}
     shift
@@ -313,8 +315,7 @@ stage() {
         local env a=NT_TMA_RING_SLICES_Q4_K=12288 b=NT_TMA_RING_SLICES_Q4_K=20480
         [ "$1" = l2_70b ] && a=NT_L2_WARM=0 b=NT_L2_WARM=4194304
         for env in NT_AS_SHIPPED=1 $a $b NT_AS_SHIPPED=1 $a $b NT_AS_SHIPPED=1; do
-            echo "$1: $env tg64 $(env $env "$nt" bench -m "$m70" --device cuda -p 0 -n 64 -r 3 2>&1 |
-                grep -E "tg64 " | awk -F'|' '{print $7}')"
+            echo "$1: $env tg64 $(TG_N=64 tg_rate 70b $env)"
         done
         ;;
     tests)

@@ -220,8 +220,6 @@ const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, Gg
                               GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
                               GgmlType::Q6_K};
 
-// ---- elementwise ops -----------------------------------------------------------------------
-
 // The feed-forward weights requested into L2 during the attention (CudaBackend::warm_weights),
 // by default: an eighth of each matrix (8B's Q4_K gate and up about 4 MiB, 70B's about 16 MiB),
 // Q6_K's 16 MiB, never more than a third of L2 or than either matrix, in whole 16-byte units,
@@ -245,6 +243,8 @@ TEST(CudaBackendHost, L2WarmBytesByTypeAndMatrixSize) {
     EXPECT_EQ(cuda::l2_warm_bytes(g8, g8, 0, l2), 0);
     EXPECT_EQ(cuda::l2_warm_bytes(view(GgmlType::Q4_K, 14336, 4096, 8), g8, -1, l2), 0);
 }
+
+// ---- elementwise ops -----------------------------------------------------------------------
 
 TEST(CudaBackend, EmbedEveryTypeBitExact) {
     NT_REQUIRE_GPU();

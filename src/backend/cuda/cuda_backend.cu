@@ -930,8 +930,7 @@ int64_t cuda::l2_warm_bytes(const WeightView& a, const WeightView& b, int64_t se
     const int64_t want = setting >= 0               ? setting
                          : a.type == GgmlType::Q6_K ? 16 * MiB
                                                     : int64_t(a.nbytes) / 8;
-    return std::max<int64_t>(
-        std::min<int64_t>({want, l2 / 3, int64_t(a.nbytes), int64_t(b.nbytes)}) / 16 * 16, 0);
+    return std::min<int64_t>({want, l2 / 3, int64_t(a.nbytes), int64_t(b.nbytes)}) / 16 * 16;
 }
 
 void CudaBackend::warm_weights(const WeightView& a, const WeightView& b) {

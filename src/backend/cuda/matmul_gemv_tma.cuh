@@ -569,12 +569,11 @@ class TmaSetting {
 // 12 KB, two 4.6 KB stages at 3 CTAs a multiprocessor where 16 KB gave three at 2. H100, 8B
 // Q4_K_M tg128, every Q4_K ring but the pair's at 12 KB (fifty-second session; of 8B's Q4_K
 // rings only these change stages): 485.12-485.28 against 483.51-483.81 (+0.3%), 8 and 10 KB the
-// same, 14 KB level. 70B's slices are two units at two rows a stage and keep 16 KB: every Q4_K
-// ring at 12 KB lost 0.5%; its slices alone at 12 and 20 KB, -0.46% and -0.65% (H100, 70B tg64
-// alternating, 64.38 and 64.26 against 64.68; fifty-fourth session).
+// same, 14 KB level.
 // Column slices of one or two rows a stage (70B's two-unit slices in Q4_K; Q6_K's and Q8_0's)
-// read NT_TMA_RING_SLICES by type, which falls back on the type's NT_TMA_RING: the same bytes
-// as before it existed, so that 70B's slices can be timed apart from its single matrices.
+// read NT_TMA_RING_SLICES by type, by default the type's NT_TMA_RING. 70B's keep 16 KB: alone
+// at 12 and 20 KB they lose 0.46% and 0.65% (H100, 70B tg64 alternating, 64.38 and 64.26
+// against 64.68; fifty-fourth session), and every Q4_K ring at 12 KB lost 0.5%.
 // (decode_device.sh rings holds the pairs at these defaults while it sweeps a type's other rings.)
 enum class TmaRingOf { Rows, Slices4, Slices };  // a pair's are Rows, by `pair`
 inline int tma_ring_bytes(GgmlType t, bool pair, TmaRingOf of = TmaRingOf::Rows) {
