@@ -71,9 +71,9 @@ wait_model() {  # the models stage writes in the background (in this run, or an 
     done
 }
 
-# bench of the 8B model of type $1 (or of 70B: model) with -p $2 -n $3 -r 3 and the settings after them
+# bench of the model $1 names (model: an 8B type or 70b) with -p $2 -n $3 -r 3 and the settings after them
 # (VAR=VALUE ...), by NT_BIN (another ntransformer binary, the base tree's) or this tree's.
-bench8b() {
+bench_model() {
     local t=$1 p=$2 n=$3
     shift 3
     env "$@" "${NT_BIN:-$nt}" bench -m "$(model $t)" --device cuda -p "$p" -n "$n" -r 3 2>&1
@@ -82,7 +82,7 @@ bench8b() {
 tg_rate() {
     local t=$1 n=${TG_N:-128}
     shift
-    bench8b "$t" 0 "$n" "$@" | grep -E "tg$n " | awk -F'|' '{print $7}'
+    bench_model "$t" 0 "$n" "$@" | grep -E "tg$n " | awk -F'|' '{print $7}'
 }
 # "LABEL: <type> <setting> tgN <t/s>" for each model of AB_MODELS, each N of TG_LENGTHS (default
 # 128) and each setting after the label (VAR=VALUE), in that order, each model once the models
@@ -107,7 +107,7 @@ tg_each() {
 pp512() {
     local t=$1
     shift
-    bench8b "$t" 512 0 "$@" | grep -E "pp512"
+    bench_model "$t" 512 0 "$@" | grep -E "pp512"
 }
 
 # The tree of AB_BASE (a tarball of another commit) built beside this one in BASE_SRC, for
